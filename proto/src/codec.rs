@@ -1,0 +1,193 @@
+//! [`FrameCodec`]: a 4-byte big-endian length prefix followed by one protobuf
+//! message, over tokio-util's `LengthDelimitedCodec`.
+//!
+//! Decoding distinguishes "not enough bytes yet" (`Ok(None)`, handled by the
+//! framed reader) from real violations: an oversized frame, a frame cut off by
+//! EOF, or bytes that are not a valid message. Each is a distinct
+//! [`CodecError`] so the bus can answer with the right `Error` code before it
+//! closes the connection.
+
+use std::{fmt, io, marker::PhantomData};
+
+use bytes::{BufMut, BytesMut};
+use prost::Message;
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec, LengthDelimitedCodecError};
+
+/// Largest frame body either side accepts or sends: 4 MiB. Large enough for
+/// any event payload DingTalk sends (its clients cap at 1 MiB) and for a
+/// status document; small enough that one bad peer cannot make the bus
+/// allocate without bound.
+pub const MAX_FRAME_LEN: usize = 4 * 1024 * 1024;
+
+/// Why a frame could not be read or written.
+#[derive(Debug)]
+pub enum CodecError {
+    /// The socket failed.
+    Io(io::Error),
+    /// The length prefix announced more than [`MAX_FRAME_LEN`] bytes.
+    TooLarge,
+    /// The peer closed the connection in the middle of a frame.
+    Truncated,
+    /// The frame body is not a valid message.
+    Decode(prost::DecodeError),
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecError::Io(e) => write!(f, "i/o error: {e}"),
+            CodecError::TooLarge => write!(f, "frame larger than {MAX_FRAME_LEN} bytes"),
+            CodecError::Truncated => write!(f, "connection closed in the middle of a frame"),
+            CodecError::Decode(e) => write!(f, "undecodable frame: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CodecError {}
+
+impl From<io::Error> for CodecError {
+    fn from(e: io::Error) -> Self {
+        let too_large = e
+            .get_ref()
+            .is_some_and(|inner| inner.is::<LengthDelimitedCodecError>());
+        if too_large {
+            CodecError::TooLarge
+        } else {
+            CodecError::Io(e)
+        }
+    }
+}
+
+/// Decodes `In` frames and encodes `Out` frames.
+pub struct FrameCodec<In, Out> {
+    inner: LengthDelimitedCodec,
+    _types: PhantomData<fn(Out) -> In>,
+}
+
+impl<In, Out> Default for FrameCodec<In, Out> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<In, Out> FrameCodec<In, Out> {
+    pub fn new() -> Self {
+        let inner = LengthDelimitedCodec::builder()
+            .length_field_length(4)
+            .big_endian()
+            .max_frame_length(MAX_FRAME_LEN)
+            .new_codec();
+        FrameCodec {
+            inner,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<In: Message + Default, Out> Decoder for FrameCodec<In, Out> {
+    type Item = In;
+    type Error = CodecError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, CodecError> {
+        match self.inner.decode(src)? {
+            Some(body) => In::decode(body).map(Some).map_err(CodecError::Decode),
+            None => Ok(None),
+        }
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<In>, CodecError> {
+        match self.decode(src)? {
+            Some(frame) => Ok(Some(frame)),
+            None if src.is_empty() => Ok(None),
+            None => Err(CodecError::Truncated),
+        }
+    }
+}
+
+impl<In, Out: Message> Encoder<Out> for FrameCodec<In, Out> {
+    type Error = CodecError;
+
+    fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), CodecError> {
+        encode_frame(&item, dst)
+    }
+}
+
+impl<In, Out: Message> Encoder<&Out> for FrameCodec<In, Out> {
+    type Error = CodecError;
+
+    fn encode(&mut self, item: &Out, dst: &mut BytesMut) -> Result<(), CodecError> {
+        encode_frame(item, dst)
+    }
+}
+
+/// Appends one length-prefixed frame to `dst` (the same layout the inner
+/// `LengthDelimitedCodec` decodes, written without an intermediate copy).
+pub fn encode_frame(msg: &impl Message, dst: &mut BytesMut) -> Result<(), CodecError> {
+    let len = msg.encoded_len();
+    if len > MAX_FRAME_LEN {
+        return Err(CodecError::TooLarge);
+    }
+    dst.reserve(4 + len);
+    // `len` fits in u32 because MAX_FRAME_LEN does.
+    dst.put_u32(len as u32);
+    msg.encode(dst)
+        .map_err(|e| CodecError::Io(io::Error::other(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{client_frame::Kind, ClientFrame, Hello, ServerFrame};
+
+    type Bus = FrameCodec<ClientFrame, ServerFrame>;
+
+    fn hello() -> ClientFrame {
+        ClientFrame {
+            kind: Some(Kind::Hello(Hello {
+                protocol_version: 1,
+                client_pid: 7,
+                client_name: "t".into(),
+                build: "b".into(),
+            })),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_partial() {
+        let mut buf = BytesMut::new();
+        encode_frame(&hello(), &mut buf).unwrap();
+        let full = buf.clone();
+        let mut codec = Bus::new();
+        let mut part = BytesMut::from(&full[..3]);
+        assert!(codec.decode(&mut part).unwrap().is_none());
+        let mut whole = full.clone();
+        assert_eq!(codec.decode(&mut whole).unwrap(), Some(hello()));
+        assert!(whole.is_empty());
+    }
+
+    #[test]
+    fn too_large_is_distinct() {
+        let mut buf = BytesMut::new();
+        buf.put_u32((MAX_FRAME_LEN + 1) as u32);
+        buf.put_slice(&[0; 16]);
+        assert!(matches!(Bus::new().decode(&mut buf), Err(CodecError::TooLarge)));
+    }
+
+    #[test]
+    fn truncated_at_eof() {
+        let mut buf = BytesMut::new();
+        encode_frame(&hello(), &mut buf).unwrap();
+        buf.truncate(buf.len() - 1);
+        assert!(matches!(Bus::new().decode_eof(&mut buf), Err(CodecError::Truncated)));
+        let mut empty = BytesMut::new();
+        assert!(Bus::new().decode_eof(&mut empty).unwrap().is_none());
+    }
+
+    #[test]
+    fn garbage_is_decode_error() {
+        let mut buf = BytesMut::new();
+        buf.put_u32(4);
+        buf.put_slice(&[0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(Bus::new().decode(&mut buf), Err(CodecError::Decode(_))));
+    }
+}

@@ -1,0 +1,73 @@
+//! The wire protocol of the dws event bus, shared by `busd` and `dws`.
+//!
+//! Layout:
+//! - [`v1`]: the prost types generated from `proto/bus.proto` (package `dws.bus.v1`).
+//! - [`codec`]: [`FrameCodec`], the only place that knows the length prefix and
+//!   calls `prost::Message::decode`.
+//! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
+//!
+//! This crate does no socket I/O.
+
+pub mod codec;
+pub mod paths;
+
+/// Generated protocol types (package `dws.bus.v1`).
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/dws.bus.v1.rs"));
+}
+
+pub use codec::{CodecError, FrameCodec, MAX_FRAME_LEN};
+
+/// Version of the protocol spoken by this build. A bus answers a Hello with a
+/// different version with `Error{UNSUPPORTED_VERSION}`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Version string of this build, reported in Hello/HelloAck and `bus.meta`.
+pub const BUILD: &str = env!("CARGO_PKG_VERSION");
+
+/// Codec for the bus side: decodes client frames, encodes server frames.
+pub type ServerCodec = FrameCodec<v1::ClientFrame, v1::ServerFrame>;
+/// Codec for the client side: decodes server frames, encodes client frames.
+pub type ClientCodec = FrameCodec<v1::ServerFrame, v1::ClientFrame>;
+
+/// `true` if `id` is a valid subscription id: `[A-Za-z0-9._-]{1,64}`.
+pub fn is_valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The lower-case name of a Bye reason, as used in logs and messages.
+pub fn bye_reason_name(reason: v1::ByeReason) -> &'static str {
+    use v1::ByeReason as R;
+    match reason {
+        R::Unspecified => "unspecified",
+        R::ClientDone => "client_done",
+        R::Shutdown => "shutdown",
+        R::Idle => "idle",
+        R::StopRequest => "stop_request",
+        R::SubscriptionStopped => "subscription_stopped",
+        R::Unsubscribed => "unsubscribed",
+        R::TakenOver => "taken_over",
+        R::SourceLost => "source_lost",
+        R::VersionMismatch => "version_mismatch",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(is_valid_id("a.b_c-9"));
+        assert!(is_valid_id(&"x".repeat(64)));
+        assert!(!is_valid_id(&"x".repeat(65)));
+        assert!(!is_valid_id(""));
+        assert!(!is_valid_id("a b"));
+        assert!(!is_valid_id("a/b"));
+    }
+}
