@@ -1,1 +1,245 @@
-//! placeholder
+//! `busd`, the dws event bus daemon: one upstream event connection shared
+//! with many short-lived local consumers over a Unix socket.
+//!
+//! Layout:
+//! - [`config`]: flags and env knobs.
+//! - [`lock`], [`socket`], [`ready`], [`logfile`]: start-up pieces, in the
+//!   order [`run`] uses them.
+//! - [`server`]: the accept loop; [`connection`]: one client connection.
+//! - [`hub`]: all shared state; [`eventlog`]: the bounded event log;
+//!   [`pattern`]: what a subscription selects.
+//! - [`source`]: upstream sources behind one trait.
+//! - [`shutdown`]: the one shutdown signal and its reason.
+
+pub mod config;
+pub mod connection;
+pub mod eventlog;
+pub mod hub;
+pub mod lock;
+pub mod logfile;
+pub mod pattern;
+pub mod ready;
+pub mod server;
+pub mod shutdown;
+pub mod socket;
+pub mod source;
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::Path,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use proto::{paths::Endpoint, v1::ByeReason};
+use tokio_util::task::TaskTracker;
+
+use crate::{
+    config::Args,
+    eventlog::Retention,
+    hub::{Hub, HubConfig},
+    lock::{BusLock, TryLock},
+    ready::ReadyPipe,
+    source::{Source, SourceContext},
+};
+
+/// How long a starting bus waits for a busy `bus.lock` whose holder does not
+/// answer (it is starting or exiting) before giving up.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Runs the daemon to completion and maps the outcome to an exit code:
+/// 0 after a clean shutdown or when another bus already serves the profile,
+/// 1 when start-up failed (the reason is on the ready pipe and stderr).
+pub fn run(args: Args) -> ExitCode {
+    let mut ready = match ReadyPipe::from_fd(args.ready_fd) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("busd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match start(args, &mut ready) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("start-up failed: {e}");
+            ready.failed(&e);
+            eprintln!("busd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), String> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let env = proto::paths::Env::from_process(uid);
+    let endpoint = proto::paths::resolve(args.profile.as_deref(), &env).map_err(|e| e.to_string())?;
+    make_private_dir(&endpoint.work_dir)?;
+    init_logging(&endpoint.log_path(), args.foreground)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async move {
+        // Signals first: a SIGTERM during start-up must be a clean stop.
+        let (trigger, shutdown) = shutdown::channel();
+        watch_signals(&trigger)?;
+        let Some(lock) = take_lock(&endpoint).await? else {
+            tracing::info!("another bus already serves this profile");
+            ready.already_running();
+            return Ok(());
+        };
+        serve(args, endpoint, lock, trigger, shutdown, ready).await
+    })
+}
+
+fn make_private_dir(dir: &Path) -> Result<(), String> {
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create work dir {}: {e}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("cannot chmod 700 {}: {e}", dir.display()))
+}
+
+fn init_logging(path: &Path, foreground: bool) -> Result<(), String> {
+    use tracing_subscriber::{fmt::writer::MakeWriterExt, EnvFilter};
+    let file = logfile::RotatingLog::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let filter = EnvFilter::try_from_env("DWS_BUS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_ansi(false).with_env_filter(filter);
+    let result = if foreground {
+        builder.with_writer(file.and(std::io::stderr)).try_init()
+    } else {
+        builder.with_writer(file).try_init()
+    };
+    result.map_err(|e| format!("cannot set up logging: {e}"))
+}
+
+fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    for kind in [SignalKind::terminate(), SignalKind::interrupt()] {
+        let mut s = signal(kind).map_err(|e| format!("cannot watch signals: {e}"))?;
+        let t = trigger.clone();
+        tokio::spawn(async move {
+            if s.recv().await.is_some() {
+                tracing::info!(signal = ?kind, "signal received");
+                t.trigger(ByeReason::Shutdown);
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Takes `bus.lock`, or returns `None` if a live bus already answers on the
+/// socket. A busy lock whose holder does not answer is a bus that is starting
+/// or exiting: wait for it, up to [`LOCK_WAIT`].
+async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, String> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match lock::try_lock(&endpoint.lock_path())? {
+            TryLock::Acquired(l) => return Ok(Some(l)),
+            TryLock::Busy(pid) => {
+                if tokio::net::UnixStream::connect(&endpoint.socket_path).await.is_ok() {
+                    return Ok(None);
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "{} is held by pid {} which does not answer on {}",
+                        endpoint.lock_path().display(),
+                        pid.map_or("?".to_owned(), |p| p.to_string()),
+                        endpoint.socket_path.display()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn write_meta(endpoint: &Endpoint) -> Result<(), String> {
+    let now = std::time::SystemTime::now();
+    let meta = serde_json::json!({
+        "pid": std::process::id(),
+        "version": proto::BUILD,
+        "protocol_version": proto::PROTOCOL_VERSION,
+        "profile": endpoint.profile,
+        "started_at": humantime::format_rfc3339_millis(now).to_string(),
+        "started_at_unix_ms": hub::now_ms(),
+        "socket": endpoint.socket_path,
+        "work_dir": endpoint.work_dir,
+        "log": endpoint.log_path(),
+    });
+    let path = endpoint.meta_path();
+    let tmp = path.with_extension("meta.tmp");
+    fs::write(&tmp, format!("{meta:#}\n"))
+        .and_then(|()| fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)))
+        .and_then(|()| fs::rename(&tmp, &path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+async fn serve(
+    args: Args,
+    endpoint: Endpoint,
+    lock: BusLock,
+    trigger: shutdown::ShutdownTrigger,
+    shutdown: shutdown::Shutdown,
+    ready: &mut ReadyPipe,
+) -> Result<(), String> {
+    write_meta(&endpoint)?;
+    socket::prepare_dir(&endpoint.socket_dir)?;
+    let std_listener = socket::bind(&endpoint.socket_path)?;
+    let listener = tokio::net::UnixListener::from_std(std_listener)
+        .map_err(|e| format!("cannot listen on {}: {e}", endpoint.socket_path.display()))?;
+
+    let source: Box<dyn Source> = Box::new(source::local::LocalSource);
+    let hub = Hub::new(
+        HubConfig {
+            profile: endpoint.profile.clone(),
+            socket: endpoint.socket_path.clone(),
+            work_dir: endpoint.work_dir.clone(),
+            retention: Retention {
+                max_events: usize::try_from(args.retention_events).unwrap_or(usize::MAX),
+                max_bytes: usize::try_from(args.retention_bytes).unwrap_or(usize::MAX),
+            },
+            default_ttl: args.default_ttl,
+            default_window: args.window,
+            dedup_capacity: usize::try_from(args.dedup_capacity).unwrap_or(usize::MAX),
+            idle_timeout: args.idle_timeout,
+            source_kind: source.kind().to_owned(),
+        },
+        trigger,
+    );
+    tracing::info!(
+        pid = std::process::id(),
+        profile = %endpoint.profile,
+        socket = %endpoint.socket_path.display(),
+        idle_timeout = ?args.idle_timeout,
+        "bus ready"
+    );
+    ready.ready();
+
+    let tracker = TaskTracker::new();
+    let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
+    let source_task = tokio::spawn(source.run(SourceContext {
+        hub: hub.clone(),
+        shutdown: shutdown.clone(),
+    }));
+    let reason = server::run(listener, hub, shutdown, &tracker).await;
+    tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
+
+    // No new client may reach this bus: remove the socket first, so a client
+    // arriving now spawns a successor, which waits for our lock.
+    let _ = fs::remove_file(&endpoint.socket_path);
+    tracker.close();
+    if tokio::time::timeout(connection::DRAIN_TIMEOUT + Duration::from_secs(1), tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain deadline passed with connections still open");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), source_task).await;
+    housekeeping.abort();
+    let _ = fs::remove_file(endpoint.meta_path());
+    drop(lock);
+    tracing::info!("bus exited");
+    Ok(())
+}

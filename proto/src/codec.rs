@@ -134,6 +134,53 @@ pub fn encode_frame(msg: &impl Message, dst: &mut BytesMut) -> Result<(), CodecE
         .map_err(|e| CodecError::Io(io::Error::other(e)))
 }
 
+/// Appends one `ServerFrame{event}` frame built from an event that was
+/// encoded once (`base`, an encoded `v1::Event` without `subscription_id` and
+/// `redelivered`) plus the two per-delivery fields.
+///
+/// Why: fan-out sends the same event to many consumers; re-encoding the whole
+/// message (and cloning its strings) per consumer dominated the cost.
+/// Protobuf allows fields in any order, so the per-delivery fields are simply
+/// appended after the shared bytes.
+pub fn encode_event_frame(
+    base: &[u8],
+    subscription_id: &str,
+    redelivered: bool,
+    dst: &mut BytesMut,
+) -> Result<(), CodecError> {
+    use prost::encoding::{bool as pbool, encode_key, encode_varint, encoded_len_varint, WireType};
+    const EVENT_FIELD: u32 = 4; // ServerFrame.kind.event
+    const SUBSCRIPTION_ID_FIELD: u32 = 7; // Event.subscription_id
+    const REDELIVERED_FIELD: u32 = 13; // Event.redelivered
+    let sub = subscription_id.as_bytes();
+    let mut extra = 0;
+    if !sub.is_empty() {
+        extra += 1 + encoded_len_varint(sub.len() as u64) + sub.len();
+    }
+    if redelivered {
+        extra += pbool::encoded_len(REDELIVERED_FIELD, &redelivered);
+    }
+    let inner = base.len() + extra;
+    let total = 1 + encoded_len_varint(inner as u64) + inner;
+    if total > MAX_FRAME_LEN {
+        return Err(CodecError::TooLarge);
+    }
+    dst.reserve(4 + total);
+    dst.put_u32(total as u32);
+    encode_key(EVENT_FIELD, WireType::LengthDelimited, dst);
+    encode_varint(inner as u64, dst);
+    dst.put_slice(base);
+    if !sub.is_empty() {
+        encode_key(SUBSCRIPTION_ID_FIELD, WireType::LengthDelimited, dst);
+        encode_varint(sub.len() as u64, dst);
+        dst.put_slice(sub);
+    }
+    if redelivered {
+        pbool::encode(REDELIVERED_FIELD, &redelivered, dst);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +228,31 @@ mod tests {
         assert!(matches!(Bus::new().decode_eof(&mut buf), Err(CodecError::Truncated)));
         let mut empty = BytesMut::new();
         assert!(Bus::new().decode_eof(&mut empty).unwrap().is_none());
+    }
+
+    #[test]
+    fn event_frame_matches_full_encoding() {
+        use crate::v1::{server_frame, Event};
+        use prost::Message;
+        let base = Event {
+            seq: 9,
+            event_id: "e".into(),
+            event_type: "a.b".into(),
+            data: "{}".into(),
+            ..Event::default()
+        };
+        let mut dst = BytesMut::new();
+        encode_event_frame(&base.encode_to_vec(), "s1", true, &mut dst).unwrap();
+        let got: ServerFrame = FrameCodec::<ServerFrame, ClientFrame>::new()
+            .decode(&mut dst)
+            .unwrap()
+            .unwrap();
+        let want = Event {
+            subscription_id: "s1".into(),
+            redelivered: true,
+            ..base
+        };
+        assert_eq!(got.kind, Some(server_frame::Kind::Event(want)));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/dws.bus.v1.rs"));
 }
 
-pub use codec::{CodecError, FrameCodec, MAX_FRAME_LEN};
+pub use codec::{encode_event_frame, encode_frame, CodecError, FrameCodec, MAX_FRAME_LEN};
 
 /// Version of the protocol spoken by this build. A bus answers a Hello with a
 /// different version with `Error{UNSUPPORTED_VERSION}`.

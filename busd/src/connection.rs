@@ -1,0 +1,335 @@
+//! One client connection: reads `ClientFrame`s, answers them through the
+//! [`Hub`], and streams deliveries to an attached consumer.
+//!
+//! Each connection owns an outbound buffer. Frames are appended to it and the
+//! buffer is written with one `write` per wake-up, so a burst of events costs
+//! one syscall (and one reader wake-up) instead of one per frame. Reading,
+//! writing, hub wake-ups and the shutdown signal are all arms of one
+//! `select!`, so a consumer that stops reading only stalls its own writes: the
+//! connection still sees shutdown and kicks, and the hub never waits for it.
+//!
+//! A bad frame (oversized, undecodable, truncated, wrong version) gets an
+//! `Error` frame where the socket still allows it, then the connection is
+//! closed. Nothing a peer sends can take down the bus or another connection.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use proto::{
+    codec::{encode_event_frame, encode_frame},
+    v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason, ErrorCode},
+    CodecError, ServerCodec,
+};
+use tokio::{
+    io::AsyncWriteExt,
+    net::{unix::OwnedWriteHalf, UnixStream},
+    time::Instant,
+};
+use tokio_util::codec::FramedRead;
+
+use crate::{
+    hub::{ConnId, Hub, NewEvent},
+    pattern::Pattern,
+    shutdown::Shutdown,
+};
+
+/// How long a closing connection may take to flush its final frames (Bye)
+/// before it is dropped. Bounds the whole bus's shutdown drain.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Stop pulling events into the outbound buffer above this many bytes: the
+/// consumer is not keeping up, and the credit window already bounds what is
+/// in flight.
+const OUT_HIGH_WATER: usize = 256 * 1024;
+
+/// Read buffer size: read the socket in large chunks.
+const READ_CAPACITY: usize = 64 * 1024;
+
+/// Events pulled from the hub per wake-up.
+const PULL_BATCH: usize = 256;
+
+enum Phase {
+    AwaitHello,
+    Ready,
+}
+
+pub struct Connection {
+    hub: Hub,
+    id: ConnId,
+    out: BytesMut,
+    phase: Phase,
+    /// Set once the connection is going away; it then only flushes.
+    closing: bool,
+    source_gen: u64,
+}
+
+/// Serves one accepted connection until it closes. Errors stay here.
+pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
+    let (id, handle) = hub.register_conn();
+    let mut conn = Connection {
+        hub: hub.clone(),
+        id,
+        out: BytesMut::with_capacity(8 * 1024),
+        phase: Phase::AwaitHello,
+        closing: false,
+        source_gen: 0,
+    };
+    let peer_ok = stream
+        .peer_cred()
+        .map(|cred| cred.uid() == nix::unistd::geteuid().as_raw());
+    match peer_ok {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!("refused a connection from a foreign uid");
+            conn.error(0, ErrorCode::PermissionDenied, "connection from another user refused");
+            conn.closing = true;
+        }
+        Err(e) => {
+            tracing::warn!(cause = %e, "cannot read peer credentials");
+            conn.closing = true;
+        }
+    }
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = FramedRead::with_capacity(rd, ServerCodec::new(), READ_CAPACITY);
+    let mut drain_deadline = conn.closing.then(|| Instant::now() + DRAIN_TIMEOUT);
+
+    loop {
+        if !conn.closing {
+            if let Some(reason) = handle.take_kick() {
+                conn.bye(reason);
+            } else if matches!(conn.phase, Phase::Ready) {
+                conn.fill();
+            }
+        }
+        if conn.closing {
+            drain_deadline.get_or_insert_with(|| Instant::now() + DRAIN_TIMEOUT);
+            if conn.out.is_empty() {
+                let _ = wr.shutdown().await;
+                break;
+            }
+        }
+        let deadline = drain_deadline;
+        tokio::select! {
+            reason = shutdown.recv(), if !conn.closing => conn.bye(reason),
+            res = wr.write_buf(&mut conn.out), if !conn.out.is_empty() => {
+                if let Err(e) = res {
+                    tracing::debug!(conn = id, cause = %e, "write failed");
+                    break;
+                }
+            }
+            frame = reader.next(), if !conn.closing => match frame {
+                None => break,
+                Some(Ok(frame)) => conn.handle(frame),
+                Some(Err(e)) => conn.bad_frame(&e),
+            },
+            _ = handle.wake.notified() => {}
+            _ = sleep_until_opt(deadline) => {
+                tracing::warn!(conn = id, "drain timed out; dropping connection");
+                break;
+            }
+        }
+    }
+    drop_writer(wr);
+    hub.unregister_conn(id);
+}
+
+fn drop_writer(_: OwnedWriteHalf) {}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Connection {
+    fn send(&mut self, kind: S) {
+        let frame = v1::ServerFrame { kind: Some(kind) };
+        if let Err(e) = encode_frame(&frame, &mut self.out) {
+            // Only a reply over MAX_FRAME_LEN can fail here.
+            tracing::error!(conn = self.id, cause = %e, "cannot encode a reply");
+        }
+    }
+
+    fn error(&mut self, request_id: u64, code: ErrorCode, message: impl Into<String>) {
+        self.send(S::Error(v1::Error {
+            request_id,
+            code: code as i32,
+            message: message.into(),
+        }));
+    }
+
+    fn bye(&mut self, reason: ByeReason) {
+        self.send(S::Bye(v1::Bye {
+            reason: reason as i32,
+            message: String::new(),
+        }));
+        self.closing = true;
+    }
+
+    fn bad_frame(&mut self, e: &CodecError) {
+        tracing::warn!(conn = self.id, cause = %e, "bad frame; closing connection");
+        match e {
+            CodecError::TooLarge => self.error(0, ErrorCode::FrameTooLarge, e.to_string()),
+            CodecError::Decode(_) | CodecError::Truncated => {
+                self.error(0, ErrorCode::BadRequest, e.to_string())
+            }
+            CodecError::Io(_) => {}
+        }
+        self.closing = true;
+    }
+
+    /// Moves deliverable events (and gaps, and source-state changes) from the
+    /// hub into the outbound buffer, within the high-water mark.
+    fn fill(&mut self) {
+        let (state, gen) = self.hub.source_state();
+        if gen != self.source_gen {
+            self.source_gen = gen;
+            self.send(S::SourceState(state));
+        }
+        while self.out.len() < OUT_HIGH_WATER {
+            let Some(d) = self.hub.pull(self.id, PULL_BATCH) else { break };
+            if let Some(gap) = d.gap {
+                self.send(S::Gap(gap));
+            }
+            let n = d.events.len();
+            for (event, redelivered) in d.events {
+                if let Err(e) =
+                    encode_event_frame(&event.encoded, &d.subscription_id, redelivered, &mut self.out)
+                {
+                    tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
+                }
+            }
+            if n < PULL_BATCH {
+                break;
+            }
+        }
+    }
+
+    fn handle(&mut self, frame: v1::ClientFrame) {
+        let Some(kind) = frame.kind else {
+            self.error(0, ErrorCode::BadRequest, "empty frame: no message set");
+            self.closing = true;
+            return;
+        };
+        if let Phase::AwaitHello = self.phase {
+            let C::Hello(hello) = kind else {
+                self.error(0, ErrorCode::BadRequest, "the first frame must be Hello");
+                self.closing = true;
+                return;
+            };
+            return self.hello(hello);
+        }
+        match kind {
+            C::Hello(_) => self.error(0, ErrorCode::BadRequest, "Hello sent twice"),
+            C::Subscribe(req) => match self.hub.subscribe(self.id, &req) {
+                Ok(reply) => self.send(S::Subscribed(reply)),
+                Err(r) => self.error(req.request_id, r.code, r.message),
+            },
+            C::Unsubscribe(req) => {
+                let (removed, not_found) = self.hub.unsubscribe(self.id, &req.subscription_ids);
+                self.send(S::Unsubscribed(v1::Unsubscribed {
+                    request_id: req.request_id,
+                    removed,
+                    not_found,
+                }));
+            }
+            C::Ack(ack) => self.hub.ack(self.id, ack.seq),
+            C::Bye(_) => {
+                self.hub.detach(self.id);
+                self.closing = true;
+            }
+            C::StatusRequest(req) => {
+                let json = self.hub.status_json().to_string();
+                self.send(S::StatusReply(v1::StatusReply {
+                    request_id: req.request_id,
+                    json,
+                }));
+            }
+            C::StopRequest(req) => self.stop(req),
+            C::Publish(req) => self.publish(req),
+            C::Heartbeat(_) => self.send(S::Heartbeat(v1::Heartbeat {
+                unix_ms: crate::hub::now_ms(),
+            })),
+        }
+    }
+
+    fn hello(&mut self, hello: v1::Hello) {
+        if hello.protocol_version != proto::PROTOCOL_VERSION {
+            self.error(
+                0,
+                ErrorCode::UnsupportedVersion,
+                format!(
+                    "protocol version {} is not supported; this bus (busd {}) speaks version {}",
+                    hello.protocol_version,
+                    proto::BUILD,
+                    proto::PROTOCOL_VERSION
+                ),
+            );
+            self.closing = true;
+            return;
+        }
+        self.hub.identify_conn(self.id, hello.client_pid, &hello.client_name);
+        let (state, gen) = self.hub.source_state();
+        self.source_gen = gen;
+        let cfg = self.hub.config();
+        self.send(S::HelloAck(v1::HelloAck {
+            protocol_version: proto::PROTOCOL_VERSION,
+            bus_pid: std::process::id(),
+            bus_build: proto::BUILD.to_owned(),
+            idle_timeout_ms: cfg.idle_timeout.as_millis() as u64,
+            source_kind: cfg.source_kind.clone(),
+            source_state: Some(state),
+        }));
+        self.phase = Phase::Ready;
+    }
+
+    fn stop(&mut self, req: v1::StopRequest) {
+        if req.subscription_ids.is_empty() {
+            let reply = v1::StopReply {
+                request_id: req.request_id,
+                consumer_pids: self.hub.consumer_pids(),
+                bus_stopping: !req.dry_run,
+                ..Default::default()
+            };
+            self.send(S::StopReply(reply));
+            if !req.dry_run {
+                tracing::info!("stop requested by a client");
+                self.hub.shutdown_trigger().trigger(ByeReason::StopRequest);
+            }
+        } else {
+            let mut reply = self.hub.stop_consumers(&req.subscription_ids, req.dry_run);
+            reply.request_id = req.request_id;
+            self.send(S::StopReply(reply));
+        }
+    }
+
+    fn publish(&mut self, req: v1::Publish) {
+        if let Err(m) = Pattern::parse(&req.event_type).and_then(|p| match p {
+            Pattern::Exact(_) => Ok(()),
+            _ => Err(format!("invalid event type {:?}: wildcards are for subscribing", req.event_type)),
+        }) {
+            return self.error(req.request_id, ErrorCode::BadRequest, m.replace("event key", "event type"));
+        }
+        if req.event_id.len() > 256 {
+            return self.error(req.request_id, ErrorCode::BadRequest, "event id longer than 256 bytes");
+        }
+        let appended = self.hub.append(NewEvent {
+            scope: "local".into(),
+            event_id: req.event_id,
+            event_type: req.event_type,
+            source_id: "local".into(),
+            data: req.data,
+            headers: req.headers.into_iter().collect(),
+            event_born_time: crate::hub::now_ms(),
+            ..NewEvent::default()
+        });
+        self.send(S::PublishAck(v1::PublishAck {
+            request_id: req.request_id,
+            seq: appended.seq,
+            event_id: appended.event_id,
+            duplicate: appended.duplicate,
+        }));
+    }
+}

@@ -1,0 +1,147 @@
+//! The bus's event log: every accepted event, in `seq` order, bounded by
+//! count and bytes. Delivery reads from here; retention evicts from the front.
+//!
+//! The first implementation is in memory. A persistent log replaces this type
+//! behind the same methods (append, evict, range reads).
+
+use std::{collections::VecDeque, sync::Arc};
+
+use bytes::Bytes;
+
+/// One accepted event. Shared (`Arc`) between the log and the pending queues
+/// of the subscriptions that matched it, so fan-out never copies payloads.
+#[derive(Debug)]
+pub struct LoggedEvent {
+    pub seq: u64,
+    pub event_type: String,
+    pub received_at_unix_ms: i64,
+    /// `v1::Event` encoded once, without the per-delivery fields.
+    pub encoded: Bytes,
+}
+
+impl LoggedEvent {
+    /// Bytes this event counts against the retention bound.
+    pub fn size(&self) -> usize {
+        self.encoded.len() + self.event_type.len() + 64
+    }
+}
+
+/// Retention bounds of the log.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub max_events: usize,
+    pub max_bytes: usize,
+}
+
+#[derive(Debug)]
+pub struct EventLog {
+    events: VecDeque<Arc<LoggedEvent>>,
+    bytes: usize,
+    head_seq: u64,
+    retention: Retention,
+}
+
+impl EventLog {
+    pub fn new(retention: Retention) -> EventLog {
+        EventLog {
+            events: VecDeque::new(),
+            bytes: 0,
+            head_seq: 0,
+            retention,
+        }
+    }
+
+    /// The seq the next appended event gets.
+    pub fn next_seq(&self) -> u64 {
+        self.head_seq + 1
+    }
+
+    /// Seq of the newest event ever appended (0 before the first).
+    pub fn head_seq(&self) -> u64 {
+        self.head_seq
+    }
+
+    /// Seq of the oldest retained event, if any.
+    pub fn oldest_seq(&self) -> Option<u64> {
+        self.events.front().map(|e| e.seq)
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn retention(&self) -> Retention {
+        self.retention
+    }
+
+    pub fn append(&mut self, event: Arc<LoggedEvent>) {
+        debug_assert_eq!(event.seq, self.next_seq());
+        self.head_seq = event.seq;
+        self.bytes += event.size();
+        self.events.push_back(event);
+    }
+
+    /// Removes and returns the oldest event while the log is over a bound.
+    /// The newest event is always kept, even if it alone exceeds the bounds.
+    pub fn evict_one(&mut self) -> Option<Arc<LoggedEvent>> {
+        let over = self.events.len() > self.retention.max_events
+            || self.bytes > self.retention.max_bytes;
+        if !over || self.events.len() <= 1 {
+            return None;
+        }
+        let e = self.events.pop_front()?;
+        self.bytes -= e.size();
+        Some(e)
+    }
+
+    /// Retained events with `seq >= from`, oldest first.
+    pub fn since(&self, from: u64) -> impl Iterator<Item = &Arc<LoggedEvent>> {
+        let start = match self.events.front() {
+            Some(first) if from > first.seq => (from - first.seq) as usize,
+            _ => 0,
+        };
+        self.events.range(start.min(self.events.len())..)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(seq: u64, size: usize) -> Arc<LoggedEvent> {
+        Arc::new(LoggedEvent {
+            seq,
+            event_type: "t".into(),
+            received_at_unix_ms: 0,
+            encoded: Bytes::from(vec![0; size]),
+        })
+    }
+
+    #[test]
+    fn bounded_by_count_and_bytes() {
+        let mut log = EventLog::new(Retention { max_events: 3, max_bytes: 10_000 });
+        for s in 1..=5 {
+            log.append(ev(s, 10));
+        }
+        let mut evicted = vec![];
+        while let Some(e) = log.evict_one() {
+            evicted.push(e.seq);
+        }
+        assert_eq!(evicted, vec![1, 2]);
+        assert_eq!(log.oldest_seq(), Some(3));
+        assert_eq!(log.since(4).map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+        assert_eq!(log.since(0).count(), 3);
+        assert_eq!(log.since(99).count(), 0);
+
+        let mut log = EventLog::new(Retention { max_events: 100, max_bytes: 200 });
+        for s in 1..=3 {
+            log.append(ev(s, 100));
+        }
+        while log.evict_one().is_some() {}
+        assert_eq!(log.len(), 1);
+    }
+}

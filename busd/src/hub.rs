@@ -1,0 +1,930 @@
+//! [`Hub`]: the bus's shared state — event log, dedup window, subscriptions,
+//! connections, source state and counters — behind one cloneable handle.
+//!
+//! Locking: one `std::sync::Mutex`. Every critical section is short and
+//! synchronous; no lock is ever held across an `.await`, and wake-ups
+//! (`Notify`) are sent after the guard is dropped. The upstream side
+//! (`append`) never waits for a consumer: it pushes into the log and the
+//! matching subscriptions' pending queues and wakes their connections.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    num::NonZeroUsize,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::Bytes;
+use lru::LruCache;
+use prost::Message;
+use proto::v1::{self, ByeReason, ErrorCode};
+use tokio::sync::Notify;
+
+use crate::{
+    eventlog::{EventLog, LoggedEvent, Retention},
+    pattern::Selector,
+    shutdown::ShutdownTrigger,
+};
+
+pub type ConnId = u64;
+
+/// Settings the hub needs; resolved by `config`.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    pub profile: String,
+    pub socket: PathBuf,
+    pub work_dir: PathBuf,
+    pub retention: Retention,
+    pub default_ttl: Duration,
+    pub default_window: u32,
+    pub dedup_capacity: usize,
+    pub idle_timeout: Duration,
+    pub source_kind: String,
+}
+
+/// An event on its way into the log, before it has a seq.
+#[derive(Debug, Default, Clone)]
+pub struct NewEvent {
+    /// Dedup scope: the upstream subscription the event came through.
+    pub scope: String,
+    /// Empty: generated, and the event is not deduplicated.
+    pub event_id: String,
+    pub event_type: String,
+    pub event_born_time: i64,
+    pub event_corp_id: String,
+    pub event_unified_app_id: String,
+    pub source_id: String,
+    pub rule_type: String,
+    pub data: String,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Result of [`Hub::append`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    pub seq: u64,
+    pub event_id: String,
+    pub duplicate: bool,
+}
+
+/// What a consumer connection should send next.
+#[derive(Debug, Default)]
+pub struct Delivery {
+    pub subscription_id: String,
+    pub gap: Option<v1::Gap>,
+    pub events: Vec<(Arc<LoggedEvent>, bool)>,
+}
+
+/// The per-connection end of the hub: how the hub wakes a connection task and
+/// tells it to leave.
+#[derive(Debug, Default)]
+pub struct ConnHandle {
+    pub wake: Notify,
+    kick: Mutex<Option<ByeReason>>,
+}
+
+impl ConnHandle {
+    /// Asks the connection to send `Bye{reason}` and close.
+    fn kick(&self, reason: ByeReason) {
+        *lock(&self.kick) = Some(reason);
+        self.wake.notify_one();
+    }
+
+    pub fn take_kick(&self) -> Option<ByeReason> {
+        lock(&self.kick).take()
+    }
+}
+
+/// A request that the hub refused, with the code for the `Error` frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct SubCounters {
+    matched: u64,
+    delivered: u64,
+    acked: u64,
+    redelivered: u64,
+    lost: u64,
+}
+
+#[derive(Debug)]
+struct Subscription {
+    id: String,
+    selector: Selector,
+    owned: bool,
+    ttl: Duration,
+    created_at_ms: i64,
+    /// Matched and not yet acked, oldest first. `pending[..sent]` are in
+    /// flight to the attached consumer; they are pinned against retention
+    /// (at most `window` of them) so they can be redelivered.
+    pending: VecDeque<Arc<LoggedEvent>>,
+    sent: usize,
+    /// Highest seq ever sent to any consumer: anything at or below it that is
+    /// sent again is marked redelivered.
+    max_sent_seq: u64,
+    consumer: Option<ConnId>,
+    window: usize,
+    /// When it was last left without a consumer: (for the TTL, for status).
+    detached_at: Option<(Instant, i64)>,
+    /// Unsent events evicted by retention since the last Gap frame.
+    gap_lost: u64,
+    counters: SubCounters,
+}
+
+impl Subscription {
+    fn expires_at(&self) -> Option<Instant> {
+        match (self.consumer, self.detached_at) {
+            (None, Some((at, _))) => Some(at + self.ttl),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Conn {
+    pid: u32,
+    name: String,
+    handle: Arc<ConnHandle>,
+    attached: Option<String>,
+    connected_at_ms: i64,
+    delivered: u64,
+    acked: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct TypeCounters {
+    received: u64,
+    duplicates: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SourceInfo {
+    pub state: v1::SourceState,
+    pub reconnects: u64,
+    pub last_error: String,
+    pub connected_since_ms: i64,
+}
+
+struct State {
+    log: EventLog,
+    dedup: LruCache<(String, String), u64>,
+    subs: BTreeMap<String, Subscription>,
+    conns: HashMap<ConnId, Conn>,
+    next_conn: ConnId,
+    next_generated: u64,
+    types: BTreeMap<String, TypeCounters>,
+    source: SourceInfo,
+    source_gen: u64,
+    /// Bumped on every change that matters to the idle and TTL timers.
+    activity_gen: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the housekeeping task (idle timer, TTL reaper).
+    housekeeping: Notify,
+    config: HubConfig,
+    started_at_ms: i64,
+    started: Instant,
+    shutdown: ShutdownTrigger,
+}
+
+/// Cloneable handle to the bus state.
+#[derive(Clone)]
+pub struct Hub {
+    shared: Arc<Shared>,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Locks a mutex, recovering from poisoning: the state stays consistent
+/// because no critical section can panic half-way through an update that
+/// later code depends on.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Hub {
+    pub fn new(config: HubConfig, shutdown: ShutdownTrigger) -> Hub {
+        let cap = NonZeroUsize::new(config.dedup_capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let state = State {
+            log: EventLog::new(config.retention),
+            dedup: LruCache::new(cap),
+            subs: BTreeMap::new(),
+            conns: HashMap::new(),
+            next_conn: 1,
+            next_generated: 1,
+            types: BTreeMap::new(),
+            source: SourceInfo {
+                state: v1::SourceState {
+                    state: v1::SourceStatus::Connecting as i32,
+                    since_unix_ms: now_ms(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            source_gen: 0,
+            activity_gen: 0,
+        };
+        Hub {
+            shared: Arc::new(Shared {
+                state: Mutex::new(state),
+                housekeeping: Notify::new(),
+                config,
+                started_at_ms: now_ms(),
+                started: Instant::now(),
+                shutdown,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.shared.state)
+    }
+
+    pub fn config(&self) -> &HubConfig {
+        &self.shared.config
+    }
+
+    pub fn shutdown_trigger(&self) -> &ShutdownTrigger {
+        &self.shared.shutdown
+    }
+
+    fn touch(&self, st: &mut State) {
+        st.activity_gen += 1;
+        self.shared.housekeeping.notify_one();
+    }
+
+    // ------------------------------------------------------------ connections
+
+    pub fn register_conn(&self) -> (ConnId, Arc<ConnHandle>) {
+        let mut st = self.state();
+        let id = st.next_conn;
+        st.next_conn += 1;
+        let handle = Arc::new(ConnHandle::default());
+        st.conns.insert(
+            id,
+            Conn {
+                pid: 0,
+                name: String::new(),
+                handle: handle.clone(),
+                attached: None,
+                connected_at_ms: now_ms(),
+                delivered: 0,
+                acked: 0,
+            },
+        );
+        self.touch(&mut st);
+        (id, handle)
+    }
+
+    pub fn identify_conn(&self, conn: ConnId, pid: u32, name: &str) {
+        if let Some(c) = self.state().conns.get_mut(&conn) {
+            c.pid = pid;
+            c.name = name.chars().take(64).collect();
+        }
+    }
+
+    pub fn unregister_conn(&self, conn: ConnId) {
+        let mut st = self.state();
+        detach_locked(&mut st, conn);
+        st.conns.remove(&conn);
+        self.touch(&mut st);
+    }
+
+    /// Detaches `conn` from its subscription (a clean Bye, or the connection
+    /// closing): its in-flight events become pending again for redelivery.
+    pub fn detach(&self, conn: ConnId) {
+        let mut st = self.state();
+        detach_locked(&mut st, conn);
+        self.touch(&mut st);
+    }
+
+    // ------------------------------------------------------------ subscriptions
+
+    pub fn subscribe(&self, conn: ConnId, req: &v1::Subscribe) -> Result<v1::Subscribed, Refusal> {
+        let cfg = &self.shared.config;
+        if !req.subscription_id.is_empty() && !proto::is_valid_id(&req.subscription_id) {
+            return Err(Refusal::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "invalid subscription id {:?}: use 1-64 characters from A-Z a-z 0-9 . _ -",
+                    req.subscription_id
+                ),
+            ));
+        }
+        let patterns_given = !req.patterns.is_empty();
+        let selector = if patterns_given || !req.must_exist {
+            Some(Selector::new(&req.patterns, &req.filter).map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?)
+        } else {
+            None
+        };
+        let mut kicked = None;
+        let mut st = self.state();
+        let head = st.log.head_seq();
+        let exists = st.subs.contains_key(&req.subscription_id);
+        let created = !exists;
+        if exists {
+            let sub = &st.subs[&req.subscription_id];
+            if let Some(sel) = &selector {
+                if !sub.selector.same_spec(sel) {
+                    return Err(Refusal::new(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "subscription {} exists with event keys {} and filter {:?}; \
+                             this request asks for {} and {:?}",
+                            sub.id,
+                            sub.selector.pattern_strings().join(","),
+                            sub.selector.filter_str(),
+                            sel.pattern_strings().join(","),
+                            sel.filter_str()
+                        ),
+                    ));
+                }
+            }
+        } else if req.must_exist {
+            return Err(Refusal::new(
+                ErrorCode::NotFound,
+                format!("subscription {} not found", req.subscription_id),
+            ));
+        }
+        let id = if req.subscription_id.is_empty() {
+            loop {
+                let id = format!("sub-{}-{}", std::process::id(), st.next_generated);
+                st.next_generated += 1;
+                if !st.subs.contains_key(&id) {
+                    break id;
+                }
+            }
+        } else {
+            req.subscription_id.clone()
+        };
+        if created {
+            let Some(selector) = selector else {
+                return Err(Refusal::new(ErrorCode::BadRequest, "at least one event key is required"));
+            };
+            let start_from = match v1::StartPosition::try_from(req.start).unwrap_or_default() {
+                v1::StartPosition::StartLatest => head + 1,
+                v1::StartPosition::StartEarliest => 0,
+                v1::StartPosition::StartSeq => req.start_seq,
+            };
+            let pending: VecDeque<_> = st
+                .log
+                .since(start_from)
+                .filter(|e| selector.matches(&e.event_type))
+                .cloned()
+                .collect();
+            let ttl = if req.ttl_ms == 0 {
+                cfg.default_ttl
+            } else {
+                Duration::from_millis(req.ttl_ms)
+            };
+            let now = now_ms();
+            st.subs.insert(
+                id.clone(),
+                Subscription {
+                    id: id.clone(),
+                    counters: SubCounters {
+                        matched: pending.len() as u64,
+                        ..Default::default()
+                    },
+                    selector,
+                    owned: req.owned,
+                    ttl,
+                    created_at_ms: now,
+                    pending,
+                    sent: 0,
+                    max_sent_seq: 0,
+                    consumer: None,
+                    window: cfg.default_window as usize,
+                    detached_at: Some((Instant::now(), now)),
+                    gap_lost: 0,
+                },
+            );
+        }
+        if req.attach {
+            let holder = st.subs[&id].consumer.filter(|c| *c != conn);
+            if let Some(holder) = holder {
+                if !req.takeover {
+                    let pid = st.conns.get(&holder).map_or(0, |c| c.pid);
+                    return Err(Refusal::new(
+                        ErrorCode::AlreadyAttached,
+                        format!(
+                            "subscription {id} is already attached to a consumer (pid {pid}); \
+                             use --takeover to replace it"
+                        ),
+                    ));
+                }
+                detach_locked(&mut st, holder);
+                kicked = st.conns.get(&holder).map(|c| c.handle.clone());
+            }
+            // A connection consumes one subscription at a time.
+            if st.conns.get(&conn).and_then(|c| c.attached.as_ref()) != Some(&id) {
+                detach_locked(&mut st, conn);
+            }
+            let window = if req.window == 0 { cfg.default_window } else { req.window };
+            let sub = st.subs.get_mut(&id).ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
+            sub.consumer = Some(conn);
+            sub.detached_at = None;
+            sub.sent = 0;
+            sub.window = window.max(1) as usize;
+            if let Some(c) = st.conns.get_mut(&conn) {
+                c.attached = Some(id.clone());
+            }
+        }
+        let sub = &st.subs[&id];
+        let reply = v1::Subscribed {
+            request_id: req.request_id,
+            subscription_id: id.clone(),
+            created,
+            patterns: sub.selector.pattern_strings(),
+            filter: sub.selector.filter_str().to_owned(),
+            cursor: cursor(sub, head),
+            head_seq: head,
+            attached: req.attach,
+        };
+        let wake = req.attach.then(|| st.conns.get(&conn).map(|c| c.handle.clone())).flatten();
+        self.touch(&mut st);
+        drop(st);
+        if let Some(k) = kicked {
+            k.kick(ByeReason::TakenOver);
+        }
+        if let Some(w) = wake {
+            w.wake.notify_one();
+        }
+        Ok(reply)
+    }
+
+    /// Removes subscriptions. A consumer attached to one (other than the
+    /// requester itself) gets `Bye{UNSUBSCRIBED}`.
+    pub fn unsubscribe(&self, requester: ConnId, ids: &[String]) -> (Vec<String>, Vec<String>) {
+        let mut removed = vec![];
+        let mut not_found = vec![];
+        let mut kicks = vec![];
+        let mut st = self.state();
+        for id in ids {
+            match st.subs.remove(id) {
+                Some(sub) => {
+                    if let Some(c) = sub.consumer {
+                        if let Some(conn) = st.conns.get_mut(&c) {
+                            conn.attached = None;
+                            if c != requester {
+                                kicks.push(conn.handle.clone());
+                            }
+                        }
+                    }
+                    removed.push(id.clone());
+                }
+                None => not_found.push(id.clone()),
+            }
+        }
+        self.touch(&mut st);
+        drop(st);
+        for k in kicks {
+            k.kick(ByeReason::Unsubscribed);
+        }
+        (removed, not_found)
+    }
+
+    /// Closes the consumers attached to `ids` (Bye SUBSCRIPTION_STOPPED) and
+    /// leaves the subscriptions in place.
+    pub fn stop_consumers(&self, ids: &[String], dry_run: bool) -> v1::StopReply {
+        let mut reply = v1::StopReply::default();
+        let mut kicks = vec![];
+        let mut st = self.state();
+        for id in ids {
+            let Some(holder) = st.subs.get(id).map(|s| s.consumer) else {
+                reply.not_found.push(id.clone());
+                continue;
+            };
+            reply.subscription_ids.push(id.clone());
+            if let Some(c) = holder {
+                if let Some(conn) = st.conns.get(&c) {
+                    reply.consumer_pids.push(conn.pid);
+                    kicks.push(conn.handle.clone());
+                }
+                if !dry_run {
+                    detach_locked(&mut st, c);
+                }
+            }
+        }
+        if !dry_run {
+            self.touch(&mut st);
+        }
+        drop(st);
+        if !dry_run {
+            for k in kicks {
+                k.kick(ByeReason::SubscriptionStopped);
+            }
+        }
+        reply
+    }
+
+    /// Pids of every consumer currently attached (for a dry-run stop).
+    pub fn consumer_pids(&self) -> Vec<u32> {
+        let st = self.state();
+        st.conns.values().filter(|c| c.attached.is_some()).map(|c| c.pid).collect()
+    }
+
+    // ------------------------------------------------------------ delivery
+
+    /// Appends an event unless its id is in the dedup window, and wakes the
+    /// consumers of the subscriptions it matches. Never waits for anyone.
+    pub fn append(&self, ev: NewEvent) -> Appended {
+        let mut wake = vec![];
+        let mut st = self.state();
+        let counters = st.types.entry(ev.event_type.clone()).or_default();
+        counters.received += 1;
+        let dedup_key = (!ev.event_id.is_empty()).then(|| (ev.scope.clone(), ev.event_id.clone()));
+        if let Some(key) = &dedup_key {
+            if let Some(&seq) = st.dedup.get(key) {
+                if let Some(c) = st.types.get_mut(&ev.event_type) {
+                    c.duplicates += 1;
+                }
+                return Appended {
+                    seq,
+                    event_id: ev.event_id,
+                    duplicate: true,
+                };
+            }
+        }
+        let seq = st.log.next_seq();
+        let event_id = if ev.event_id.is_empty() {
+            format!("{}-{seq}", self.shared.started_at_ms)
+        } else {
+            ev.event_id.clone()
+        };
+        let received_at_unix_ms = now_ms();
+        let encoded = v1::Event {
+            seq,
+            event_id: event_id.clone(),
+            event_born_time: ev.event_born_time,
+            event_corp_id: ev.event_corp_id,
+            event_type: ev.event_type.clone(),
+            event_unified_app_id: ev.event_unified_app_id,
+            subscription_id: String::new(),
+            source_id: ev.source_id,
+            rule_type: ev.rule_type,
+            data: ev.data,
+            headers: ev.headers.into_iter().collect(),
+            received_at_unix_ms,
+            redelivered: false,
+        }
+        .encode_to_vec();
+        let logged = Arc::new(LoggedEvent {
+            seq,
+            event_type: ev.event_type,
+            received_at_unix_ms,
+            encoded: Bytes::from(encoded),
+        });
+        st.log.append(logged.clone());
+        if let Some(key) = dedup_key {
+            st.dedup.put(key, seq);
+        }
+        let State { subs, conns, log, .. } = &mut *st;
+        for sub in subs.values_mut() {
+            if sub.selector.matches(&logged.event_type) {
+                sub.pending.push_back(logged.clone());
+                sub.counters.matched += 1;
+                if let Some(c) = sub.consumer.and_then(|c| conns.get(&c)) {
+                    wake.push(c.handle.clone());
+                }
+            }
+        }
+        // Retention: evict from the front; a subscription loses an evicted
+        // event only if it had not been sent yet, and is told with a Gap.
+        while let Some(old) = log.evict_one() {
+            for sub in subs.values_mut() {
+                if sub.pending.get(sub.sent).is_some_and(|p| p.seq == old.seq) {
+                    sub.pending.remove(sub.sent);
+                    sub.gap_lost += 1;
+                    sub.counters.lost += 1;
+                }
+            }
+        }
+        drop(st);
+        for w in wake {
+            w.wake.notify_one();
+        }
+        Appended {
+            seq,
+            event_id,
+            duplicate: false,
+        }
+    }
+
+    /// Takes what `conn` may send now: a pending Gap and up to its credit of
+    /// events. Marks them in flight.
+    pub fn pull(&self, conn: ConnId, max_events: usize) -> Option<Delivery> {
+        let mut st = self.state();
+        let head = st.log.head_seq();
+        let State { subs, conns, .. } = &mut *st;
+        let c = conns.get_mut(&conn)?;
+        let sub = subs.get_mut(c.attached.as_ref()?)?;
+        let mut d = Delivery {
+            subscription_id: sub.id.clone(),
+            ..Delivery::default()
+        };
+        if sub.gap_lost > 0 {
+            let resume_seq = sub.pending.get(sub.sent).map_or(head + 1, |e| e.seq);
+            d.gap = Some(v1::Gap {
+                subscription_id: sub.id.clone(),
+                lost: sub.gap_lost,
+                resume_seq,
+            });
+            sub.gap_lost = 0;
+        }
+        let credit = sub.window.saturating_sub(sub.sent).min(max_events);
+        let end = (sub.sent + credit).min(sub.pending.len());
+        for e in sub.pending.range(sub.sent..end) {
+            let redelivered = e.seq <= sub.max_sent_seq;
+            if redelivered {
+                sub.counters.redelivered += 1;
+            }
+            d.events.push((e.clone(), redelivered));
+        }
+        let n = end - sub.sent;
+        sub.sent = end;
+        if let Some((last, _)) = d.events.last() {
+            sub.max_sent_seq = sub.max_sent_seq.max(last.seq);
+        }
+        sub.counters.delivered += n as u64;
+        c.delivered += n as u64;
+        if d.gap.is_none() && d.events.is_empty() {
+            return None;
+        }
+        Some(d)
+    }
+
+    /// Cumulative ack from `conn`: everything in flight with seq <= `seq` is done.
+    pub fn ack(&self, conn: ConnId, seq: u64) {
+        let mut st = self.state();
+        let State { subs, conns, .. } = &mut *st;
+        let Some(c) = conns.get_mut(&conn) else { return };
+        let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
+            return;
+        };
+        let mut n = 0;
+        while sub.sent > 0 && sub.pending.front().is_some_and(|e| e.seq <= seq) {
+            sub.pending.pop_front();
+            sub.sent -= 1;
+            n += 1;
+        }
+        sub.counters.acked += n;
+        c.acked += n;
+        let more = sub.pending.len() > sub.sent;
+        let handle = c.handle.clone();
+        drop(st);
+        if more {
+            handle.wake.notify_one();
+        }
+    }
+
+    // ------------------------------------------------------------ source
+
+    pub fn set_source_state(&self, state: v1::SourceState, last_error: Option<String>) {
+        let mut st = self.state();
+        let status = v1::SourceStatus::try_from(state.state).unwrap_or_default();
+        if status == v1::SourceStatus::Connected {
+            st.source.connected_since_ms = state.since_unix_ms;
+        }
+        if status == v1::SourceStatus::Reconnecting {
+            st.source.reconnects += 1;
+        }
+        if let Some(e) = last_error {
+            st.source.last_error = e;
+        }
+        st.source.state = state;
+        st.source_gen += 1;
+        let handles: Vec<_> = st.conns.values().filter(|c| c.attached.is_some()).map(|c| c.handle.clone()).collect();
+        drop(st);
+        for h in handles {
+            h.wake.notify_one();
+        }
+    }
+
+    /// The source state and its generation (to detect changes).
+    pub fn source_state(&self) -> (v1::SourceState, u64) {
+        let st = self.state();
+        (st.source.state.clone(), st.source_gen)
+    }
+
+    // ------------------------------------------------------------ housekeeping
+
+    /// Runs the idle timer and the TTL reaper until shutdown. Sleeps until the
+    /// next deadline or a change in activity: no polling.
+    pub async fn housekeeping(self, mut shutdown: crate::shutdown::Shutdown) {
+        let idle_timeout = self.shared.config.idle_timeout;
+        let mut idle_since: Option<(Instant, u64)> = None;
+        loop {
+            let notified = self.shared.housekeeping.notified();
+            let now = Instant::now();
+            let (busy, gen, next_expiry) = {
+                let mut st = self.state();
+                let expired: Vec<String> = st
+                    .subs
+                    .values()
+                    .filter(|s| s.expires_at().is_some_and(|t| t <= now))
+                    .map(|s| s.id.clone())
+                    .collect();
+                for id in &expired {
+                    tracing::info!(subscription = %id, "subscription expired (ttl)");
+                    st.subs.remove(id);
+                }
+                if !expired.is_empty() {
+                    st.activity_gen += 1;
+                }
+                let next = st.subs.values().filter_map(Subscription::expires_at).min();
+                (!st.conns.is_empty() || !st.subs.is_empty(), st.activity_gen, next)
+            };
+            let mut deadline = next_expiry;
+            if busy || idle_timeout.is_zero() {
+                idle_since = None;
+            } else {
+                let since = match idle_since {
+                    Some((t, g)) if g == gen => t,
+                    _ => now,
+                };
+                idle_since = Some((since, gen));
+                let idle_at = since + idle_timeout;
+                if idle_at <= now {
+                    tracing::info!(timeout = ?idle_timeout, "idle: no consumers and no subscriptions");
+                    self.shared.shutdown.trigger(ByeReason::Idle);
+                    return;
+                }
+                deadline = Some(deadline.map_or(idle_at, |d| d.min(idle_at)));
+            }
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = sleep => {}
+                _ = shutdown.recv() => return,
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ status
+
+    pub fn status_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let cfg = &self.shared.config;
+        let st = self.state();
+        let now = now_ms();
+        let head = st.log.head_seq();
+        let source_status = v1::SourceStatus::try_from(st.source.state.state).unwrap_or_default();
+        let opt_ms = |v: i64| if v > 0 { json!(v) } else { json!(null) };
+        let consumers: Vec<_> = st
+            .conns
+            .values()
+            .filter_map(|c| {
+                let sub = c.attached.as_ref()?;
+                let in_flight = st.subs.get(sub).map_or(0, |s| s.sent);
+                Some(json!({
+                    "pid": c.pid,
+                    "client": c.name,
+                    "subscription_id": sub,
+                    "connected_at_unix_ms": c.connected_at_ms,
+                    "delivered": c.delivered,
+                    "acked": c.acked,
+                    "in_flight": in_flight,
+                }))
+            })
+            .collect();
+        let mut holder: Option<(u64, &str)> = None;
+        let subs: Vec<_> = st
+            .subs
+            .values()
+            .map(|s| {
+                let attached_pid = s.consumer.and_then(|c| st.conns.get(&c)).map(|c| c.pid);
+                let oldest = s.pending.front();
+                if let Some(o) = oldest {
+                    if holder.is_none_or(|(seq, _)| o.seq < seq) {
+                        holder = Some((o.seq, &s.id));
+                    }
+                }
+                let expires = s.detached_at.filter(|_| s.consumer.is_none()).map(|(_, ms)| ms + s.ttl.as_millis() as i64);
+                let cur = cursor(s, head);
+                json!({
+                    "id": s.id,
+                    "patterns": s.selector.pattern_strings(),
+                    "filter": (!s.selector.filter_str().is_empty()).then(|| s.selector.filter_str()),
+                    "owned": s.owned,
+                    "attached_pid": attached_pid,
+                    "detached_since_unix_ms": s.detached_at.filter(|_| s.consumer.is_none()).map(|(_, ms)| ms),
+                    "expires_at_unix_ms": expires,
+                    "ttl_ms": s.ttl.as_millis() as u64,
+                    "created_at_unix_ms": s.created_at_ms,
+                    "cursor": cur,
+                    "head_seq": head,
+                    "lag": head - cur,
+                    "pending": s.pending.len(),
+                    "in_flight": s.sent,
+                    "oldest_unacked_age_ms": oldest.map(|e| (now - e.received_at_unix_ms).max(0)),
+                    "matched": s.counters.matched,
+                    "delivered": s.counters.delivered,
+                    "acked": s.counters.acked,
+                    "redelivered": s.counters.redelivered,
+                    "lost_to_retention": s.counters.lost,
+                })
+            })
+            .collect();
+        // The subscription with the oldest unacked event is the one whose
+        // cursor the log's retention is protecting (or would evict first).
+        let retention_held_by = holder.map(|(_, id)| id.to_owned());
+        let types: Vec<_> = st
+            .types
+            .iter()
+            .map(|(t, c)| json!({"event_type": t, "received": c.received, "duplicates": c.duplicates}))
+            .collect();
+        json!({
+            "running": true,
+            "bus": {
+                "pid": std::process::id(),
+                "profile": cfg.profile,
+                "version": proto::BUILD,
+                "protocol_version": proto::PROTOCOL_VERSION,
+                "started_at_unix_ms": self.shared.started_at_ms,
+                "uptime_ms": self.shared.started.elapsed().as_millis() as u64,
+                "idle_timeout_ms": cfg.idle_timeout.as_millis() as u64,
+                "socket": cfg.socket,
+                "work_dir": cfg.work_dir,
+                "connections": st.conns.len(),
+            },
+            "source": {
+                "kind": cfg.source_kind,
+                "state": source_status_name(source_status),
+                "since_unix_ms": opt_ms(st.source.state.since_unix_ms),
+                "connected_since_unix_ms": opt_ms(st.source.connected_since_ms),
+                "reconnects": st.source.reconnects,
+                "attempt": st.source.state.attempt,
+                "next_retry_at_unix_ms": opt_ms(st.source.state.next_retry_at_unix_ms),
+                "reason": (!st.source.state.reason.is_empty()).then(|| st.source.state.reason.clone()),
+                "last_error": (!st.source.last_error.is_empty()).then(|| st.source.last_error.clone()),
+            },
+            "consumers": consumers,
+            "subscriptions": subs,
+            "event_types": types,
+            "log": {
+                "oldest_seq": st.log.oldest_seq(),
+                "head_seq": head,
+                "events": st.log.len(),
+                "bytes": st.log.bytes(),
+                "max_events": st.log.retention().max_events,
+                "max_bytes": st.log.retention().max_bytes,
+                "retention_held_by": retention_held_by,
+            },
+        })
+    }
+}
+
+pub fn source_status_name(s: v1::SourceStatus) -> &'static str {
+    match s {
+        v1::SourceStatus::Unknown => "unknown",
+        v1::SourceStatus::Connecting => "connecting",
+        v1::SourceStatus::Connected => "connected",
+        v1::SourceStatus::Reconnecting => "reconnecting",
+        v1::SourceStatus::Lost => "lost",
+    }
+}
+
+/// Every matching event at or below the cursor has been acked: the seq just
+/// before the oldest unacked one, or the head when nothing is pending.
+fn cursor(sub: &Subscription, head: u64) -> u64 {
+    sub.pending.front().map_or(head, |e| e.seq - 1)
+}
+
+fn detach_locked(st: &mut State, conn: ConnId) {
+    let Some(c) = st.conns.get_mut(&conn) else { return };
+    let Some(id) = c.attached.take() else { return };
+    if let Some(sub) = st.subs.get_mut(&id) {
+        if sub.consumer == Some(conn) {
+            sub.consumer = None;
+            sub.sent = 0;
+            sub.detached_at = Some((Instant::now(), now_ms()));
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! The ready pipe: how a spawned bus tells the `dws` that spawned it whether
+//! start-up worked. One message, then the pipe is closed:
+//!
+//! - `R\n`: ready, the socket accepts connections;
+//! - `A\n`: another bus already serves this profile (connect to it);
+//! - `E<reason>\n`: start-up failed, with the reason to print.
+//!
+//! If the bus dies before writing, the reader sees EOF and reports that.
+
+use std::{
+    fs::File,
+    io::Write,
+    os::fd::{FromRawFd, RawFd},
+};
+
+pub struct ReadyPipe {
+    file: Option<File>,
+}
+
+impl ReadyPipe {
+    /// Takes ownership of the inherited `fd`. Refuses 0-2 and fds that are
+    /// not open, so a wrong `--ready-fd` cannot write into stdio.
+    pub fn from_fd(fd: Option<RawFd>) -> Result<ReadyPipe, String> {
+        let Some(fd) = fd else {
+            return Ok(ReadyPipe { file: None });
+        };
+        if fd < 3 {
+            return Err(format!("--ready-fd {fd}: must be 3 or more"));
+        }
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD)
+            .map_err(|e| format!("--ready-fd {fd}: not an open file descriptor ({e})"))?;
+        // SAFETY: the fd was checked to be open, is not stdio, and this is the
+        // only place that takes ownership of it (it is given once, in argv).
+        let file = unsafe { File::from_raw_fd(fd) };
+        Ok(ReadyPipe { file: Some(file) })
+    }
+
+    fn send(&mut self, msg: &str) {
+        if let Some(mut f) = self.file.take() {
+            // The spawner may have given up waiting; nothing to do then.
+            let _ = f.write_all(msg.as_bytes());
+        }
+    }
+
+    pub fn ready(&mut self) {
+        self.send("R\n");
+    }
+
+    pub fn already_running(&mut self) {
+        self.send("A\n");
+    }
+
+    pub fn failed(&mut self, reason: &str) {
+        let one_line = reason.replace('\n', " ");
+        self.send(&format!("E{one_line}\n"));
+    }
+}
