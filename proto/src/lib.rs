@@ -4,12 +4,14 @@
 //! - [`v1`]: the prost types generated from `proto/bus.proto` (package `dws.bus.v1`).
 //! - [`codec`]: [`FrameCodec`], the only place that knows the length prefix and
 //!   calls `prost::Message::decode`.
+//! - [`pattern`]: event-key patterns (`a.b`, `a.*`, `*`).
 //! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
 //!
 //! This crate does no socket I/O.
 
 pub mod codec;
 pub mod paths;
+pub mod pattern;
 
 /// Generated protocol types (package `dws.bus.v1`).
 pub mod v1 {

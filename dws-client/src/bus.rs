@@ -1,0 +1,216 @@
+//! The client end of the bus socket: discover-or-spawn, the Hello handshake,
+//! and request/reply helpers over the frame codec.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use proto::{
+    paths::Endpoint,
+    v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason},
+    ClientCodec,
+};
+use tokio::{
+    net::{
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+        UnixStream,
+    },
+    time::Instant,
+};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::{
+    exit::{CliError, Result},
+    spawn::{spawn_bus, Spawned},
+};
+
+/// How long discover-or-spawn keeps trying before it gives up. Covers a bus
+/// that is exiting (its successor waits for the lock) and a slow start.
+pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// An open, greeted connection to the bus.
+pub struct BusConn {
+    pub reader: FramedRead<OwnedReadHalf, ClientCodec>,
+    pub writer: FramedWrite<OwnedWriteHalf, ClientCodec>,
+    pub hello: v1::HelloAck,
+    next_request: u64,
+}
+
+/// Why a dial did not produce a connection.
+enum DialError {
+    /// No bus listens on the socket.
+    NotRunning,
+    /// A bus answered but went away before the handshake finished (it was
+    /// exiting, e.g. idle): try again.
+    Gone,
+    Fatal(CliError),
+}
+
+/// Server frames that are not replies and may arrive at any time.
+fn is_unsolicited(kind: &S) -> bool {
+    matches!(kind, S::SourceState(_) | S::Heartbeat(_))
+}
+
+impl BusConn {
+    /// Connects to a running bus; `Ok(None)` if none is running. Never spawns.
+    pub async fn open(endpoint: &Endpoint) -> Result<Option<BusConn>> {
+        let deadline = Instant::now() + CONNECT_DEADLINE;
+        loop {
+            match dial(endpoint).await {
+                Ok(c) => return Ok(Some(c)),
+                Err(DialError::NotRunning) => return Ok(None),
+                Err(DialError::Gone) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(DialError::Gone) => return Ok(None),
+                Err(DialError::Fatal(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Connects to the profile's bus, spawning one if none answers. Any
+    /// number of clients may do this at once: the bus's lock makes exactly
+    /// one of the spawned daemons win, and the others report "already running".
+    pub async fn open_or_spawn(endpoint: &Endpoint) -> Result<BusConn> {
+        let deadline = Instant::now() + CONNECT_DEADLINE;
+        let mut last_err = String::from("no bus answered");
+        loop {
+            match dial(endpoint).await {
+                Ok(c) => return Ok(c),
+                Err(DialError::Fatal(e)) => return Err(e),
+                Err(DialError::NotRunning) | Err(DialError::Gone) => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CliError::runtime(format!(
+                    "cannot reach the bus at {}: {last_err}",
+                    endpoint.socket_path.display()
+                )));
+            }
+            match spawn_bus(&endpoint.profile, left).await? {
+                Spawned::Ready => {}
+                Spawned::AlreadyRunning => {
+                    last_err = "a bus holds the lock but does not accept connections".into();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    pub async fn send(&mut self, kind: C) -> Result<()> {
+        self.writer
+            .send(v1::ClientFrame { kind: Some(kind) })
+            .await
+            .map_err(|e| CliError::runtime(format!("lost the connection to the bus: {e}")))
+    }
+
+    /// The next frame; `Ok(None)` when the bus closed the connection.
+    pub async fn next(&mut self) -> Result<Option<S>> {
+        loop {
+            match self.reader.next().await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(CliError::runtime(format!("bad frame from the bus: {e}"))),
+                Some(Ok(v1::ServerFrame { kind: None })) => continue,
+                Some(Ok(v1::ServerFrame { kind: Some(k) })) => return Ok(Some(k)),
+            }
+        }
+    }
+
+    /// Sends a request built with a fresh request id and waits for its reply
+    /// (skipping unsolicited frames). An `Error` reply becomes a [`CliError`].
+    pub async fn request(&mut self, build: impl FnOnce(u64) -> C) -> Result<S> {
+        let id = self.request_id();
+        self.send(build(id)).await?;
+        loop {
+            match self.next().await? {
+                None => return Err(CliError::runtime("the bus closed the connection before replying")),
+                Some(S::Error(e)) => return Err(CliError::from_bus(e.code, &e.message)),
+                Some(S::Bye(b)) => {
+                    let reason = ByeReason::try_from(b.reason).unwrap_or(ByeReason::Unspecified);
+                    return Err(CliError::runtime(format!(
+                        "the bus closed the connection before replying (reason: {})",
+                        proto::bye_reason_name(reason)
+                    )));
+                }
+                Some(k) if is_unsolicited(&k) => continue,
+                Some(k) => return Ok(k),
+            }
+        }
+    }
+
+    /// Says goodbye (best effort: the bus may already be gone).
+    pub async fn bye(&mut self) {
+        let _ = self
+            .send(C::Bye(v1::Bye {
+                reason: ByeReason::ClientDone as i32,
+                message: String::new(),
+            }))
+            .await;
+    }
+}
+
+async fn dial(endpoint: &Endpoint) -> std::result::Result<BusConn, DialError> {
+    use std::io::ErrorKind as K;
+    let stream = match UnixStream::connect(&endpoint.socket_path).await {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), K::NotFound | K::ConnectionRefused) => {
+            return Err(DialError::NotRunning)
+        }
+        Err(e) if e.kind() == K::PermissionDenied => {
+            return Err(DialError::Fatal(CliError::permission(format!(
+                "permission denied connecting to {}",
+                endpoint.socket_path.display()
+            ))))
+        }
+        Err(e) => {
+            return Err(DialError::Fatal(CliError::runtime(format!(
+                "cannot connect to {}: {e}",
+                endpoint.socket_path.display()
+            ))))
+        }
+    };
+    if let Ok(cred) = stream.peer_cred() {
+        let me = nix::unistd::geteuid().as_raw();
+        if cred.uid() != me {
+            return Err(DialError::Fatal(CliError::permission(format!(
+                "the process on {} runs as uid {}, not as uid {me}; refusing it",
+                endpoint.socket_path.display(),
+                cred.uid()
+            ))));
+        }
+    }
+    let (rd, wr) = stream.into_split();
+    let mut conn = BusConn {
+        reader: FramedRead::with_capacity(rd, ClientCodec::new(), 64 * 1024),
+        writer: FramedWrite::new(wr, ClientCodec::new()),
+        hello: v1::HelloAck::default(),
+        next_request: 0,
+    };
+    let hello = C::Hello(v1::Hello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        client_pid: std::process::id(),
+        client_name: "dws".into(),
+        build: proto::BUILD.into(),
+    });
+    if conn.send(hello).await.is_err() {
+        return Err(DialError::Gone);
+    }
+    loop {
+        match conn.reader.next().await {
+            None | Some(Err(_)) => return Err(DialError::Gone),
+            Some(Ok(f)) => match f.kind {
+                Some(S::HelloAck(ack)) => {
+                    conn.hello = ack;
+                    return Ok(conn);
+                }
+                Some(S::Bye(_)) => return Err(DialError::Gone),
+                Some(S::Error(e)) => return Err(DialError::Fatal(CliError::from_bus(e.code, &e.message))),
+                _ => continue,
+            },
+        }
+    }
+}

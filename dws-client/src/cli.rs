@@ -1,0 +1,246 @@
+//! The command line of `dws`: the single source of its help text.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// dws: attach to the local dws event bus and stream its events.
+#[derive(Debug, Parser)]
+#[command(name = "dws", version, about, long_about = None)]
+pub struct Cli {
+    /// Profile (one bus per profile). Env DWS_PROFILE; default "default".
+    #[arg(long, global = true, value_name = "NAME")]
+    pub profile: Option<String>,
+
+    #[command(subcommand)]
+    pub command: Top,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Top {
+    /// Event bus commands.
+    #[command(subcommand)]
+    Event(EventCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventCmd {
+    Consume(ConsumeArgs),
+    Publish(PublishArgs),
+    Status(StatusArgs),
+    Stop(StopArgs),
+    Subscribe(SubscribeArgs),
+    Unsubscribe(UnsubscribeArgs),
+}
+
+/// Stream events as NDJSON on stdout (starts the bus if needed).
+///
+/// stderr carries exactly a ready line, after the subscription is confirmed
+/// and before any event, and an exited line with the reason (limit, timeout,
+/// signal, bus_shutdown, source_lost); on failure it carries one `Error:` line
+/// instead, with exit code 1 (runtime), 2 (usage) or 3 (permission).
+///
+/// Stop a consumer with SIGTERM, SIGINT or by closing its stdin (when stdin is
+/// a pipe and the run is unbounded). Do not use `kill -9`: the run cannot
+/// clean up, and its subscription lingers until its TTL expires.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// Event keys: exact (im.message), prefix (im.*) or all (*). Optional with --subscribe-id.
+    #[arg(value_name = "EVENT_KEY")]
+    pub keys: Vec<String>,
+
+    /// Only events whose type matches this regex.
+    #[arg(long, value_name = "RE")]
+    pub filter: Option<String>,
+
+    /// Attach to this existing subscription and resume after its cursor.
+    #[arg(long, value_name = "ID")]
+    pub subscribe_id: Option<String>,
+
+    /// Remove the subscription on exit even if it was reused through --subscribe-id.
+    #[arg(long)]
+    pub ephemeral: bool,
+
+    /// Where a new subscription starts: latest (default), earliest, or a seq.
+    #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
+    pub from: Option<From>,
+
+    /// How long a subscription this run creates outlives its consumer (default 10m).
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    pub ttl: Option<Duration>,
+
+    /// Exit after N events (reason: limit).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_events: Option<u64>,
+
+    /// Exit after this long, e.g. 30s, 5m (reason: timeout).
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    pub duration: Option<Duration>,
+
+    /// Output format. `json` (one array) needs --max-events or --duration.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Ndjson)]
+    pub format: Format,
+
+    /// Print nothing on stderr except an error.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+
+    /// Print the resolved configuration as JSON and exit; connect to nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Detach the subscription's current consumer instead of failing.
+    #[arg(long)]
+    pub takeover: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// One JSON object per line.
+    Ndjson,
+    /// One JSON array, closed at exit (needs a bound).
+    Json,
+    /// Indented JSON per event.
+    Pretty,
+    /// The payload only, one per line.
+    Raw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum From {
+    Latest,
+    Earliest,
+    Seq(u64),
+}
+
+fn parse_from(s: &str) -> Result<From, String> {
+    match s {
+        "latest" => Ok(From::Latest),
+        "earliest" => Ok(From::Earliest),
+        _ => s
+            .parse()
+            .map(From::Seq)
+            .map_err(|_| "expected latest, earliest or a sequence number".to_owned()),
+    }
+}
+
+/// A humantime duration (`30s`, `5m`, `1h 30m`), more than zero.
+pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) if d.is_zero() => Err("must be more than 0".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("{e} (expected a duration like 30s, 5m, 1h)")),
+    }
+}
+
+/// Publish one event through the bus's local source (starts the bus if needed).
+///
+/// Prints `{"seq":N,"event_id":"…","duplicate":false}`. Publishing again with
+/// the same --id within the dedup window delivers nothing new and prints
+/// `"duplicate":true` with the original seq.
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// Event type, e.g. demo.hello.
+    #[arg(value_name = "EVENT_TYPE")]
+    pub event_type: String,
+
+    /// Payload: a JSON value or raw text; `-` reads stdin. Default: empty.
+    #[arg(value_name = "DATA|-")]
+    pub data: Option<String>,
+
+    /// Event id; makes a retried publish idempotent.
+    #[arg(long, value_name = "EVENT_ID")]
+    pub id: Option<String>,
+}
+
+/// Show the bus, its source, consumers, subscriptions and counters. Never starts a bus.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// text: a readable table; json: the stable document described in the README.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TextOrJson {
+    Text,
+    Json,
+}
+
+/// Stop the bus, or with --subscribe-id only the consumers of those subscriptions.
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// Close only the consumers attached to this subscription (repeatable);
+    /// the subscriptions stay.
+    #[arg(long, value_name = "ID")]
+    pub subscribe_id: Vec<String>,
+
+    /// Print what would be stopped and stop nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Create a subscription without attaching (it collects events until its TTL
+/// runs out detached); prints its id.
+#[derive(Debug, Args)]
+pub struct SubscribeArgs {
+    /// Event keys: exact (im.message), prefix (im.*) or all (*).
+    #[arg(value_name = "EVENT_KEY", required = true)]
+    pub keys: Vec<String>,
+
+    /// Subscription id (default: generated). Repeating it with the same spec is a no-op.
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+
+    /// Only events whose type matches this regex.
+    #[arg(long, value_name = "RE")]
+    pub filter: Option<String>,
+
+    /// Where it starts: latest (default), earliest, or a seq.
+    #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
+    pub from: Option<From>,
+
+    /// How long it lives without a consumer (default 10m).
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    pub ttl: Option<Duration>,
+
+    /// text: just the id; json: the id and the subscription's spec.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+/// Remove subscriptions; their consumers are told (Bye UNSUBSCRIBED).
+#[derive(Debug, Args)]
+pub struct UnsubscribeArgs {
+    /// Subscription ids.
+    #[arg(value_name = "ID", required = true)]
+    pub ids: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_arg_is_documented() {
+        fn walk(cmd: &clap::Command) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                assert!(arg.get_help().is_some(), "{}: --{id} has no help", cmd.get_name());
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub);
+            }
+        }
+        walk(&Cli::command());
+    }
+}

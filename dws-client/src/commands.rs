@@ -1,0 +1,224 @@
+//! The short request/reply commands: publish, stop, subscribe, unsubscribe.
+
+use std::io::Read;
+
+use proto::{
+    paths::Endpoint,
+    pattern::Pattern,
+    v1::{self, client_frame::Kind as C, server_frame::Kind as S},
+};
+
+use crate::{
+    bus::BusConn,
+    cli::{From, PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
+    exit::{CliError, Result},
+    print_stdout,
+};
+
+fn unexpected(what: &str) -> CliError {
+    CliError::runtime(format!("the bus answered {what} with an unexpected frame"))
+}
+
+pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
+    if !proto::pattern::is_valid_event_type(&args.event_type) {
+        return Err(CliError::usage(format!(
+            "invalid event type {:?}: use letters, digits and . _ - : / (no wildcards)",
+            args.event_type
+        )));
+    }
+    if let Some(id) = &args.id {
+        if id.is_empty() || id.len() > 256 {
+            return Err(CliError::usage("--id must be 1-256 bytes"));
+        }
+    }
+    let data = match args.data.as_deref() {
+        Some("-") => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| CliError::usage(format!("cannot read DATA from stdin: {e}")))?;
+            s.trim_end_matches(['\n', '\r']).to_owned()
+        }
+        Some(d) => d.to_owned(),
+        None => String::new(),
+    };
+    // Leave room for the frame's other fields under the 4 MiB frame limit.
+    let limit = proto::MAX_FRAME_LEN - 64 * 1024;
+    if data.len() > limit {
+        return Err(CliError::usage(format!(
+            "event data is {} bytes; the most a frame carries is {limit}",
+            data.len()
+        )));
+    }
+    let mut bus = BusConn::open_or_spawn(endpoint).await?;
+    let reply = bus
+        .request(|request_id| {
+            C::Publish(v1::Publish {
+                request_id,
+                event_type: args.event_type,
+                event_id: args.id.unwrap_or_default(),
+                data,
+                headers: Default::default(),
+            })
+        })
+        .await?;
+    bus.bye().await;
+    let S::PublishAck(ack) = reply else {
+        return Err(unexpected("Publish"));
+    };
+    let line = serde_json::json!({
+        "seq": ack.seq,
+        "event_id": ack.event_id,
+        "duplicate": ack.duplicate,
+    });
+    print_stdout(&format!("{line}\n"))
+}
+
+pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
+    for id in &args.subscribe_id {
+        if !proto::is_valid_id(id) {
+            return Err(CliError::usage(format!("invalid --subscribe-id {id:?}")));
+        }
+    }
+    let Some(mut bus) = BusConn::open(endpoint).await? else {
+        return print_stdout(&format!("bus not running (profile {})\n", endpoint.profile));
+    };
+    let bus_pid = bus.hello.bus_pid;
+    let reply = bus
+        .request(|request_id| {
+            C::StopRequest(v1::StopRequest {
+                request_id,
+                subscription_ids: args.subscribe_id.clone(),
+                dry_run: args.dry_run,
+            })
+        })
+        .await?;
+    let S::StopReply(r) = reply else {
+        return Err(unexpected("StopRequest"));
+    };
+    let would = if args.dry_run { "would stop" } else { "stopped" };
+    let pids = |p: &[u32]| p.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let mut text = String::new();
+    if args.subscribe_id.is_empty() {
+        text.push_str(&format!(
+            "{would} bus pid {bus_pid} ({} consumer(s){})\n",
+            r.consumer_pids.len(),
+            if r.consumer_pids.is_empty() { String::new() } else { format!(": pid {}", pids(&r.consumer_pids)) }
+        ));
+        if r.bus_stopping {
+            // Wait until the bus has closed us: it is then past its drain.
+            let wait = async { while let Ok(Some(_)) = bus.next().await {} };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), wait).await;
+        }
+    } else {
+        text.push_str(&format!(
+            "{would} {} consumer(s) of subscription(s) {}{}\n",
+            r.consumer_pids.len(),
+            r.subscription_ids.join(","),
+            if r.consumer_pids.is_empty() { String::new() } else { format!(" (pid {})", pids(&r.consumer_pids)) }
+        ));
+        bus.bye().await;
+        if !r.not_found.is_empty() {
+            print_stdout(&text)?;
+            return Err(CliError::runtime(format!("subscription(s) not found: {}", r.not_found.join(","))));
+        }
+    }
+    print_stdout(&text)
+}
+
+pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
+    let keys: Vec<String> = args.keys.iter().flat_map(|k| k.split(',')).filter(|k| !k.is_empty()).map(str::to_owned).collect();
+    for k in &keys {
+        Pattern::parse(k).map_err(CliError::usage)?;
+    }
+    if let Some(id) = &args.id {
+        if !proto::is_valid_id(id) {
+            return Err(CliError::usage(format!(
+                "invalid --id {id:?}: use 1-64 characters from A-Z a-z 0-9 . _ -"
+            )));
+        }
+    }
+    let filter = args.filter.unwrap_or_default();
+    if !filter.is_empty() {
+        regex::Regex::new(&filter).map_err(|e| {
+            let detail = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+            CliError::usage(format!("invalid --filter regex {filter:?}: {detail}"))
+        })?;
+    }
+    let (start, start_seq) = match args.from.unwrap_or(From::Latest) {
+        From::Latest => (v1::StartPosition::StartLatest, 0),
+        From::Earliest => (v1::StartPosition::StartEarliest, 0),
+        From::Seq(n) => (v1::StartPosition::StartSeq, n),
+    };
+    let mut bus = BusConn::open_or_spawn(endpoint).await?;
+    let reply = bus
+        .request(|request_id| {
+            C::Subscribe(v1::Subscribe {
+                request_id,
+                subscription_id: args.id.clone().unwrap_or_default(),
+                patterns: keys,
+                filter,
+                start: start as i32,
+                start_seq,
+                ttl_ms: args.ttl.map_or(0, |d| d.as_millis() as u64),
+                attach: false,
+                takeover: false,
+                must_exist: false,
+                owned: false,
+                window: 0,
+            })
+        })
+        .await?;
+    bus.bye().await;
+    let S::Subscribed(sub) = reply else {
+        return Err(unexpected("Subscribe"));
+    };
+    let text = match args.format {
+        TextOrJson::Text => format!("{}\n", sub.subscription_id),
+        TextOrJson::Json => format!(
+            "{}\n",
+            serde_json::json!({
+                "id": sub.subscription_id,
+                "created": sub.created,
+                "patterns": sub.patterns,
+                "filter": (!sub.filter.is_empty()).then_some(&sub.filter),
+                "cursor": sub.cursor,
+                "head_seq": sub.head_seq,
+            })
+        ),
+    };
+    print_stdout(&text)
+}
+
+pub async fn unsubscribe(args: UnsubscribeArgs, endpoint: &Endpoint) -> Result<()> {
+    for id in &args.ids {
+        if !proto::is_valid_id(id) {
+            return Err(CliError::usage(format!("invalid subscription id {id:?}")));
+        }
+    }
+    let Some(mut bus) = BusConn::open(endpoint).await? else {
+        return Err(CliError::runtime(format!(
+            "subscription(s) not found: {} (bus not running)",
+            args.ids.join(",")
+        )));
+    };
+    let reply = bus
+        .request(|request_id| {
+            C::Unsubscribe(v1::Unsubscribe {
+                request_id,
+                subscription_ids: args.ids.clone(),
+            })
+        })
+        .await?;
+    bus.bye().await;
+    let S::Unsubscribed(r) = reply else {
+        return Err(unexpected("Unsubscribe"));
+    };
+    if !r.removed.is_empty() {
+        print_stdout(&format!("removed {}\n", r.removed.join(",")))?;
+    }
+    if !r.not_found.is_empty() {
+        return Err(CliError::runtime(format!("subscription(s) not found: {}", r.not_found.join(","))));
+    }
+    Ok(())
+}

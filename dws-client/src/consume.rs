@@ -1,0 +1,459 @@
+//! `dws event consume`: the consumer contract of DESIGN §6.
+//!
+//! Order of a run: validate every flag (exit 2 before anything is created),
+//! connect or spawn the bus, subscribe and attach, print the ready line, then
+//! stream. Events are written through a `BufWriter` on the locked stdout and
+//! flushed whenever the socket has nothing more to read right now; the
+//! cumulative Ack follows each successful flush, so only what reached stdout
+//! is ever acked. A clean exit acks, unsubscribes an owned subscription, says
+//! Bye and prints the exited line.
+
+use std::{
+    io::{self, BufWriter, IsTerminal, Write},
+    os::fd::{AsFd, AsRawFd},
+    time::Duration,
+};
+
+use futures_util::FutureExt;
+use proto::{
+    paths::Endpoint,
+    pattern::Pattern,
+    v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason},
+};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::oneshot,
+    time::Instant,
+};
+
+use crate::{
+    bus::BusConn,
+    cli::{ConsumeArgs, Format, From},
+    exit::{CliError, Result},
+    output::EventWriter,
+};
+
+/// Why a run ended, as printed in the exited line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Limit,
+    Timeout,
+    Signal,
+    BusShutdown,
+    SourceLost,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Limit => "limit",
+            Reason::Timeout => "timeout",
+            Reason::Signal => "signal",
+            Reason::BusShutdown => "bus_shutdown",
+            Reason::SourceLost => "source_lost",
+        }
+    }
+
+    /// The bus ended the run: the subscription is not ours to clean up.
+    fn bus_ended(self) -> bool {
+        matches!(self, Reason::BusShutdown | Reason::SourceLost)
+    }
+}
+
+/// A consume run after validation: everything needed, nothing connected.
+#[derive(Debug)]
+pub struct Plan {
+    pub keys: Vec<String>,
+    pub filter: String,
+    pub subscribe_id: Option<String>,
+    pub ephemeral: bool,
+    pub from: From,
+    pub ttl: Option<Duration>,
+    pub max_events: Option<u64>,
+    pub duration: Option<Duration>,
+    pub format: Format,
+    pub quiet: bool,
+    pub takeover: bool,
+    pub dry_run: bool,
+}
+
+/// Checks every flag; no I/O. Errors are usage errors (exit 2).
+pub fn plan(args: ConsumeArgs) -> Result<Plan> {
+    let keys: Vec<String> = args
+        .keys
+        .iter()
+        .flat_map(|k| k.split(','))
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if keys.is_empty() && args.subscribe_id.is_none() {
+        return Err(CliError::usage(
+            "at least one EVENT_KEY is required (or --subscribe-id to resume a subscription)",
+        ));
+    }
+    for k in &keys {
+        Pattern::parse(k).map_err(CliError::usage)?;
+    }
+    if let Some(id) = &args.subscribe_id {
+        if !proto::is_valid_id(id) {
+            return Err(CliError::usage(format!(
+                "invalid --subscribe-id {id:?}: use 1-64 characters from A-Z a-z 0-9 . _ -"
+            )));
+        }
+    }
+    let filter = args.filter.unwrap_or_default();
+    if !filter.is_empty() {
+        regex::Regex::new(&filter).map_err(|e| {
+            let detail = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+            CliError::usage(format!("invalid --filter regex {filter:?}: {detail}"))
+        })?;
+    }
+    let bounded = args.max_events.is_some() || args.duration.is_some();
+    if args.format == Format::Json && !bounded {
+        return Err(CliError::usage(
+            "--format json writes one array and needs a bound: add --max-events or --duration (or use --format ndjson)",
+        ));
+    }
+    if args.subscribe_id.is_some() && (args.from.is_some() || args.ttl.is_some()) {
+        return Err(CliError::usage(
+            "--from and --ttl apply to a subscription this run creates; they cannot be used with --subscribe-id",
+        ));
+    }
+    Ok(Plan {
+        keys,
+        filter,
+        subscribe_id: args.subscribe_id,
+        ephemeral: args.ephemeral,
+        from: args.from.unwrap_or(From::Latest),
+        ttl: args.ttl,
+        max_events: args.max_events,
+        duration: args.duration,
+        format: args.format,
+        quiet: args.quiet,
+        takeover: args.takeover,
+        dry_run: args.dry_run,
+    })
+}
+
+impl Plan {
+    fn owned(&self) -> bool {
+        self.subscribe_id.is_none() || self.ephemeral
+    }
+
+    fn bounded(&self) -> bool {
+        self.max_events.is_some() || self.duration.is_some()
+    }
+
+    /// The resolved configuration, printed by `--dry-run`.
+    pub fn describe(&self, endpoint: &Endpoint, stdin_eof_exits: bool) -> serde_json::Value {
+        serde_json::json!({
+            "profile": endpoint.profile,
+            "socket": endpoint.socket_path,
+            "work_dir": endpoint.work_dir,
+            "event_keys": self.keys,
+            "filter": (!self.filter.is_empty()).then_some(&self.filter),
+            "subscribe_id": self.subscribe_id,
+            "remove_subscription_on_exit": self.owned(),
+            "from": match self.from {
+                From::Latest => serde_json::json!("latest"),
+                From::Earliest => serde_json::json!("earliest"),
+                From::Seq(n) => serde_json::json!(n),
+            },
+            "ttl_ms": self.ttl.map(|d| d.as_millis() as u64),
+            "max_events": self.max_events,
+            "duration_ms": self.duration.map(|d| d.as_millis() as u64),
+            "format": format!("{:?}", self.format).to_lowercase(),
+            "quiet": self.quiet,
+            "takeover": self.takeover,
+            "stdin_eof_exits": stdin_eof_exits,
+        })
+    }
+}
+
+/// EOF on stdin ends an unbounded run only when stdin is a pipe, socket or
+/// regular file: a terminal or `/dev/null` (a character device) never arms it.
+pub fn stdin_eof_armed(plan: &Plan) -> bool {
+    if plan.bounded() {
+        return false;
+    }
+    let stdin = io::stdin();
+    if stdin.is_terminal() {
+        return false;
+    }
+    match nix::sys::stat::fstat(stdin.as_fd().as_raw_fd()) {
+        Ok(st) => {
+            let kind = st.st_mode & nix::libc::S_IFMT;
+            kind == nix::libc::S_IFIFO || kind == nix::libc::S_IFREG || kind == nix::libc::S_IFSOCK
+        }
+        Err(_) => false,
+    }
+}
+
+/// Resolves when stdin reaches EOF (or fails). Reads on a plain thread, which
+/// the process abandons at exit, so a stdin that never ends costs nothing.
+fn watch_stdin_eof() -> oneshot::Receiver<()> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        let mut stdin = io::stdin().lock();
+        loop {
+            match io::Read::read(&mut stdin, &mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(());
+    });
+    rx
+}
+
+fn stderr_line(quiet: bool, line: &str) {
+    if !quiet {
+        let mut err = io::stderr().lock();
+        let _ = writeln!(err, "{line}");
+    }
+}
+
+/// Runs the consumer; returns after the exited line was printed.
+pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<()> {
+    let started = Instant::now();
+    let mut sigterm = signal(SignalKind::terminate())
+        .map_err(|e| CliError::runtime(format!("cannot watch signals: {e}")))?;
+    let mut sigint = signal(SignalKind::interrupt())
+        .map_err(|e| CliError::runtime(format!("cannot watch signals: {e}")))?;
+
+    let mut bus = BusConn::open_or_spawn(endpoint).await?;
+    let reply = bus
+        .request(|request_id| {
+            let (start, start_seq) = match plan.from {
+                From::Latest => (v1::StartPosition::StartLatest, 0),
+                From::Earliest => (v1::StartPosition::StartEarliest, 0),
+                From::Seq(n) => (v1::StartPosition::StartSeq, n),
+            };
+            C::Subscribe(v1::Subscribe {
+                request_id,
+                subscription_id: plan.subscribe_id.clone().unwrap_or_default(),
+                patterns: plan.keys.clone(),
+                filter: plan.filter.clone(),
+                start: start as i32,
+                start_seq,
+                ttl_ms: plan.ttl.map_or(0, |d| d.as_millis() as u64),
+                attach: true,
+                takeover: plan.takeover,
+                must_exist: plan.subscribe_id.is_some(),
+                owned: plan.subscribe_id.is_none(),
+                window: 0,
+            })
+        })
+        .await?;
+    let S::Subscribed(sub) = reply else {
+        return Err(CliError::runtime("the bus answered Subscribe with an unexpected frame"));
+    };
+    stderr_line(
+        plan.quiet,
+        &format!(
+            "[event] ready event_key={} bus_pid={} subscribe_id={}",
+            sub.patterns.join(","),
+            bus.hello.bus_pid,
+            sub.subscription_id
+        ),
+    );
+
+    let mut stdin_eof = if stdin_armed { Some(watch_stdin_eof()) } else { None };
+    let deadline = plan.duration.map(|d| started + d);
+    let stdout = io::stdout();
+    let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
+    let mut writer = EventWriter::new(plan.format);
+    let mut acked_seq: u64 = 0;
+    let mut stream = Stream {
+        plan: &plan,
+        writer: &mut writer,
+        out: &mut out,
+        received: 0,
+        written_seq: 0,
+        flushed_seq: 0,
+    };
+    let reason: Result<Reason> = async {
+        stream.begin()?;
+        loop {
+            let frame = tokio::select! {
+                biased;
+                _ = sigterm.recv() => break Ok(Reason::Signal),
+                _ = sigint.recv() => break Ok(Reason::Signal),
+                _ = sleep_until_opt(deadline) => break Ok(Reason::Timeout),
+                _ = recv_opt(&mut stdin_eof) => break Ok(Reason::Signal),
+                f = bus.next() => f?,
+            };
+            if let Some(reason) = stream.handle(frame)? {
+                break Ok(reason);
+            }
+            // Drain what is already readable, then flush once and ack.
+            let mut ended = None;
+            while let Some(f) = bus.next().now_or_never() {
+                if let Some(reason) = stream.handle(f?)? {
+                    ended = Some(reason);
+                    break;
+                }
+            }
+            if let Some(reason) = ended {
+                break Ok(reason);
+            }
+            if let Some(reason) = stream.flush()? {
+                break Ok(reason);
+            }
+            if stream.flushed_seq > acked_seq {
+                acked_seq = stream.flushed_seq;
+                let _ = bus.send(C::Ack(v1::Ack { seq: acked_seq })).await;
+            }
+        }
+    }
+    .await;
+    let reason = reason?;
+
+    // Clean exit: what reached stdout is acked; an owned subscription goes.
+    stream.end();
+    let received = stream.received;
+    if !reason.bus_ended() {
+        if stream.flushed_seq > acked_seq {
+            let _ = bus.send(C::Ack(v1::Ack { seq: stream.flushed_seq })).await;
+        }
+        if plan.owned() {
+            let id = sub.subscription_id.clone();
+            let unsubscribed = tokio::time::timeout(
+                Duration::from_secs(2),
+                bus.request(|request_id| {
+                    C::Unsubscribe(v1::Unsubscribe {
+                        request_id,
+                        subscription_ids: vec![id],
+                    })
+                }),
+            )
+            .await;
+            if !matches!(unsubscribed, Ok(Ok(_))) {
+                stderr_line(
+                    plan.quiet,
+                    &format!(
+                        "[event] warning: could not remove subscription {}; it expires with its ttl",
+                        sub.subscription_id
+                    ),
+                );
+            }
+        }
+        bus.bye().await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stderr_line(
+        plan.quiet,
+        &format!(
+            "[event] exited — received {received} event(s) in {secs:.3}s (reason: {})",
+            reason.as_str()
+        ),
+    );
+    Ok(())
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn recv_opt(rx: &mut Option<oneshot::Receiver<()>>) {
+    match rx {
+        Some(r) => {
+            let _ = r.await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The output side of a run: formats frames onto stdout and counts.
+struct Stream<'a, 'o> {
+    plan: &'a Plan,
+    writer: &'a mut EventWriter,
+    out: &'a mut BufWriter<io::StdoutLock<'o>>,
+    received: u64,
+    /// Seq of the last event handed to the stdout buffer.
+    written_seq: u64,
+    /// Seq of the last event known to have reached stdout: what may be acked.
+    flushed_seq: u64,
+}
+
+/// stdout failing with a broken pipe means the reader closed it: a graceful
+/// end (reason signal). Any other write error is a runtime failure.
+fn output_result(r: io::Result<()>) -> Result<Option<Reason>> {
+    match r {
+        Ok(()) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Some(Reason::Signal)),
+        Err(e) => Err(CliError::runtime(format!("cannot write to stdout: {e}"))),
+    }
+}
+
+impl Stream<'_, '_> {
+    fn begin(&mut self) -> Result<()> {
+        output_result(self.writer.begin(self.out)).map(drop)
+    }
+
+    /// Closes the output (the `json` array) and flushes; errors no longer
+    /// matter here, the run is ending anyway.
+    fn end(&mut self) {
+        if self.writer.end(self.out).is_ok() && self.out.flush().is_ok() {
+            self.flushed_seq = self.written_seq;
+        }
+    }
+
+    /// Flushes stdout; on success everything written so far may be acked.
+    fn flush(&mut self) -> Result<Option<Reason>> {
+        let r = output_result(self.out.flush())?;
+        if r.is_none() {
+            self.flushed_seq = self.written_seq;
+        }
+        Ok(r)
+    }
+
+    /// Handles one frame; `Some(reason)` ends the run.
+    fn handle(&mut self, frame: Option<S>) -> Result<Option<Reason>> {
+        let Some(frame) = frame else {
+            return Ok(Some(Reason::BusShutdown));
+        };
+        match frame {
+            S::Event(e) => {
+                if let Some(r) = output_result(self.writer.event(self.out, &e))? {
+                    return Ok(Some(r));
+                }
+                self.received += 1;
+                self.written_seq = e.seq;
+                if self.plan.max_events.is_some_and(|max| self.received >= max) {
+                    return Ok(Some(self.flush()?.unwrap_or(Reason::Limit)));
+                }
+            }
+            S::Gap(g) => stderr_line(
+                self.plan.quiet,
+                &format!(
+                    "[event] gap — lost {} event(s) before seq {} (retention)",
+                    g.lost, g.resume_seq
+                ),
+            ),
+            S::SourceState(s) => {
+                let status = v1::SourceStatus::try_from(s.state).unwrap_or_default();
+                let name = crate::status::source_status_name(status);
+                let detail = if s.reason.is_empty() { String::new() } else { format!(" ({})", s.reason) };
+                stderr_line(self.plan.quiet, &format!("[event] source {name}{detail}"));
+            }
+            S::Bye(b) => {
+                let reason = ByeReason::try_from(b.reason).unwrap_or(ByeReason::Unspecified);
+                return Ok(Some(if reason == ByeReason::SourceLost {
+                    Reason::SourceLost
+                } else {
+                    Reason::BusShutdown
+                }));
+            }
+            S::Error(e) => return Err(CliError::from_bus(e.code, &e.message)),
+            _ => {}
+        }
+        Ok(None)
+    }
+}
