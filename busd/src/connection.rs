@@ -161,6 +161,12 @@ impl Connection {
     }
 
     fn bye(&mut self, reason: ByeReason) {
+        // A source that was lost says why before the Bye that follows it.
+        let (state, gen) = self.hub.source_state();
+        if gen != self.source_gen && matches!(self.phase, Phase::Ready) {
+            self.source_gen = gen;
+            self.send(S::SourceState(state));
+        }
         self.send(S::Bye(v1::Bye {
             reason: reason as i32,
             message: String::new(),

@@ -174,6 +174,8 @@ struct TypeCounters {
 #[derive(Debug, Clone, Default)]
 pub struct SourceInfo {
     pub state: v1::SourceState,
+    /// Upstream input that could not be turned into an event (counted, logged).
+    pub malformed: u64,
     pub reconnects: u64,
     pub last_error: String,
     pub connected_since_ms: i64,
@@ -722,6 +724,14 @@ impl Hub {
         }
     }
 
+    /// Counts and logs one piece of upstream input that is not a valid event.
+    pub fn source_malformed(&self, why: &str) {
+        tracing::warn!(cause = %why, "malformed upstream input skipped");
+        let mut st = self.state();
+        st.source.malformed += 1;
+        st.source.last_error = format!("malformed input: {why}");
+    }
+
     /// The source state and its generation (to detect changes).
     pub fn source_state(&self) -> (v1::SourceState, u64) {
         let st = self.state();
@@ -880,6 +890,7 @@ impl Hub {
                 "since_unix_ms": opt_ms(st.source.state.since_unix_ms),
                 "connected_since_unix_ms": opt_ms(st.source.connected_since_ms),
                 "reconnects": st.source.reconnects,
+                "malformed": st.source.malformed,
                 "attempt": st.source.state.attempt,
                 "next_retry_at_unix_ms": opt_ms(st.source.state.next_retry_at_unix_ms),
                 "reason": (!st.source.state.reason.is_empty()).then(|| st.source.state.reason.clone()),

@@ -18,6 +18,7 @@ pub mod hub;
 pub mod lock;
 pub mod logfile;
 pub mod pattern;
+pub mod profile;
 pub mod ready;
 pub mod server;
 pub mod shutdown;
@@ -40,8 +41,8 @@ use crate::{
     eventlog::Retention,
     hub::{Hub, HubConfig},
     lock::{BusLock, TryLock},
-    ready::ReadyPipe,
-    source::{Source, SourceContext},
+    ready::{ReadyPipe, StartError},
+    source::SourceContext,
 };
 
 /// How long a starting bus waits for a busy `bus.lock` whose holder does not
@@ -62,18 +63,20 @@ pub fn run(args: Args) -> ExitCode {
     match start(args, &mut ready) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("start-up failed: {e}");
+            tracing::error!("start-up failed: {}", e.message);
             ready.failed(&e);
-            eprintln!("busd: {e}");
+            eprintln!("busd: {}", e.message);
             ExitCode::from(1)
         }
     }
 }
 
-fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), String> {
+fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     let uid = nix::unistd::geteuid().as_raw();
     let env = proto::paths::Env::from_process(uid);
     let endpoint = proto::paths::resolve(args.profile.as_deref(), &env).map_err(|e| e.to_string())?;
+    let source_config =
+        profile::load(&endpoint.config_root, &endpoint.profile, &profile::EnvOverrides::from_process())?;
     make_private_dir(&endpoint.work_dir)?;
     init_logging(&endpoint.log_path(), args.foreground)?;
 
@@ -91,7 +94,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), String> {
             ready.already_running();
             return Ok(());
         };
-        serve(args, endpoint, lock, trigger, shutdown, ready).await
+        serve(args, endpoint, source_config, lock, trigger, shutdown, ready).await
     })
 }
 
@@ -179,18 +182,19 @@ fn write_meta(endpoint: &Endpoint) -> Result<(), String> {
 async fn serve(
     args: Args,
     endpoint: Endpoint,
+    source_config: profile::SourceConfig,
     lock: BusLock,
     trigger: shutdown::ShutdownTrigger,
     shutdown: shutdown::Shutdown,
     ready: &mut ReadyPipe,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     write_meta(&endpoint)?;
     socket::prepare_dir(&endpoint.socket_dir)?;
     let std_listener = socket::bind(&endpoint.socket_path)?;
     let listener = tokio::net::UnixListener::from_std(std_listener)
         .map_err(|e| format!("cannot listen on {}: {e}", endpoint.socket_path.display()))?;
 
-    let source: Box<dyn Source> = Box::new(source::local::LocalSource);
+    let source = source::from_config(&source_config);
     let hub = Hub::new(
         HubConfig {
             profile: endpoint.profile.clone(),

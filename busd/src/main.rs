@@ -20,7 +20,10 @@ fn main() -> ExitCode {
             if let Ok(mut pipe) =
                 busd::ready::ReadyPipe::from_fd(busd::config::ready_fd_from_argv(&argv))
             {
-                pipe.failed(&first);
+                pipe.failed(&busd::ready::StartError {
+                    kind: busd::ready::FailureKind::Usage,
+                    message: first.clone(),
+                });
             }
             eprintln!("busd: {first}");
             ExitCode::from(2)

@@ -3,7 +3,9 @@
 //!
 //! - `R\n`: ready, the socket accepts connections;
 //! - `A\n`: another bus already serves this profile (connect to it);
-//! - `E<reason>\n`: start-up failed, with the reason to print.
+//! - `E<reason>\n`: start-up failed (a runtime failure), with the reason to print;
+//! - `U<reason>\n`: failed because of a wrong setting (a usage error);
+//! - `P<reason>\n`: failed because of a permission or credential problem.
 //!
 //! If the bus dies before writing, the reader sees EOF and reports that.
 
@@ -50,8 +52,53 @@ impl ReadyPipe {
         self.send("A\n");
     }
 
-    pub fn failed(&mut self, reason: &str) {
-        let one_line = reason.replace('\n', " ");
-        self.send(&format!("E{one_line}\n"));
+    pub fn failed(&mut self, e: &StartError) {
+        let tag = match e.kind {
+            FailureKind::Runtime => 'E',
+            FailureKind::Usage => 'U',
+            FailureKind::Permission => 'P',
+        };
+        let one_line = e.message.replace('\n', " ");
+        self.send(&format!("{tag}{one_line}\n"));
+    }
+}
+
+/// How a start-up failure is classified for the spawning client's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    Runtime,
+    Usage,
+    Permission,
+}
+
+/// Why the bus could not start.
+#[derive(Debug, Clone)]
+pub struct StartError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl From<String> for StartError {
+    fn from(message: String) -> StartError {
+        StartError {
+            kind: FailureKind::Runtime,
+            message,
+        }
+    }
+}
+
+impl From<crate::profile::ConfigError> for StartError {
+    fn from(e: crate::profile::ConfigError) -> StartError {
+        use crate::profile::ConfigError as C;
+        match e {
+            C::Invalid(message) => StartError {
+                kind: FailureKind::Usage,
+                message,
+            },
+            C::Permission(message) => StartError {
+                kind: FailureKind::Permission,
+                message,
+            },
+        }
     }
 }

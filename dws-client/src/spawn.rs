@@ -1,7 +1,8 @@
 //! Starting a bus on demand: find `busd`, spawn it detached (its own session,
 //! stdio on /dev/null) with a ready pipe on fd 3, and read its one-line
 //! verdict (see `busd::ready`): `R` ready, `A` another bus already serves the
-//! profile, `E<reason>` start-up failed.
+//! profile, `E<reason>` / `U<reason>` / `P<reason>` start-up failed (a runtime,
+//! configuration or permission problem: exit 1, 2 or 3).
 
 use std::{
     os::{
@@ -97,6 +98,8 @@ pub async fn spawn_bus(profile: &str, timeout: Duration) -> Result<Spawned> {
             Some('R') => Ok(Spawned::Ready),
             Some('A') => Ok(Spawned::AlreadyRunning),
             Some('E') => Err(CliError::runtime(format!("cannot start the bus: {}", &text[1..]))),
+            Some('U') => Err(CliError::usage(format!("cannot start the bus: {}", &text[1..]))),
+            Some('P') => Err(CliError::permission(format!("cannot start the bus: {}", &text[1..]))),
             _ => Err(CliError::runtime(
                 "the bus exited during start-up without a reason (see bus.log in the work dir)",
             )),

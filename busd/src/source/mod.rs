@@ -3,6 +3,7 @@
 //! reports its state with [`crate::hub::Hub::set_source_state`]. Only code in
 //! this module does upstream I/O.
 
+pub mod exec;
 pub mod local;
 
 use std::{future::Future, pin::Pin};
@@ -24,4 +25,51 @@ pub trait Source: Send {
     /// Runs until `ctx.shutdown` fires. A source whose upstream is gone for
     /// good sets the state `lost` and triggers the shutdown with SOURCE_LOST.
     fn run(self: Box<Self>, ctx: SourceContext) -> SourceFuture;
+}
+
+/// Builds the source a profile is configured for.
+pub fn from_config(config: &crate::profile::SourceConfig) -> Box<dyn Source> {
+    use crate::profile::SourceConfig as C;
+    match config {
+        C::Local => Box::new(local::LocalSource),
+        C::Exec(c) => Box::new(exec::ExecSource { config: c.clone() }),
+        C::DingTalk(_) => Box::new(unavailable::Unavailable {
+            kind: "dingtalk",
+            reason: "the dingtalk source is not built yet".into(),
+        }),
+    }
+}
+
+pub mod unavailable {
+    //! A source that cannot run: it reports itself lost at once, so the
+    //! consumers are told the truth (source_lost) rather than waiting forever.
+    use proto::v1;
+
+    use super::{Source, SourceContext, SourceFuture};
+
+    pub struct Unavailable {
+        pub kind: &'static str,
+        pub reason: String,
+    }
+
+    impl Source for Unavailable {
+        fn kind(&self) -> &'static str {
+            self.kind
+        }
+
+        fn run(self: Box<Self>, ctx: SourceContext) -> SourceFuture {
+            Box::pin(async move {
+                ctx.hub.set_source_state(
+                    v1::SourceState {
+                        state: v1::SourceStatus::Lost as i32,
+                        reason: self.reason.clone(),
+                        since_unix_ms: crate::hub::now_ms(),
+                        ..Default::default()
+                    },
+                    Some(self.reason),
+                );
+                ctx.hub.shutdown_trigger().trigger(v1::ByeReason::SourceLost);
+            })
+        }
+    }
 }

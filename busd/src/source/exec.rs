@@ -1,0 +1,204 @@
+//! The `exec` source: runs a configured command (argv, no shell) and turns
+//! each stdout line into one event. A line is a JSON object:
+//! `{"event_type": "…", "event_id"?: "…", "data"?: any, "headers"?: {…},
+//! "born_time"?: ms}`; `data` that is not a string is stored as its JSON
+//! text. A malformed line is counted and logged, never fatal. When the
+//! command exits it is restarted with exponential backoff (reset after a run
+//! that lasted longer than the backoff cap).
+
+use std::{collections::BTreeMap, process::Stdio};
+
+use proto::v1;
+use serde::Deserialize;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::Command,
+    time::Instant,
+};
+
+use super::{Source, SourceContext, SourceFuture};
+use crate::{
+    hub::{now_ms, Hub, NewEvent},
+    profile::ExecConfig,
+};
+
+/// Longest stdout line accepted; longer lines are counted as malformed.
+const MAX_LINE: usize = 1024 * 1024;
+
+pub struct ExecSource {
+    pub config: ExecConfig,
+}
+
+#[derive(Deserialize)]
+struct Line {
+    event_type: String,
+    #[serde(default)]
+    event_id: Option<String>,
+    #[serde(default)]
+    data: Option<serde_json::Value>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    born_time: Option<i64>,
+}
+
+/// Parses one stdout line into an event, or says why it is malformed.
+pub fn parse_line(line: &str) -> Result<NewEvent, String> {
+    let l: Line = serde_json::from_str(line).map_err(|e| format!("not a JSON event object: {e}"))?;
+    if !proto::pattern::is_valid_event_type(&l.event_type) {
+        return Err(format!("invalid event_type {:?}", l.event_type));
+    }
+    let data = match l.data {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(s)) => s,
+        Some(other) => other.to_string(),
+    };
+    Ok(NewEvent {
+        scope: "exec".into(),
+        event_id: l.event_id.unwrap_or_default(),
+        event_type: l.event_type,
+        event_born_time: l.born_time.unwrap_or_else(now_ms),
+        source_id: "exec".into(),
+        data,
+        headers: l.headers,
+        ..NewEvent::default()
+    })
+}
+
+fn state(status: v1::SourceStatus, attempt: u32, next_retry_at_unix_ms: i64, reason: String) -> v1::SourceState {
+    v1::SourceState {
+        state: status as i32,
+        attempt,
+        next_retry_at_unix_ms,
+        reason,
+        since_unix_ms: now_ms(),
+    }
+}
+
+impl Source for ExecSource {
+    fn kind(&self) -> &'static str {
+        "exec"
+    }
+
+    fn run(self: Box<Self>, mut ctx: SourceContext) -> SourceFuture {
+        Box::pin(async move {
+            let cfg = self.config;
+            let mut backoff = cfg.restart_min;
+            let mut attempt: u32 = 0;
+            loop {
+                let started = Instant::now();
+                let exit = tokio::select! {
+                    r = run_once(&cfg, &ctx.hub) => r,
+                    _ = ctx.shutdown.recv() => return,
+                };
+                if started.elapsed() > cfg.restart_max {
+                    backoff = cfg.restart_min;
+                    attempt = 0;
+                }
+                attempt += 1;
+                tracing::warn!(command = %cfg.command[0], %exit, retry_in = ?backoff, "exec source command ended");
+                let next = now_ms() + backoff.as_millis() as i64;
+                ctx.hub.set_source_state(
+                    state(v1::SourceStatus::Reconnecting, attempt, next, exit.clone()),
+                    Some(exit),
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = ctx.shutdown.recv() => return,
+                }
+                backoff = (backoff * 2).min(cfg.restart_max);
+            }
+        })
+    }
+}
+
+/// Runs the command once; returns how it ended.
+async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
+    let mut child = match Command::new(&cfg.command[0])
+        .args(&cfg.command[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return format!("cannot run {}: {e}", cfg.command[0]),
+    };
+    let Some(stdout) = child.stdout.take() else {
+        return "no stdout pipe".into();
+    };
+    hub.set_source_state(state(v1::SourceStatus::Connected, 0, 0, String::new()), None);
+    let mut lines = BufReader::with_capacity(64 * 1024, stdout);
+    let mut buf = Vec::new();
+    let mut line_no: u64 = 0;
+    loop {
+        buf.clear();
+        match read_bounded_line(&mut lines, &mut buf).await {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => return format!("reading stdout failed: {e}"),
+        }
+        line_no += 1;
+        let text = String::from_utf8_lossy(&buf);
+        let text = text.trim_end_matches(['\n', '\r']);
+        if text.trim().is_empty() {
+            continue;
+        }
+        if buf.len() > MAX_LINE {
+            hub.source_malformed(&format!("line {line_no}: longer than {MAX_LINE} bytes"));
+            continue;
+        }
+        match parse_line(text) {
+            Ok(ev) => {
+                hub.append(ev);
+            }
+            Err(why) => hub.source_malformed(&format!("line {line_no}: {why}")),
+        }
+    }
+    match child.wait().await {
+        Ok(status) => format!("command exited ({status})"),
+        Err(e) => format!("command wait failed: {e}"),
+    }
+}
+
+/// Reads one line, keeping at most `MAX_LINE + 1` bytes of it (the rest of a
+/// longer line is consumed and dropped), so a runaway line cannot grow memory.
+async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let chunk = r.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(total);
+        }
+        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = (MAX_LINE + 1).saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..take.min(room)]);
+        r.consume(take);
+        total += take;
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines() {
+        let e = parse_line(r#"{"event_type":"a.b","event_id":"x","data":{"k":1},"headers":{"h":"v"}}"#).unwrap();
+        assert_eq!(e.event_type, "a.b");
+        assert_eq!(e.event_id, "x");
+        assert_eq!(e.data, r#"{"k":1}"#);
+        assert_eq!(e.headers["h"], "v");
+        assert_eq!(parse_line(r#"{"event_type":"a","data":"s"}"#).unwrap().data, "s");
+        assert!(parse_line("nope").is_err());
+        assert!(parse_line(r#"{"data":1}"#).is_err());
+        assert!(parse_line(r#"{"event_type":"a.*"}"#).is_err());
+    }
+}
