@@ -75,7 +75,11 @@ pub fn ready_fd_from_argv(args: &[String]) -> Option<i32> {
     args.iter().enumerate().find_map(|(i, a)| {
         a.strip_prefix("--ready-fd=")
             .map(str::to_owned)
-            .or_else(|| (a == "--ready-fd").then(|| args.get(i + 1).cloned()).flatten())
+            .or_else(|| {
+                (a == "--ready-fd")
+                    .then(|| args.get(i + 1).cloned())
+                    .flatten()
+            })
             .and_then(|v| v.parse().ok())
     })
 }
@@ -95,8 +99,14 @@ mod tests {
     #[test]
     fn ready_fd_scan() {
         let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(ready_fd_from_argv(&v(&["busd", "--ready-fd", "3"])), Some(3));
-        assert_eq!(ready_fd_from_argv(&v(&["busd", "--ready-fd=4", "--x"])), Some(4));
+        assert_eq!(
+            ready_fd_from_argv(&v(&["busd", "--ready-fd", "3"])),
+            Some(3)
+        );
+        assert_eq!(
+            ready_fd_from_argv(&v(&["busd", "--ready-fd=4", "--x"])),
+            Some(4)
+        );
         assert_eq!(ready_fd_from_argv(&v(&["busd"])), None);
     }
 

@@ -82,7 +82,11 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!("refused a connection from a foreign uid");
-            conn.error(0, ErrorCode::PermissionDenied, "connection from another user refused");
+            conn.error(
+                0,
+                ErrorCode::PermissionDenied,
+                "connection from another user refused",
+            );
             conn.closing = true;
         }
         Err(e) => {
@@ -195,15 +199,20 @@ impl Connection {
             self.send(S::SourceState(state));
         }
         while self.out.len() < OUT_HIGH_WATER {
-            let Some(d) = self.hub.pull(self.id, PULL_BATCH) else { break };
+            let Some(d) = self.hub.pull(self.id, PULL_BATCH) else {
+                break;
+            };
             if let Some(gap) = d.gap {
                 self.send(S::Gap(gap));
             }
             let n = d.events.len();
             for (event, redelivered) in d.events {
-                if let Err(e) =
-                    encode_event_frame(&event.encoded, &d.subscription_id, redelivered, &mut self.out)
-                {
+                if let Err(e) = encode_event_frame(
+                    &event.encoded,
+                    &d.subscription_id,
+                    redelivered,
+                    &mut self.out,
+                ) {
                     tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
                 }
             }
@@ -276,7 +285,8 @@ impl Connection {
             self.closing = true;
             return;
         }
-        self.hub.identify_conn(self.id, hello.client_pid, &hello.client_name);
+        self.hub
+            .identify_conn(self.id, hello.client_pid, &hello.client_name);
         let (state, gen) = self.hub.source_state();
         self.source_gen = gen;
         let cfg = self.hub.config();
@@ -314,12 +324,23 @@ impl Connection {
     fn publish(&mut self, req: v1::Publish) {
         if let Err(m) = Pattern::parse(&req.event_type).and_then(|p| match p {
             Pattern::Exact(_) => Ok(()),
-            _ => Err(format!("invalid event type {:?}: wildcards are for subscribing", req.event_type)),
+            _ => Err(format!(
+                "invalid event type {:?}: wildcards are for subscribing",
+                req.event_type
+            )),
         }) {
-            return self.error(req.request_id, ErrorCode::BadRequest, m.replace("event key", "event type"));
+            return self.error(
+                req.request_id,
+                ErrorCode::BadRequest,
+                m.replace("event key", "event type"),
+            );
         }
         if req.event_id.len() > 256 {
-            return self.error(req.request_id, ErrorCode::BadRequest, "event id longer than 256 bytes");
+            return self.error(
+                req.request_id,
+                ErrorCode::BadRequest,
+                "event id longer than 256 bytes",
+            );
         }
         let appended = self.hub.append(NewEvent {
             scope: "local".into(),

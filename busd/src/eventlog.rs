@@ -88,8 +88,8 @@ impl EventLog {
     /// Removes and returns the oldest event while the log is over a bound.
     /// The newest event is always kept, even if it alone exceeds the bounds.
     pub fn evict_one(&mut self) -> Option<Arc<LoggedEvent>> {
-        let over = self.events.len() > self.retention.max_events
-            || self.bytes > self.retention.max_bytes;
+        let over =
+            self.events.len() > self.retention.max_events || self.bytes > self.retention.max_bytes;
         if !over || self.events.len() <= 1 {
             return None;
         }
@@ -123,7 +123,10 @@ mod tests {
 
     #[test]
     fn bounded_by_count_and_bytes() {
-        let mut log = EventLog::new(Retention { max_events: 3, max_bytes: 10_000 });
+        let mut log = EventLog::new(Retention {
+            max_events: 3,
+            max_bytes: 10_000,
+        });
         for s in 1..=5 {
             log.append(ev(s, 10));
         }
@@ -137,7 +140,10 @@ mod tests {
         assert_eq!(log.since(0).count(), 3);
         assert_eq!(log.since(99).count(), 0);
 
-        let mut log = EventLog::new(Retention { max_events: 100, max_bytes: 200 });
+        let mut log = EventLog::new(Retention {
+            max_events: 100,
+            max_bytes: 200,
+        });
         for s in 1..=3 {
             log.append(ev(s, 100));
         }

@@ -336,7 +336,10 @@ impl Hub {
         }
         let patterns_given = !req.patterns.is_empty();
         let selector = if patterns_given || !req.must_exist {
-            Some(Selector::new(&req.patterns, &req.filter).map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?)
+            Some(
+                Selector::new(&req.patterns, &req.filter)
+                    .map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?,
+            )
         } else {
             None
         };
@@ -382,7 +385,10 @@ impl Hub {
         };
         if created {
             let Some(selector) = selector else {
-                return Err(Refusal::new(ErrorCode::BadRequest, "at least one event key is required"));
+                return Err(Refusal::new(
+                    ErrorCode::BadRequest,
+                    "at least one event key is required",
+                ));
             };
             let start_from = match v1::StartPosition::try_from(req.start).unwrap_or_default() {
                 v1::StartPosition::StartLatest => head + 1,
@@ -443,8 +449,15 @@ impl Hub {
             if st.conns.get(&conn).and_then(|c| c.attached.as_ref()) != Some(&id) {
                 detach_locked(&mut st, conn);
             }
-            let window = if req.window == 0 { cfg.default_window } else { req.window };
-            let sub = st.subs.get_mut(&id).ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
+            let window = if req.window == 0 {
+                cfg.default_window
+            } else {
+                req.window
+            };
+            let sub = st
+                .subs
+                .get_mut(&id)
+                .ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
             sub.consumer = Some(conn);
             sub.detached_at = None;
             sub.sent = 0;
@@ -464,7 +477,10 @@ impl Hub {
             head_seq: head,
             attached: req.attach,
         };
-        let wake = req.attach.then(|| st.conns.get(&conn).map(|c| c.handle.clone())).flatten();
+        let wake = req
+            .attach
+            .then(|| st.conns.get(&conn).map(|c| c.handle.clone()))
+            .flatten();
         self.touch(&mut st);
         drop(st);
         if let Some(k) = kicked {
@@ -544,7 +560,11 @@ impl Hub {
     /// Pids of every consumer currently attached (for a dry-run stop).
     pub fn consumer_pids(&self) -> Vec<u32> {
         let st = self.state();
-        st.conns.values().filter(|c| c.attached.is_some()).map(|c| c.pid).collect()
+        st.conns
+            .values()
+            .filter(|c| c.attached.is_some())
+            .map(|c| c.pid)
+            .collect()
     }
 
     // ------------------------------------------------------------ delivery
@@ -602,7 +622,9 @@ impl Hub {
         if let Some(key) = dedup_key {
             st.dedup.put(key, seq);
         }
-        let State { subs, conns, log, .. } = &mut *st;
+        let State {
+            subs, conns, log, ..
+        } = &mut *st;
         for sub in subs.values_mut() {
             if sub.selector.matches(&logged.event_type) {
                 sub.pending.push_back(logged.clone());
@@ -681,7 +703,9 @@ impl Hub {
     pub fn ack(&self, conn: ConnId, seq: u64) {
         let mut st = self.state();
         let State { subs, conns, .. } = &mut *st;
-        let Some(c) = conns.get_mut(&conn) else { return };
+        let Some(c) = conns.get_mut(&conn) else {
+            return;
+        };
         let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
             return;
         };
@@ -717,7 +741,12 @@ impl Hub {
         }
         st.source.state = state;
         st.source_gen += 1;
-        let handles: Vec<_> = st.conns.values().filter(|c| c.attached.is_some()).map(|c| c.handle.clone()).collect();
+        let handles: Vec<_> = st
+            .conns
+            .values()
+            .filter(|c| c.attached.is_some())
+            .map(|c| c.handle.clone())
+            .collect();
         drop(st);
         for h in handles {
             h.wake.notify_one();
@@ -764,7 +793,11 @@ impl Hub {
                     st.activity_gen += 1;
                 }
                 let next = st.subs.values().filter_map(Subscription::expires_at).min();
-                (!st.conns.is_empty() || !st.subs.is_empty(), st.activity_gen, next)
+                (
+                    !st.conns.is_empty() || !st.subs.is_empty(),
+                    st.activity_gen,
+                    next,
+                )
             };
             let mut deadline = next_expiry;
             if busy || idle_timeout.is_zero() {
@@ -929,7 +962,9 @@ fn cursor(sub: &Subscription, head: u64) -> u64 {
 }
 
 fn detach_locked(st: &mut State, conn: ConnId) {
-    let Some(c) = st.conns.get_mut(&conn) else { return };
+    let Some(c) = st.conns.get_mut(&conn) else {
+        return;
+    };
     let Some(id) = c.attached.take() else { return };
     if let Some(sub) = st.subs.get_mut(&id) {
         if sub.consumer == Some(conn) {

@@ -74,9 +74,13 @@ pub fn run(args: Args) -> ExitCode {
 fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     let uid = nix::unistd::geteuid().as_raw();
     let env = proto::paths::Env::from_process(uid);
-    let endpoint = proto::paths::resolve(args.profile.as_deref(), &env).map_err(|e| e.to_string())?;
-    let source_config =
-        profile::load(&endpoint.config_root, &endpoint.profile, &profile::EnvOverrides::from_process())?;
+    let endpoint =
+        proto::paths::resolve(args.profile.as_deref(), &env).map_err(|e| e.to_string())?;
+    let source_config = profile::load(
+        &endpoint.config_root,
+        &endpoint.profile,
+        &profile::EnvOverrides::from_process(),
+    )?;
     make_private_dir(&endpoint.work_dir)?;
     init_logging(&endpoint.log_path(), args.foreground)?;
 
@@ -94,21 +98,34 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
             ready.already_running();
             return Ok(());
         };
-        serve(args, endpoint, source_config, lock, trigger, shutdown, ready).await
+        serve(
+            args,
+            endpoint,
+            source_config,
+            lock,
+            trigger,
+            shutdown,
+            ready,
+        )
+        .await
     })
 }
 
 fn make_private_dir(dir: &Path) -> Result<(), String> {
-    fs::create_dir_all(dir).map_err(|e| format!("cannot create work dir {}: {e}", dir.display()))?;
+    fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create work dir {}: {e}", dir.display()))?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("cannot chmod 700 {}: {e}", dir.display()))
 }
 
 fn init_logging(path: &Path, foreground: bool) -> Result<(), String> {
     use tracing_subscriber::{fmt::writer::MakeWriterExt, EnvFilter};
-    let file = logfile::RotatingLog::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let file = logfile::RotatingLog::open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let filter = EnvFilter::try_from_env("DWS_BUS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_ansi(false).with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_env_filter(filter);
     let result = if foreground {
         builder.with_writer(file.and(std::io::stderr)).try_init()
     } else {
@@ -141,7 +158,10 @@ async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, String> {
         match lock::try_lock(&endpoint.lock_path())? {
             TryLock::Acquired(l) => return Ok(Some(l)),
             TryLock::Busy(pid) => {
-                if tokio::net::UnixStream::connect(&endpoint.socket_path).await.is_ok() {
+                if tokio::net::UnixStream::connect(&endpoint.socket_path)
+                    .await
+                    .is_ok()
+                {
                     return Ok(None);
                 }
                 if Instant::now() >= deadline {
@@ -234,9 +254,12 @@ async fn serve(
     // arriving now spawns a successor, which waits for our lock.
     let _ = fs::remove_file(&endpoint.socket_path);
     tracker.close();
-    if tokio::time::timeout(connection::DRAIN_TIMEOUT + Duration::from_secs(1), tracker.wait())
-        .await
-        .is_err()
+    if tokio::time::timeout(
+        connection::DRAIN_TIMEOUT + Duration::from_secs(1),
+        tracker.wait(),
+    )
+    .await
+    .is_err()
     {
         tracing::warn!("drain deadline passed with connections still open");
     }

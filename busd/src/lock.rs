@@ -47,7 +47,10 @@ pub fn try_lock(path: &Path) -> Result<TryLock, String> {
         }
         Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
             let mut s = String::new();
-            let pid = file.read_to_string(&mut s).ok().and_then(|_| s.trim().parse().ok());
+            let pid = file
+                .read_to_string(&mut s)
+                .ok()
+                .and_then(|_| s.trim().parse().ok());
             Ok(TryLock::Busy(pid))
         }
         Err((_, errno)) => Err(format!("cannot lock {}: {errno}", path.display())),
@@ -62,7 +65,9 @@ mod tests {
     fn second_lock_is_busy_until_released() {
         let tmp = tempfile::tempdir().unwrap();
         let p = tmp.path().join("bus.lock");
-        let TryLock::Acquired(held) = try_lock(&p).unwrap() else { panic!("first lock") };
+        let TryLock::Acquired(held) = try_lock(&p).unwrap() else {
+            panic!("first lock")
+        };
         match try_lock(&p).unwrap() {
             TryLock::Busy(pid) => assert_eq!(pid, Some(std::process::id())),
             TryLock::Acquired(_) => panic!("lock taken twice"),

@@ -26,7 +26,11 @@ pub struct RotatingLog {
 }
 
 fn open(path: &Path) -> io::Result<File> {
-    OpenOptions::new().create(true).append(true).mode(0o600).open(path)
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
 }
 
 impl RotatingLog {

@@ -16,7 +16,12 @@ fn main() -> ExitCode {
         Err(e) => {
             let msg = e.kind().to_string();
             let detail = e.to_string();
-            let first = detail.lines().next().unwrap_or(&msg).trim_start_matches("error: ").to_owned();
+            let first = detail
+                .lines()
+                .next()
+                .unwrap_or(&msg)
+                .trim_start_matches("error: ")
+                .to_owned();
             if let Ok(mut pipe) =
                 busd::ready::ReadyPipe::from_fd(busd::config::ready_fd_from_argv(&argv))
             {

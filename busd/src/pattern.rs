@@ -33,7 +33,10 @@ impl Selector {
 
     pub fn matches(&self, event_type: &str) -> bool {
         self.patterns.iter().any(|p| p.matches(event_type))
-            && self.filter.as_ref().is_none_or(|re| re.is_match(event_type))
+            && self
+                .filter
+                .as_ref()
+                .is_none_or(|re| re.is_match(event_type))
     }
 
     pub fn pattern_strings(&self) -> Vec<String> {

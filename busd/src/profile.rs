@@ -165,8 +165,9 @@ fn invalid(m: impl Into<String>) -> ConfigError {
 
 /// Refuses a file holding a secret unless only its owner can read it.
 fn check_private(path: &Path, what: &str) -> Result<(), ConfigError> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| ConfigError::Permission(format!("cannot read {what} {}: {e}", path.display())))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        ConfigError::Permission(format!("cannot read {what} {}: {e}", path.display()))
+    })?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(ConfigError::Permission(format!(
@@ -187,30 +188,55 @@ fn check_private(path: &Path, what: &str) -> Result<(), ConfigError> {
 fn duration(field: &str, v: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
     match v {
         None => Ok(default),
-        Some(s) => humantime::parse_duration(s)
-            .map_err(|e| invalid(format!("{field} = {s:?}: {e} (expected a duration like 30s, 5m)"))),
+        Some(s) => humantime::parse_duration(s).map_err(|e| {
+            invalid(format!(
+                "{field} = {s:?}: {e} (expected a duration like 30s, 5m)"
+            ))
+        }),
     }
 }
 
 /// Loads the profile's source configuration from `<root>/config.toml` (if
 /// present) and the env overrides.
-pub fn load(config_root: &Path, profile: &str, env: &EnvOverrides) -> Result<SourceConfig, ConfigError> {
+pub fn load(
+    config_root: &Path,
+    profile: &str,
+    env: &EnvOverrides,
+) -> Result<SourceConfig, ConfigError> {
     let path = config_root.join("config.toml");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(ConfigError::Permission(format!("cannot read {}: {e}", path.display()))),
+        Err(e) => {
+            return Err(ConfigError::Permission(format!(
+                "cannot read {}: {e}",
+                path.display()
+            )))
+        }
     };
     let file: FileConfig = match &text {
         Some(t) => toml::from_str(t).map_err(|e| {
-            invalid(format!("{}: {}", path.display(), e.to_string().replace('\n', " ").trim()))
+            invalid(format!(
+                "{}: {}",
+                path.display(),
+                e.to_string().replace('\n', " ").trim()
+            ))
         })?,
         None => FileConfig::default(),
     };
-    let mut section = file.profiles.into_iter().find(|(k, _)| k == profile).map(|(_, v)| v).unwrap_or_default();
+    let mut section = file
+        .profiles
+        .into_iter()
+        .find(|(k, _)| k == profile)
+        .map(|(_, v)| v)
+        .unwrap_or_default();
     let in_file = |field: &str| format!("profiles.{profile}.{field} in {}", path.display());
 
-    let kind = env.source.clone().or(section.source.take()).unwrap_or_else(|| "local".into());
+    let kind = env
+        .source
+        .clone()
+        .or(section.source.take())
+        .unwrap_or_else(|| "local".into());
     match kind.as_str() {
         "local" => Ok(SourceConfig::Local),
         "exec" => {
@@ -224,10 +250,20 @@ pub fn load(config_root: &Path, profile: &str, env: &EnvOverrides) -> Result<Sou
                     in_file("command")
                 )));
             }
-            let restart_min = duration("restart_min", section.restart_min.as_deref(), Duration::from_secs(1))?;
-            let restart_max = duration("restart_max", section.restart_max.as_deref(), Duration::from_secs(30))?;
+            let restart_min = duration(
+                "restart_min",
+                section.restart_min.as_deref(),
+                Duration::from_secs(1),
+            )?;
+            let restart_max = duration(
+                "restart_max",
+                section.restart_max.as_deref(),
+                Duration::from_secs(30),
+            )?;
             if restart_min.is_zero() || restart_max < restart_min {
-                return Err(invalid("restart_min must be more than 0 and at most restart_max"));
+                return Err(invalid(
+                    "restart_min must be more than 0 and at most restart_max",
+                ));
             }
             Ok(SourceConfig::Exec(ExecConfig {
                 command,
@@ -240,17 +276,27 @@ pub fn load(config_root: &Path, profile: &str, env: &EnvOverrides) -> Result<Sou
                 .client_id
                 .clone()
                 .or(section.client_id.take())
-                .ok_or_else(|| invalid(format!("the dingtalk source needs {} or DWS_DINGTALK_CLIENT_ID", in_file("client_id"))))?;
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "the dingtalk source needs {} or DWS_DINGTALK_CLIENT_ID",
+                        in_file("client_id")
+                    ))
+                })?;
             let client_secret = if let Some(s) = &env.client_secret {
                 Secret::new(s.clone())
             } else if let Some(s) = section.client_secret.take() {
                 check_private(&path, "config file")?;
                 Secret::new(s)
             } else if let Some(f) = section.client_secret_file.take() {
-                let f = if f.is_relative() { config_root.join(f) } else { f };
+                let f = if f.is_relative() {
+                    config_root.join(f)
+                } else {
+                    f
+                };
                 check_private(&f, "secret file")?;
-                let s = std::fs::read_to_string(&f)
-                    .map_err(|e| ConfigError::Permission(format!("cannot read secret file {}: {e}", f.display())))?;
+                let s = std::fs::read_to_string(&f).map_err(|e| {
+                    ConfigError::Permission(format!("cannot read secret file {}: {e}", f.display()))
+                })?;
                 Secret::new(s.trim().to_owned())
             } else {
                 return Err(invalid(format!(
@@ -270,7 +316,11 @@ pub fn load(config_root: &Path, profile: &str, env: &EnvOverrides) -> Result<Sou
                 client_secret,
                 open_api: open_api.trim_end_matches('/').to_owned(),
                 max_attempts: section.max_attempts.unwrap_or(0),
-                keepalive: duration("keepalive", section.keepalive.as_deref(), Duration::from_secs(30))?,
+                keepalive: duration(
+                    "keepalive",
+                    section.keepalive.as_deref(),
+                    Duration::from_secs(30),
+                )?,
             }))
         }
         other => Err(invalid(format!(
@@ -289,7 +339,9 @@ pub fn check_url(url: &str, field: &str) -> Result<(), ConfigError> {
         if host == "127.0.0.1" || host == "localhost" || host == "[::1]" {
             return Ok(());
         }
-        return Err(invalid(format!("{field} {url:?}: plain http is allowed only for loopback hosts; use https")));
+        return Err(invalid(format!(
+            "{field} {url:?}: plain http is allowed only for loopback hosts; use https"
+        )));
     }
     Err(invalid(format!("{field} {url:?}: not an http(s) URL")))
 }
@@ -307,26 +359,43 @@ mod tests {
     #[test]
     fn default_is_local() {
         let tmp = tempfile::tempdir().unwrap();
-        assert!(matches!(load(tmp.path(), "default", &EnvOverrides::default()), Ok(SourceConfig::Local)));
+        assert!(matches!(
+            load(tmp.path(), "default", &EnvOverrides::default()),
+            Ok(SourceConfig::Local)
+        ));
     }
 
     #[test]
     fn exec_and_errors() {
         let tmp = tempfile::tempdir().unwrap();
-        write(tmp.path(), "[profiles.p]\nsource = \"exec\"\ncommand = [\"cat\"]\n", 0o644);
-        let SourceConfig::Exec(e) = load(tmp.path(), "p", &EnvOverrides::default()).unwrap() else { panic!() };
+        write(
+            tmp.path(),
+            "[profiles.p]\nsource = \"exec\"\ncommand = [\"cat\"]\n",
+            0o644,
+        );
+        let SourceConfig::Exec(e) = load(tmp.path(), "p", &EnvOverrides::default()).unwrap() else {
+            panic!()
+        };
         assert_eq!(e.command, vec!["cat"]);
-        write(tmp.path(), "[profiles.p]\nsource = \"exec\"\ncomand = [\"cat\"]\n", 0o644);
+        write(
+            tmp.path(),
+            "[profiles.p]\nsource = \"exec\"\ncomand = [\"cat\"]\n",
+            0o644,
+        );
         let err = load(tmp.path(), "p", &EnvOverrides::default()).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
         write(tmp.path(), "[profiles.p]\nsource = \"nope\"\n", 0o644);
-        assert!(load(tmp.path(), "p", &EnvOverrides::default()).unwrap_err().to_string().contains("unknown source"));
+        assert!(load(tmp.path(), "p", &EnvOverrides::default())
+            .unwrap_err()
+            .to_string()
+            .contains("unknown source"));
     }
 
     #[test]
     fn inline_secret_needs_private_file_and_is_redacted() {
         let tmp = tempfile::tempdir().unwrap();
-        let body = "[profiles.p]\nsource = \"dingtalk\"\nclient_id = \"id\"\nclient_secret = \"CANARY\"\n";
+        let body =
+            "[profiles.p]\nsource = \"dingtalk\"\nclient_id = \"id\"\nclient_secret = \"CANARY\"\n";
         write(tmp.path(), body, 0o644);
         let err = load(tmp.path(), "p", &EnvOverrides::default()).unwrap_err();
         assert!(matches!(err, ConfigError::Permission(_)));
@@ -334,7 +403,9 @@ mod tests {
         write(tmp.path(), body, 0o600);
         let cfg = load(tmp.path(), "p", &EnvOverrides::default()).unwrap();
         assert!(!format!("{cfg:?}").contains("CANARY"));
-        let SourceConfig::DingTalk(d) = cfg else { panic!() };
+        let SourceConfig::DingTalk(d) = cfg else {
+            panic!()
+        };
         assert_eq!(d.client_secret.expose(), "CANARY");
     }
 

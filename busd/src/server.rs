@@ -14,7 +14,12 @@ use crate::{connection, hub::Hub, shutdown::Shutdown};
 pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Accepts until the shutdown fires; returns its reason.
-pub async fn run(listener: UnixListener, hub: Hub, mut shutdown: Shutdown, tracker: &TaskTracker) -> ByeReason {
+pub async fn run(
+    listener: UnixListener,
+    hub: Hub,
+    mut shutdown: Shutdown,
+    tracker: &TaskTracker,
+) -> ByeReason {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = tokio::select! {

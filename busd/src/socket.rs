@@ -3,8 +3,7 @@
 //! [`bind`], so only it may remove a stale socket file.
 
 use std::{
-    fs,
-    io,
+    fs, io,
     os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
     path::Path,
 };
@@ -21,7 +20,12 @@ pub fn prepare_dir(dir: &Path) -> Result<(), String> {
     match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create socket directory {}: {e}", dir.display())),
+        Err(e) => {
+            return Err(format!(
+                "cannot create socket directory {}: {e}",
+                dir.display()
+            ))
+        }
     }
     let meta = fs::symlink_metadata(dir)
         .map_err(|e| format!("cannot inspect socket directory {}: {e}", dir.display()))?;
@@ -59,7 +63,12 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
     match fs::remove_file(path) {
         Ok(()) => tracing::info!(socket = %path.display(), "removed stale socket"),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("cannot remove stale socket {}: {e}", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "cannot remove stale socket {}: {e}",
+                path.display()
+            ))
+        }
     }
     let listener = std::os::unix::net::UnixListener::bind(path)
         .map_err(|e| format!("cannot bind {}: {e}", path.display()))?;

@@ -113,7 +113,9 @@ impl BusConn {
         loop {
             match self.reader.next().await {
                 None => return Ok(None),
-                Some(Err(e)) => return Err(CliError::runtime(format!("bad frame from the bus: {e}"))),
+                Some(Err(e)) => {
+                    return Err(CliError::runtime(format!("bad frame from the bus: {e}")))
+                }
                 Some(Ok(v1::ServerFrame { kind: None })) => continue,
                 Some(Ok(v1::ServerFrame { kind: Some(k) })) => return Ok(Some(k)),
             }
@@ -127,7 +129,11 @@ impl BusConn {
         self.send(build(id)).await?;
         loop {
             match self.next().await? {
-                None => return Err(CliError::runtime("the bus closed the connection before replying")),
+                None => {
+                    return Err(CliError::runtime(
+                        "the bus closed the connection before replying",
+                    ))
+                }
                 Some(S::Error(e)) => return Err(CliError::from_bus(e.code, &e.message)),
                 Some(S::Bye(b)) => {
                     let reason = ByeReason::try_from(b.reason).unwrap_or(ByeReason::Unspecified);
@@ -208,7 +214,9 @@ async fn dial(endpoint: &Endpoint) -> std::result::Result<BusConn, DialError> {
                     return Ok(conn);
                 }
                 Some(S::Bye(_)) => return Err(DialError::Gone),
-                Some(S::Error(e)) => return Err(DialError::Fatal(CliError::from_bus(e.code, &e.message))),
+                Some(S::Error(e)) => {
+                    return Err(DialError::Fatal(CliError::from_bus(e.code, &e.message)))
+                }
                 _ => continue,
             },
         }

@@ -235,7 +235,11 @@ mod tests {
                 if id == "help" || id == "version" {
                     continue;
                 }
-                assert!(arg.get_help().is_some(), "{}: --{id} has no help", cmd.get_name());
+                assert!(
+                    arg.get_help().is_some(),
+                    "{}: --{id} has no help",
+                    cmd.get_name()
+                );
             }
             for sub in cmd.get_subcommands() {
                 walk(sub);

@@ -96,14 +96,22 @@ pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
     let S::StopReply(r) = reply else {
         return Err(unexpected("StopRequest"));
     };
-    let would = if args.dry_run { "would stop" } else { "stopped" };
+    let would = if args.dry_run {
+        "would stop"
+    } else {
+        "stopped"
+    };
     let pids = |p: &[u32]| p.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let mut text = String::new();
     if args.subscribe_id.is_empty() {
         text.push_str(&format!(
             "{would} bus pid {bus_pid} ({} consumer(s){})\n",
             r.consumer_pids.len(),
-            if r.consumer_pids.is_empty() { String::new() } else { format!(": pid {}", pids(&r.consumer_pids)) }
+            if r.consumer_pids.is_empty() {
+                String::new()
+            } else {
+                format!(": pid {}", pids(&r.consumer_pids))
+            }
         ));
         if r.bus_stopping {
             // Wait until the bus has closed us: it is then past its drain.
@@ -115,19 +123,32 @@ pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
             "{would} {} consumer(s) of subscription(s) {}{}\n",
             r.consumer_pids.len(),
             r.subscription_ids.join(","),
-            if r.consumer_pids.is_empty() { String::new() } else { format!(" (pid {})", pids(&r.consumer_pids)) }
+            if r.consumer_pids.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {})", pids(&r.consumer_pids))
+            }
         ));
         bus.bye().await;
         if !r.not_found.is_empty() {
             print_stdout(&text)?;
-            return Err(CliError::runtime(format!("subscription(s) not found: {}", r.not_found.join(","))));
+            return Err(CliError::runtime(format!(
+                "subscription(s) not found: {}",
+                r.not_found.join(",")
+            )));
         }
     }
     print_stdout(&text)
 }
 
 pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
-    let keys: Vec<String> = args.keys.iter().flat_map(|k| k.split(',')).filter(|k| !k.is_empty()).map(str::to_owned).collect();
+    let keys: Vec<String> = args
+        .keys
+        .iter()
+        .flat_map(|k| k.split(','))
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect();
     for k in &keys {
         Pattern::parse(k).map_err(CliError::usage)?;
     }
@@ -141,7 +162,13 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     let filter = args.filter.unwrap_or_default();
     if !filter.is_empty() {
         regex::Regex::new(&filter).map_err(|e| {
-            let detail = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+            let detail = e
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
             CliError::usage(format!("invalid --filter regex {filter:?}: {detail}"))
         })?;
     }
@@ -218,7 +245,10 @@ pub async fn unsubscribe(args: UnsubscribeArgs, endpoint: &Endpoint) -> Result<(
         print_stdout(&format!("removed {}\n", r.removed.join(",")))?;
     }
     if !r.not_found.is_empty() {
-        return Err(CliError::runtime(format!("subscription(s) not found: {}", r.not_found.join(","))));
+        return Err(CliError::runtime(format!(
+            "subscription(s) not found: {}",
+            r.not_found.join(",")
+        )));
     }
     Ok(())
 }

@@ -104,7 +104,13 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
     let filter = args.filter.unwrap_or_default();
     if !filter.is_empty() {
         regex::Regex::new(&filter).map_err(|e| {
-            let detail = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+            let detail = e
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
             CliError::usage(format!("invalid --filter regex {filter:?}: {detail}"))
         })?;
     }
@@ -249,7 +255,9 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         })
         .await?;
     let S::Subscribed(sub) = reply else {
-        return Err(CliError::runtime("the bus answered Subscribe with an unexpected frame"));
+        return Err(CliError::runtime(
+            "the bus answered Subscribe with an unexpected frame",
+        ));
     };
     stderr_line(
         plan.quiet,
@@ -261,7 +269,11 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         ),
     );
 
-    let mut stdin_eof = if stdin_armed { Some(watch_stdin_eof()) } else { None };
+    let mut stdin_eof = if stdin_armed {
+        Some(watch_stdin_eof())
+    } else {
+        None
+    };
     let deadline = plan.duration.map(|d| started + d);
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
@@ -317,7 +329,11 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let received = stream.received;
     if !reason.bus_ended() {
         if stream.flushed_seq > acked_seq {
-            let _ = bus.send(C::Ack(v1::Ack { seq: stream.flushed_seq })).await;
+            let _ = bus
+                .send(C::Ack(v1::Ack {
+                    seq: stream.flushed_seq,
+                }))
+                .await;
         }
         if plan.owned() {
             let id = sub.subscription_id.clone();
@@ -440,7 +456,11 @@ impl Stream<'_, '_> {
             S::SourceState(s) => {
                 let status = v1::SourceStatus::try_from(s.state).unwrap_or_default();
                 let name = crate::status::source_status_name(status);
-                let detail = if s.reason.is_empty() { String::new() } else { format!(" ({})", s.reason) };
+                let detail = if s.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", s.reason)
+                };
                 stderr_line(self.plan.quiet, &format!("[event] source {name}{detail}"));
             }
             S::Bye(b) => {

@@ -26,15 +26,24 @@ pub struct CliError {
 
 impl CliError {
     pub fn runtime(message: impl Into<String>) -> CliError {
-        CliError { code: RUNTIME, message: message.into() }
+        CliError {
+            code: RUNTIME,
+            message: message.into(),
+        }
     }
 
     pub fn usage(message: impl Into<String>) -> CliError {
-        CliError { code: USAGE, message: message.into() }
+        CliError {
+            code: USAGE,
+            message: message.into(),
+        }
     }
 
     pub fn permission(message: impl Into<String>) -> CliError {
-        CliError { code: PERMISSION, message: message.into() }
+        CliError {
+            code: PERMISSION,
+            message: message.into(),
+        }
     }
 
     /// Maps an `Error` frame from the bus to the exit code it stands for.
@@ -44,7 +53,10 @@ impl CliError {
             ErrorCode::PermissionDenied => PERMISSION,
             _ => RUNTIME,
         };
-        CliError { code, message: message.to_owned() }
+        CliError {
+            code,
+            message: message.to_owned(),
+        }
     }
 }
 

@@ -139,7 +139,9 @@ mod tests {
     #[test]
     fn ndjson_field_order_and_omission() {
         let mut out = vec![];
-        EventWriter::new(Format::Ndjson).event(&mut out, &ev()).unwrap();
+        EventWriter::new(Format::Ndjson)
+            .event(&mut out, &ev())
+            .unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "{\"type\":\"event\",\"seq\":3,\"event_id\":\"ev-2\",\"event_type\":\"demo.hello\",\
@@ -165,7 +167,9 @@ mod tests {
     #[test]
     fn raw_is_payload() {
         let mut out = vec![];
-        EventWriter::new(Format::Raw).event(&mut out, &ev()).unwrap();
+        EventWriter::new(Format::Raw)
+            .event(&mut out, &ev())
+            .unwrap();
         assert_eq!(out, b"{\"n\":2}\n");
     }
 }

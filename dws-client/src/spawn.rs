@@ -71,7 +71,10 @@ pub async fn spawn_bus(profile: &str, timeout: Duration) -> Result<Spawned> {
         cmd.pre_exec(move || {
             nix::unistd::setsid()?;
             if wr_fd == READY_FD {
-                nix::fcntl::fcntl(wr_fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))?;
+                nix::fcntl::fcntl(
+                    wr_fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
             } else {
                 nix::unistd::dup2(wr_fd, READY_FD)?;
             }
@@ -93,13 +96,24 @@ pub async fn spawn_bus(profile: &str, timeout: Duration) -> Result<Spawned> {
             "the bus did not report ready within {}s",
             timeout.as_secs()
         ))),
-        Ok(Err(e)) => Err(CliError::runtime(format!("cannot read the ready pipe: {e}"))),
+        Ok(Err(e)) => Err(CliError::runtime(format!(
+            "cannot read the ready pipe: {e}"
+        ))),
         Ok(Ok(_)) => match text.chars().next() {
             Some('R') => Ok(Spawned::Ready),
             Some('A') => Ok(Spawned::AlreadyRunning),
-            Some('E') => Err(CliError::runtime(format!("cannot start the bus: {}", &text[1..]))),
-            Some('U') => Err(CliError::usage(format!("cannot start the bus: {}", &text[1..]))),
-            Some('P') => Err(CliError::permission(format!("cannot start the bus: {}", &text[1..]))),
+            Some('E') => Err(CliError::runtime(format!(
+                "cannot start the bus: {}",
+                &text[1..]
+            ))),
+            Some('U') => Err(CliError::usage(format!(
+                "cannot start the bus: {}",
+                &text[1..]
+            ))),
+            Some('P') => Err(CliError::permission(format!(
+                "cannot start the bus: {}",
+                &text[1..]
+            ))),
             _ => Err(CliError::runtime(
                 "the bus exited during start-up without a reason (see bus.log in the work dir)",
             )),

@@ -36,7 +36,9 @@ pub async fn fetch(endpoint: &Endpoint) -> Result<Option<Value>> {
         .await?;
     bus.bye().await;
     let S::StatusReply(r) = reply else {
-        return Err(CliError::runtime("the bus answered StatusRequest with an unexpected frame"));
+        return Err(CliError::runtime(
+            "the bus answered StatusRequest with an unexpected frame",
+        ));
     };
     serde_json::from_str(&r.json)
         .map(Some)
@@ -132,7 +134,11 @@ pub fn render(doc: &Value) -> String {
     let _ = writeln!(
         o,
         "           idle timeout {}  socket {}",
-        if idle == 0 { "never".to_owned() } else { format!("{}s", idle as f64 / 1000.0) },
+        if idle == 0 {
+            "never".to_owned()
+        } else {
+            format!("{}s", idle as f64 / 1000.0)
+        },
         s(&bus["socket"])
     );
     let _ = writeln!(
@@ -172,7 +178,11 @@ pub fn render(doc: &Value) -> String {
                 ]
             })
             .collect();
-        table(&mut o, &["PID", "SUBSCRIPTION", "DELIVERED", "ACKED", "IN FLIGHT"], &rows);
+        table(
+            &mut o,
+            &["PID", "SUBSCRIPTION", "DELIVERED", "ACKED", "IN FLIGHT"],
+            &rows,
+        );
     }
     let subs = doc["subscriptions"].as_array().unwrap_or(&empty);
     let _ = writeln!(o, "\nsubscriptions ({})", subs.len());
@@ -195,7 +205,11 @@ pub fn render(doc: &Value) -> String {
                     s(&x["id"]),
                     patterns,
                     s(&x["filter"]),
-                    if x["owned"].as_bool() == Some(true) { "yes".into() } else { "no".into() },
+                    if x["owned"].as_bool() == Some(true) {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
                     attached,
                     until(now, &x["expires_at_unix_ms"]),
                     s(&x["cursor"]),
@@ -210,8 +224,18 @@ pub fn render(doc: &Value) -> String {
         table(
             &mut o,
             &[
-                "ID", "KEYS", "FILTER", "OWNED", "CONSUMER", "EXPIRES", "CURSOR", "HEAD", "LAG",
-                "OLDEST UNACKED", "REDELIVERED", "LOST",
+                "ID",
+                "KEYS",
+                "FILTER",
+                "OWNED",
+                "CONSUMER",
+                "EXPIRES",
+                "CURSOR",
+                "HEAD",
+                "LAG",
+                "OLDEST UNACKED",
+                "REDELIVERED",
+                "LOST",
             ],
             &rows,
         );

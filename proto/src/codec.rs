@@ -217,7 +217,10 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32((MAX_FRAME_LEN + 1) as u32);
         buf.put_slice(&[0; 16]);
-        assert!(matches!(Bus::new().decode(&mut buf), Err(CodecError::TooLarge)));
+        assert!(matches!(
+            Bus::new().decode(&mut buf),
+            Err(CodecError::TooLarge)
+        ));
     }
 
     #[test]
@@ -225,7 +228,10 @@ mod tests {
         let mut buf = BytesMut::new();
         encode_frame(&hello(), &mut buf).unwrap();
         buf.truncate(buf.len() - 1);
-        assert!(matches!(Bus::new().decode_eof(&mut buf), Err(CodecError::Truncated)));
+        assert!(matches!(
+            Bus::new().decode_eof(&mut buf),
+            Err(CodecError::Truncated)
+        ));
         let mut empty = BytesMut::new();
         assert!(Bus::new().decode_eof(&mut empty).unwrap().is_none());
     }
@@ -260,6 +266,9 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32(4);
         buf.put_slice(&[0xff, 0xff, 0xff, 0xff]);
-        assert!(matches!(Bus::new().decode(&mut buf), Err(CodecError::Decode(_))));
+        assert!(matches!(
+            Bus::new().decode(&mut buf),
+            Err(CodecError::Decode(_))
+        ));
     }
 }

@@ -205,7 +205,10 @@ mod tests {
         assert_ne!(a.socket_path, b.socket_path);
         let mut other = env();
         other.config_dir = Some("/cfg2".into());
-        assert_ne!(resolve(Some("a"), &other).unwrap().socket_path, a.socket_path);
+        assert_ne!(
+            resolve(Some("a"), &other).unwrap().socket_path,
+            a.socket_path
+        );
     }
 
     #[test]
@@ -220,7 +223,13 @@ mod tests {
 
     #[test]
     fn bad_profile() {
-        assert!(matches!(resolve(Some("../x"), &env()), Err(PathError::InvalidProfile(_))));
-        assert!(matches!(resolve(Some(".."), &env()), Err(PathError::InvalidProfile(_))));
+        assert!(matches!(
+            resolve(Some("../x"), &env()),
+            Err(PathError::InvalidProfile(_))
+        ));
+        assert!(matches!(
+            resolve(Some(".."), &env()),
+            Err(PathError::InvalidProfile(_))
+        ));
     }
 }

@@ -59,7 +59,6 @@ impl fmt::Display for Pattern {
     }
 }
 
-
 /// `true` if `s` is a valid concrete event type (what `publish` accepts).
 pub fn is_valid_event_type(s: &str) -> bool {
     matches!(Pattern::parse(s), Ok(Pattern::Exact(_)))

@@ -1,1 +1,22 @@
+//! Black-box tests of the dws event bus: the real `dws` and `busd` binaries,
+//! real Unix sockets, real signals, each test in its own temp dir (see the
+//! `dws_tests` harness). Build the binaries first:
+//!
+//! ```text
+//! cargo build --workspace --bins && cargo test -p dws-tests
+//! ```
+//!
+//! Modules by area:
+//! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
+//!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
+//! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
+//!   shutdown, idle shutdown, `stop`.
+//! - [`spawn`]: on-demand daemon start: one daemon for many clients, stale
+//!   lock/socket recovery, socket permissions, `--dry-run`, `busd --foreground`.
+//! - [`wire`]: the frame protocol against bad peers while a real consumer
+//!   keeps receiving.
 
+mod cli_contract;
+mod lifecycle;
+mod spawn;
+mod wire;

@@ -44,7 +44,8 @@ struct Line {
 
 /// Parses one stdout line into an event, or says why it is malformed.
 pub fn parse_line(line: &str) -> Result<NewEvent, String> {
-    let l: Line = serde_json::from_str(line).map_err(|e| format!("not a JSON event object: {e}"))?;
+    let l: Line =
+        serde_json::from_str(line).map_err(|e| format!("not a JSON event object: {e}"))?;
     if !proto::pattern::is_valid_event_type(&l.event_type) {
         return Err(format!("invalid event_type {:?}", l.event_type));
     }
@@ -65,7 +66,12 @@ pub fn parse_line(line: &str) -> Result<NewEvent, String> {
     })
 }
 
-fn state(status: v1::SourceStatus, attempt: u32, next_retry_at_unix_ms: i64, reason: String) -> v1::SourceState {
+fn state(
+    status: v1::SourceStatus,
+    attempt: u32,
+    next_retry_at_unix_ms: i64,
+    reason: String,
+) -> v1::SourceState {
     v1::SourceState {
         state: status as i32,
         attempt,
@@ -128,7 +134,10 @@ async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
     let Some(stdout) = child.stdout.take() else {
         return "no stdout pipe".into();
     };
-    hub.set_source_state(state(v1::SourceStatus::Connected, 0, 0, String::new()), None);
+    hub.set_source_state(
+        state(v1::SourceStatus::Connected, 0, 0, String::new()),
+        None,
+    );
     let mut lines = BufReader::with_capacity(64 * 1024, stdout);
     let mut buf = Vec::new();
     let mut line_no: u64 = 0;
@@ -164,7 +173,10 @@ async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
 
 /// Reads one line, keeping at most `MAX_LINE + 1` bytes of it (the rest of a
 /// longer line is consumed and dropped), so a runaway line cannot grow memory.
-async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
     let mut total = 0;
     loop {
         let chunk = r.fill_buf().await?;
@@ -191,12 +203,17 @@ mod tests {
 
     #[test]
     fn lines() {
-        let e = parse_line(r#"{"event_type":"a.b","event_id":"x","data":{"k":1},"headers":{"h":"v"}}"#).unwrap();
+        let e =
+            parse_line(r#"{"event_type":"a.b","event_id":"x","data":{"k":1},"headers":{"h":"v"}}"#)
+                .unwrap();
         assert_eq!(e.event_type, "a.b");
         assert_eq!(e.event_id, "x");
         assert_eq!(e.data, r#"{"k":1}"#);
         assert_eq!(e.headers["h"], "v");
-        assert_eq!(parse_line(r#"{"event_type":"a","data":"s"}"#).unwrap().data, "s");
+        assert_eq!(
+            parse_line(r#"{"event_type":"a","data":"s"}"#).unwrap().data,
+            "s"
+        );
         assert!(parse_line("nope").is_err());
         assert!(parse_line(r#"{"data":1}"#).is_err());
         assert!(parse_line(r#"{"event_type":"a.*"}"#).is_err());

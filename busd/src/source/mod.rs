@@ -68,7 +68,9 @@ pub mod unavailable {
                     },
                     Some(self.reason),
                 );
-                ctx.hub.shutdown_trigger().trigger(v1::ByeReason::SourceLost);
+                ctx.hub
+                    .shutdown_trigger()
+                    .trigger(v1::ByeReason::SourceLost);
             })
         }
     }

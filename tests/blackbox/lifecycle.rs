@@ -1,0 +1,185 @@
+//! How a consume run and the bus end, each with its exact exit reason:
+//! SIGTERM/SIGINT to the consumer (`signal`), the reader closing stdout
+//! (`| head -1`, `signal`), the bus stopped under the consumer
+//! (`bus_shutdown`, by SIGTERM or `dws event stop`), and the daemon's idle
+//! shutdown once no consumer is attached (socket removed, process gone).
+
+use std::time::Duration;
+
+use dws_tests::{Sig, TestEnv, EXIT_TIMEOUT};
+
+fn signal_mid_run(sig: Sig) {
+    let env = TestEnv::new();
+    let mut c = env.dws(["event", "consume", "sig.k"]).spawn();
+    c.wait_ready();
+    env.publish("sig.k", "one", &[]);
+    c.wait_stdout_lines(1, EXIT_TIMEOUT);
+    c.signal(sig);
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("signal", 1);
+    assert_eq!(out.stdout_lines().len(), 1, "{out}");
+}
+
+#[test]
+fn sigterm_mid_run_exits_0_with_reason_signal() {
+    signal_mid_run(Sig::SIGTERM);
+}
+
+#[test]
+fn sigint_mid_run_exits_0_with_reason_signal() {
+    signal_mid_run(Sig::SIGINT);
+}
+
+#[test]
+fn stdout_closed_by_reader_exits_0_with_reason_signal() {
+    // dws event consume k | head -1
+    let env = TestEnv::new();
+    let mut c = env
+        .dws(["event", "consume", "head.k"])
+        .close_stdout_after_lines(1)
+        .spawn();
+    c.wait_ready();
+    env.publish("head.k", "first", &[]);
+    c.wait_stdout_lines(1, EXIT_TIMEOUT);
+    // Our read end is closed now; the next writes hit a broken pipe.
+    for i in 0..50 {
+        if !c.is_running() {
+            break;
+        }
+        env.publish("head.k", &format!("more-{i}"), &[]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    assert_eq!(out.signal, None, "must not die of SIGPIPE\n{out}");
+    out.assert_code(0);
+    let ex = out.exited();
+    assert_eq!(ex.reason, "signal", "{out}");
+    assert!(ex.count >= 1, "{out}");
+}
+
+#[test]
+fn bus_sigterm_under_a_consumer_ends_it_with_reason_bus_shutdown() {
+    let env = TestEnv::new();
+    let mut c = env.dws(["event", "consume", "bye.k"]).stdin_hold().spawn();
+    let ready = c.wait_ready();
+    let socket = env.bus_meta_socket().expect("bus.meta names the socket");
+    assert!(socket.exists(), "socket exists while the bus runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(ready.bus_pid), Sig::SIGTERM)
+        .expect("kill busd");
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("bus_shutdown", 0);
+    env.wait_no_busd(EXIT_TIMEOUT, "busd to exit after SIGTERM");
+    assert!(
+        !socket.exists(),
+        "a clean bus shutdown removes its socket {}",
+        socket.display()
+    );
+}
+
+#[test]
+fn stop_ends_the_bus_and_an_attached_consumer_sees_bus_shutdown() {
+    let env = TestEnv::new();
+    let mut c = env.dws(["event", "consume", "stop.k"]).spawn();
+    c.wait_ready();
+    let socket = env.bus_meta_socket().expect("bus.meta names the socket");
+    let stop = env.dws(["event", "stop"]).run_with_timeout(EXIT_TIMEOUT);
+    stop.assert_code(0);
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("bus_shutdown", 0);
+    env.wait_no_busd(EXIT_TIMEOUT, "busd to exit after `dws event stop`");
+    assert!(
+        !socket.exists(),
+        "stop removes the socket {}",
+        socket.display()
+    );
+}
+
+#[test]
+fn stop_without_a_bus_is_not_an_error_and_starts_nothing() {
+    let env = TestEnv::new();
+    let out = env.dws(["event", "stop"]).run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    assert!(
+        !out.stderr_lines().iter().any(|l| l.starts_with("Error:")),
+        "{out}"
+    );
+    assert!(
+        env.busd_pids().is_empty(),
+        "stop must not spawn a bus\n{out}"
+    );
+}
+
+#[test]
+fn idle_timeout_shuts_the_bus_down_after_the_last_consumer_and_removes_the_socket() {
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_IDLE_TIMEOUT", "2s")]);
+    let mut c = env
+        .dws(["event", "consume", "idle.k", "--max-events", "1"])
+        .spawn();
+    let ready = c.wait_ready();
+    let socket = env.bus_meta_socket().expect("bus.meta names the socket");
+    env.publish("idle.k", "x", &[]);
+    c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("limit", 1);
+    // Time-based on purpose: 2 s idle timeout, bounded at ~10 s.
+    env.wait_until(
+        Duration::from_secs(12),
+        "busd to exit on idle timeout (2s)",
+        || !dws_tests::is_live(ready.bus_pid),
+    );
+    assert!(env.busd_pids().is_empty(), "no busd left");
+    env.wait_until(
+        Duration::from_secs(2),
+        "idle shutdown to remove the socket",
+        || !socket.exists(),
+    );
+}
+
+#[test]
+fn idle_timeout_does_not_fire_while_a_consumer_is_attached() {
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_IDLE_TIMEOUT", "2s")]);
+    let mut c = env.dws(["event", "consume", "busy.k"]).spawn();
+    let ready = c.wait_ready();
+    // Time-based on purpose: twice the idle timeout with one consumer attached.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        dws_tests::is_live(ready.bus_pid),
+        "bus exited although a consumer was attached\n{}",
+        c.report()
+    );
+    assert!(c.is_running(), "{}", c.report());
+    env.publish("busy.k", "still", &[]);
+    c.wait_stdout_lines(1, EXIT_TIMEOUT);
+    c.signal(Sig::SIGTERM);
+    c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("signal", 1);
+}
+
+#[test]
+fn kill_9_of_a_consumer_leaves_its_subscription_resumable_without_loss() {
+    let env = TestEnv::new();
+    let mut c = env.dws(["event", "consume", "res.k"]).spawn();
+    let id = c.wait_ready().subscribe_id;
+    env.publish("res.k", "seen", &[]);
+    c.wait_stdout_lines(1, EXIT_TIMEOUT);
+    c.signal(Sig::SIGKILL);
+    let _ = c.wait_exit(EXIT_TIMEOUT);
+    // Published while the subscription lingers detached.
+    env.publish("res.k", "while-dead", &[]);
+    let mut resumed = env
+        .dws(["event", "consume", "res.k", "--subscribe-id", &id])
+        .spawn();
+    assert_eq!(resumed.wait_ready().subscribe_id, id);
+    let lines = resumed.wait_stdout_line("the event published while detached", EXIT_TIMEOUT, |l| {
+        l.contains("while-dead")
+    });
+    // "seen" may come again if its ack had not reached the bus: then it is
+    // marked redelivered. Nothing else may appear.
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).expect("NDJSON");
+        match v["data"].as_str() {
+            Some("while-dead") => assert_eq!(v["redelivered"], false, "{l}"),
+            Some("seen") => assert_eq!(v["redelivered"], true, "a replayed event is marked: {l}"),
+            _ => panic!("unexpected event {l}\n{}", resumed.report()),
+        }
+    }
+    resumed.signal(Sig::SIGTERM);
+    resumed.wait_exit(EXIT_TIMEOUT).assert_code(0);
+}
