@@ -70,6 +70,10 @@ impl EventLog {
         self.events.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }
