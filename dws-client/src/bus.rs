@@ -96,6 +96,26 @@ impl BusConn {
         }
     }
 
+    /// Discover-or-spawn, then the first request. If the bus goes away
+    /// before answering (it was exiting just as we arrived), start over on a
+    /// fresh bus, within [`CONNECT_DEADLINE`].
+    pub async fn open_and_request(
+        endpoint: &Endpoint,
+        mut build: impl FnMut(u64) -> C,
+    ) -> Result<(BusConn, S)> {
+        let deadline = Instant::now() + CONNECT_DEADLINE;
+        loop {
+            let mut conn = BusConn::open_or_spawn(endpoint).await?;
+            match conn.request(&mut build).await {
+                Ok(reply) => return Ok((conn, reply)),
+                Err(e) if e.bus_gone && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     fn request_id(&mut self) -> u64 {
         self.next_request += 1;
         self.next_request
@@ -105,7 +125,7 @@ impl BusConn {
         self.writer
             .send(v1::ClientFrame { kind: Some(kind) })
             .await
-            .map_err(|e| CliError::runtime(format!("lost the connection to the bus: {e}")))
+            .map_err(|e| CliError::bus_gone(format!("lost the connection to the bus: {e}")))
     }
 
     /// The next frame; `Ok(None)` when the bus closed the connection.
@@ -113,6 +133,9 @@ impl BusConn {
         loop {
             match self.reader.next().await {
                 None => return Ok(None),
+                Some(Err(proto::CodecError::Io(e))) => {
+                    return Err(CliError::bus_gone(format!("lost the connection to the bus: {e}")))
+                }
                 Some(Err(e)) => {
                     return Err(CliError::runtime(format!("bad frame from the bus: {e}")))
                 }
@@ -130,14 +153,14 @@ impl BusConn {
         loop {
             match self.next().await? {
                 None => {
-                    return Err(CliError::runtime(
+                    return Err(CliError::bus_gone(
                         "the bus closed the connection before replying",
                     ))
                 }
                 Some(S::Error(e)) => return Err(CliError::from_bus(e.code, &e.message)),
                 Some(S::Bye(b)) => {
                     let reason = ByeReason::try_from(b.reason).unwrap_or(ByeReason::Unspecified);
-                    return Err(CliError::runtime(format!(
+                    return Err(CliError::bus_gone(format!(
                         "the bus closed the connection before replying (reason: {})",
                         proto::bye_reason_name(reason)
                     )));

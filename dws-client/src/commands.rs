@@ -50,18 +50,16 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
             data.len()
         )));
     }
-    let mut bus = BusConn::open_or_spawn(endpoint).await?;
-    let reply = bus
-        .request(|request_id| {
-            C::Publish(v1::Publish {
-                request_id,
-                event_type: args.event_type,
-                event_id: args.id.unwrap_or_default(),
-                data,
-                headers: Default::default(),
-            })
+    let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
+        C::Publish(v1::Publish {
+            request_id,
+            event_type: args.event_type.clone(),
+            event_id: args.id.clone().unwrap_or_default(),
+            data: data.clone(),
+            headers: Default::default(),
         })
-        .await?;
+    })
+    .await?;
     bus.bye().await;
     let S::PublishAck(ack) = reply else {
         return Err(unexpected("Publish"));
@@ -177,14 +175,12 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
         From::Earliest => (v1::StartPosition::StartEarliest, 0),
         From::Seq(n) => (v1::StartPosition::StartSeq, n),
     };
-    let mut bus = BusConn::open_or_spawn(endpoint).await?;
-    let reply = bus
-        .request(|request_id| {
+    let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
             C::Subscribe(v1::Subscribe {
                 request_id,
                 subscription_id: args.id.clone().unwrap_or_default(),
-                patterns: keys,
-                filter,
+                patterns: keys.clone(),
+                filter: filter.clone(),
                 start: start as i32,
                 start_seq,
                 ttl_ms: args.ttl.map_or(0, |d| d.as_millis() as u64),

@@ -230,9 +230,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let mut sigint = signal(SignalKind::interrupt())
         .map_err(|e| CliError::runtime(format!("cannot watch signals: {e}")))?;
 
-    let mut bus = BusConn::open_or_spawn(endpoint).await?;
-    let reply = bus
-        .request(|request_id| {
+    let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
             let (start, start_seq) = match plan.from {
                 From::Latest => (v1::StartPosition::StartLatest, 0),
                 From::Earliest => (v1::StartPosition::StartEarliest, 0),
@@ -296,7 +294,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                 _ = sigint.recv() => break Ok(Reason::Signal),
                 _ = sleep_until_opt(deadline) => break Ok(Reason::Timeout),
                 _ = recv_opt(&mut stdin_eof) => break Ok(Reason::Signal),
-                f = bus.next() => f?,
+                f = bus.next() => gone_is_eof(f)?,
             };
             if let Some(reason) = stream.handle(frame)? {
                 break Ok(reason);
@@ -304,7 +302,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             // Drain what is already readable, then flush once and ack.
             let mut ended = None;
             while let Some(f) = bus.next().now_or_never() {
-                if let Some(reason) = stream.handle(f?)? {
+                if let Some(reason) = stream.handle(gone_is_eof(f)?)? {
                     ended = Some(reason);
                     break;
                 }
@@ -368,6 +366,15 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         ),
     );
     Ok(())
+}
+
+/// After the ready line, losing the connection means the bus went away:
+/// the run ends with reason `bus_shutdown`, like a clean close.
+fn gone_is_eof(frame: Result<Option<S>>) -> Result<Option<S>> {
+    match frame {
+        Err(e) if e.bus_gone => Ok(None),
+        other => other,
+    }
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

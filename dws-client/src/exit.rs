@@ -22,6 +22,9 @@ pub const PERMISSION: u8 = 3;
 pub struct CliError {
     pub code: u8,
     pub message: String,
+    /// The bus went away before answering (it was exiting): the request may
+    /// be retried on a fresh bus.
+    pub bus_gone: bool,
 }
 
 impl CliError {
@@ -29,6 +32,7 @@ impl CliError {
         CliError {
             code: RUNTIME,
             message: message.into(),
+            bus_gone: false,
         }
     }
 
@@ -36,6 +40,7 @@ impl CliError {
         CliError {
             code: USAGE,
             message: message.into(),
+            bus_gone: false,
         }
     }
 
@@ -43,7 +48,13 @@ impl CliError {
         CliError {
             code: PERMISSION,
             message: message.into(),
+            bus_gone: false,
         }
+    }
+
+    /// The bus closed the connection before replying.
+    pub fn bus_gone(message: impl Into<String>) -> CliError {
+        CliError { code: RUNTIME, message: message.into(), bus_gone: true }
     }
 
     /// Maps an `Error` frame from the bus to the exit code it stands for.
@@ -56,6 +67,7 @@ impl CliError {
         CliError {
             code,
             message: message.to_owned(),
+            bus_gone: false,
         }
     }
 }

@@ -248,3 +248,47 @@ fn busd_foreground_serves_consumers_and_exits_0_on_sigterm() {
         "busd removes its socket on SIGTERM\n{out}"
     );
 }
+
+/// A client that arrives while the bus is exiting (here: just after SIGTERM)
+/// must still end up on a working bus: either the old one answers in time or
+/// the client spawns a successor, which waits for the old one's lock.
+#[test]
+fn consumers_arriving_while_the_bus_exits_end_up_on_a_working_bus() {
+    let env = TestEnv::new();
+    env.publish("exit.k", "warm-up", &[]);
+    let old = env.bus_meta_pid().expect("bus.meta after publish");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), Sig::SIGTERM).expect("SIGTERM busd");
+    let mut children: Vec<_> = (0..4)
+        .map(|_| env.dws(["event", "consume", "exit.k"]).stdin_hold().spawn())
+        .collect();
+    let readies: Vec<_> = children.iter_mut().map(|c| c.wait_ready()).collect();
+    let pid = readies[0].bus_pid;
+    assert!(
+        readies.iter().all(|r| r.bus_pid == pid),
+        "all on one bus: {readies:?}"
+    );
+    assert_ne!(pid, old, "the SIGTERMed bus must not take new consumers");
+    env.publish("exit.k", "after-exit", &[]);
+    for c in &mut children {
+        let lines = c.wait_stdout_lines(1, EXIT_TIMEOUT);
+        assert!(lines[0].contains("after-exit"), "{}", c.report());
+    }
+}
+
+/// The same race against the idle timer: each consumer starts right about
+/// when the previous bus decides it is idle.
+#[test]
+fn consumers_arriving_at_idle_exit_end_up_on_a_working_bus() {
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_IDLE_TIMEOUT", "1s")]);
+    for round in 0..3 {
+        env.publish("idle.race", "spawn", &[]);
+        std::thread::sleep(Duration::from_millis(950 + 20 * round));
+        let mut c = env
+            .dws(["event", "consume", "idle.race", "--max-events", "1"])
+            .spawn();
+        c.wait_ready();
+        env.publish("idle.race", "delivered", &[]);
+        let out = c.wait_exit(EXIT_TIMEOUT);
+        out.assert_clean_exit("limit", 1);
+    }
+}
