@@ -919,7 +919,7 @@ impl Hub {
             },
             "source": {
                 "kind": cfg.source_kind,
-                "state": source_status_name(source_status),
+                "state": proto::source_status_name(source_status),
                 "since_unix_ms": opt_ms(st.source.state.since_unix_ms),
                 "connected_since_unix_ms": opt_ms(st.source.connected_since_ms),
                 "reconnects": st.source.reconnects,
@@ -942,16 +942,6 @@ impl Hub {
                 "retention_held_by": retention_held_by,
             },
         })
-    }
-}
-
-pub fn source_status_name(s: v1::SourceStatus) -> &'static str {
-    match s {
-        v1::SourceStatus::Unknown => "unknown",
-        v1::SourceStatus::Connecting => "connecting",
-        v1::SourceStatus::Connected => "connected",
-        v1::SourceStatus::Reconnecting => "reconnecting",
-        v1::SourceStatus::Lost => "lost",
     }
 }
 

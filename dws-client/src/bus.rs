@@ -134,7 +134,9 @@ impl BusConn {
             match self.reader.next().await {
                 None => return Ok(None),
                 Some(Err(proto::CodecError::Io(e))) => {
-                    return Err(CliError::bus_gone(format!("lost the connection to the bus: {e}")))
+                    return Err(CliError::bus_gone(format!(
+                        "lost the connection to the bus: {e}"
+                    )))
                 }
                 Some(Err(e)) => {
                     return Err(CliError::runtime(format!("bad frame from the bus: {e}")))

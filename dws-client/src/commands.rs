@@ -4,15 +4,14 @@ use std::io::Read;
 
 use proto::{
     paths::Endpoint,
-    pattern::Pattern,
     v1::{self, client_frame::Kind as C, server_frame::Kind as S},
 };
 
 use crate::{
     bus::BusConn,
-    cli::{From, PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
+    cli::{PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
     exit::{CliError, Result},
-    print_stdout,
+    print_stdout, validate,
 };
 
 fn unexpected(what: &str) -> CliError {
@@ -74,9 +73,7 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
 
 pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
     for id in &args.subscribe_id {
-        if !proto::is_valid_id(id) {
-            return Err(CliError::usage(format!("invalid --subscribe-id {id:?}")));
-        }
+        validate::subscription_id("--subscribe-id", id)?;
     }
     let Some(mut bus) = BusConn::open(endpoint).await? else {
         return print_stdout(&format!("bus not running (profile {})\n", endpoint.profile));
@@ -140,58 +137,29 @@ pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
 }
 
 pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
-    let keys: Vec<String> = args
-        .keys
-        .iter()
-        .flat_map(|k| k.split(','))
-        .filter(|k| !k.is_empty())
-        .map(str::to_owned)
-        .collect();
-    for k in &keys {
-        Pattern::parse(k).map_err(CliError::usage)?;
-    }
+    let keys = validate::event_keys(&args.keys)?;
     if let Some(id) = &args.id {
-        if !proto::is_valid_id(id) {
-            return Err(CliError::usage(format!(
-                "invalid --id {id:?}: use 1-64 characters from A-Z a-z 0-9 . _ -"
-            )));
-        }
+        validate::subscription_id("--id", id)?;
     }
-    let filter = args.filter.unwrap_or_default();
-    if !filter.is_empty() {
-        regex::Regex::new(&filter).map_err(|e| {
-            let detail = e
-                .to_string()
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .trim()
-                .to_owned();
-            CliError::usage(format!("invalid --filter regex {filter:?}: {detail}"))
-        })?;
-    }
-    let (start, start_seq) = match args.from.unwrap_or(From::Latest) {
-        From::Latest => (v1::StartPosition::StartLatest, 0),
-        From::Earliest => (v1::StartPosition::StartEarliest, 0),
-        From::Seq(n) => (v1::StartPosition::StartSeq, n),
-    };
+    let filter = validate::filter(args.filter)?;
+    let (start, start_seq) = validate::start(args.from);
     let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
-            C::Subscribe(v1::Subscribe {
-                request_id,
-                subscription_id: args.id.clone().unwrap_or_default(),
-                patterns: keys.clone(),
-                filter: filter.clone(),
-                start: start as i32,
-                start_seq,
-                ttl_ms: args.ttl.map_or(0, |d| d.as_millis() as u64),
-                attach: false,
-                takeover: false,
-                must_exist: false,
-                owned: false,
-                window: 0,
-            })
+        C::Subscribe(v1::Subscribe {
+            request_id,
+            subscription_id: args.id.clone().unwrap_or_default(),
+            patterns: keys.clone(),
+            filter: filter.clone(),
+            start: start as i32,
+            start_seq,
+            ttl_ms: args.ttl.map_or(0, |d| d.as_millis() as u64),
+            attach: false,
+            takeover: false,
+            must_exist: false,
+            owned: false,
+            window: 0,
         })
-        .await?;
+    })
+    .await?;
     bus.bye().await;
     let S::Subscribed(sub) = reply else {
         return Err(unexpected("Subscribe"));
@@ -215,9 +183,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
 
 pub async fn unsubscribe(args: UnsubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     for id in &args.ids {
-        if !proto::is_valid_id(id) {
-            return Err(CliError::usage(format!("invalid subscription id {id:?}")));
-        }
+        validate::subscription_id("subscription id", id)?;
     }
     let Some(mut bus) = BusConn::open(endpoint).await? else {
         return Err(CliError::runtime(format!(

@@ -17,7 +17,6 @@ use std::{
 use futures_util::FutureExt;
 use proto::{
     paths::Endpoint,
-    pattern::Pattern,
     v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason},
 };
 use tokio::{
@@ -31,6 +30,7 @@ use crate::{
     cli::{ConsumeArgs, Format, From},
     exit::{CliError, Result},
     output::EventWriter,
+    validate,
 };
 
 /// Why a run ended, as printed in the exited line.
@@ -79,41 +79,16 @@ pub struct Plan {
 
 /// Checks every flag; no I/O. Errors are usage errors (exit 2).
 pub fn plan(args: ConsumeArgs) -> Result<Plan> {
-    let keys: Vec<String> = args
-        .keys
-        .iter()
-        .flat_map(|k| k.split(','))
-        .filter(|k| !k.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let keys = validate::event_keys(&args.keys)?;
     if keys.is_empty() && args.subscribe_id.is_none() {
         return Err(CliError::usage(
             "at least one EVENT_KEY is required (or --subscribe-id to resume a subscription)",
         ));
     }
-    for k in &keys {
-        Pattern::parse(k).map_err(CliError::usage)?;
-    }
     if let Some(id) = &args.subscribe_id {
-        if !proto::is_valid_id(id) {
-            return Err(CliError::usage(format!(
-                "invalid --subscribe-id {id:?}: use 1-64 characters from A-Z a-z 0-9 . _ -"
-            )));
-        }
+        validate::subscription_id("--subscribe-id", id)?;
     }
-    let filter = args.filter.unwrap_or_default();
-    if !filter.is_empty() {
-        regex::Regex::new(&filter).map_err(|e| {
-            let detail = e
-                .to_string()
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .trim()
-                .to_owned();
-            CliError::usage(format!("invalid --filter regex {filter:?}: {detail}"))
-        })?;
-    }
+    let filter = validate::filter(args.filter)?;
     let bounded = args.max_events.is_some() || args.duration.is_some();
     if args.format == Format::Json && !bounded {
         return Err(CliError::usage(
@@ -231,27 +206,23 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         .map_err(|e| CliError::runtime(format!("cannot watch signals: {e}")))?;
 
     let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
-            let (start, start_seq) = match plan.from {
-                From::Latest => (v1::StartPosition::StartLatest, 0),
-                From::Earliest => (v1::StartPosition::StartEarliest, 0),
-                From::Seq(n) => (v1::StartPosition::StartSeq, n),
-            };
-            C::Subscribe(v1::Subscribe {
-                request_id,
-                subscription_id: plan.subscribe_id.clone().unwrap_or_default(),
-                patterns: plan.keys.clone(),
-                filter: plan.filter.clone(),
-                start: start as i32,
-                start_seq,
-                ttl_ms: plan.ttl.map_or(0, |d| d.as_millis() as u64),
-                attach: true,
-                takeover: plan.takeover,
-                must_exist: plan.subscribe_id.is_some(),
-                owned: plan.subscribe_id.is_none(),
-                window: 0,
-            })
+        let (start, start_seq) = validate::start(Some(plan.from));
+        C::Subscribe(v1::Subscribe {
+            request_id,
+            subscription_id: plan.subscribe_id.clone().unwrap_or_default(),
+            patterns: plan.keys.clone(),
+            filter: plan.filter.clone(),
+            start: start as i32,
+            start_seq,
+            ttl_ms: plan.ttl.map_or(0, |d| d.as_millis() as u64),
+            attach: true,
+            takeover: plan.takeover,
+            must_exist: plan.subscribe_id.is_some(),
+            owned: plan.subscribe_id.is_none(),
+            window: 0,
         })
-        .await?;
+    })
+    .await?;
     let S::Subscribed(sub) = reply else {
         return Err(CliError::runtime(
             "the bus answered Subscribe with an unexpected frame",
@@ -462,7 +433,7 @@ impl Stream<'_, '_> {
             ),
             S::SourceState(s) => {
                 let status = v1::SourceStatus::try_from(s.state).unwrap_or_default();
-                let name = crate::status::source_status_name(status);
+                let name = proto::source_status_name(status);
                 let detail = if s.reason.is_empty() {
                     String::new()
                 } else {

@@ -54,7 +54,11 @@ impl CliError {
 
     /// The bus closed the connection before replying.
     pub fn bus_gone(message: impl Into<String>) -> CliError {
-        CliError { code: RUNTIME, message: message.into(), bus_gone: true }
+        CliError {
+            code: RUNTIME,
+            message: message.into(),
+            bus_gone: true,
+        }
     }
 
     /// Maps an `Error` frame from the bus to the exit code it stands for.

@@ -7,7 +7,8 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats;
-//! - [`status`], [`commands`]: the other subcommands.
+//! - [`status`], [`commands`]: the other subcommands;
+//! - [`validate`]: flag checks shared by the commands.
 //!
 //! `dws` never connects upstream: it only talks to its bus.
 
@@ -19,6 +20,7 @@ pub mod exit;
 pub mod output;
 pub mod spawn;
 pub mod status;
+pub mod validate;
 
 use std::{io::Write, process::ExitCode};
 

@@ -16,16 +16,6 @@ use crate::{
     exit::{CliError, Result},
 };
 
-pub fn source_status_name(s: v1::SourceStatus) -> &'static str {
-    match s {
-        v1::SourceStatus::Unknown => "unknown",
-        v1::SourceStatus::Connecting => "connecting",
-        v1::SourceStatus::Connected => "connected",
-        v1::SourceStatus::Reconnecting => "reconnecting",
-        v1::SourceStatus::Lost => "lost",
-    }
-}
-
 /// Fetches the status document, or `None` when no bus is running.
 pub async fn fetch(endpoint: &Endpoint) -> Result<Option<Value>> {
     let Some(mut bus) = BusConn::open(endpoint).await? else {

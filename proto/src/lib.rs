@@ -42,6 +42,17 @@ pub fn is_valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// The lower-case name of a source state, as shown by status and consume.
+pub fn source_status_name(s: v1::SourceStatus) -> &'static str {
+    match s {
+        v1::SourceStatus::Unknown => "unknown",
+        v1::SourceStatus::Connecting => "connecting",
+        v1::SourceStatus::Connected => "connected",
+        v1::SourceStatus::Reconnecting => "reconnecting",
+        v1::SourceStatus::Lost => "lost",
+    }
+}
+
 /// The lower-case name of a Bye reason, as used in logs and messages.
 pub fn bye_reason_name(reason: v1::ByeReason) -> &'static str {
     use v1::ByeReason as R;

@@ -944,7 +944,7 @@ impl Output {
         let lines: Vec<&str> = self
             .stderr_lines()
             .into_iter()
-            .filter(|l| l.contains("exited"))
+            .filter(|l| l.starts_with("[event] exited"))
             .collect();
         assert_eq!(
             lines.len(),
@@ -1248,5 +1248,174 @@ mod tests {
             .and_then(|e| e.downcast_ref::<String>().cloned())
             .expect("panics");
         assert!(msg.contains("inherited"), "{msg}");
+    }
+}
+
+// ------------------------------------------------------------------ unread stdout
+
+/// A running process whose stdout is a pipe the test holds but never reads,
+/// like a consumer whose reader stalled: once the pipe buffer (64 KiB on
+/// Linux) is full, its writes block. stderr is captured as usual. Dropping it
+/// SIGKILLs and reaps the process.
+pub struct UnreadChild {
+    display: String,
+    proc: std::process::Child,
+    stdin: Option<ChildStdin>,
+    stdout: Option<std::process::ChildStdout>,
+    stderr: Capture,
+    log_path: PathBuf,
+    started: Instant,
+    status: Option<std::process::ExitStatus>,
+}
+
+impl Cmd {
+    /// Starts the process with a stdout pipe that is never read until
+    /// [`UnreadChild::wait_exit_then_read_stdout`]. stdin is `/dev/null` for
+    /// [`Cmd::stdin_null`] (the default), otherwise a pipe held open by the
+    /// test until the process is dropped (no data is written to it).
+    pub fn spawn_stdout_unread(self) -> UnreadChild {
+        let display = self.display();
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args).env_clear();
+        for (k, v) in &self.envs {
+            cmd.env(k, v);
+        }
+        cmd.stdin(match self.stdin {
+            StdinMode::Null => Stdio::null(),
+            _ => Stdio::piped(),
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut proc = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn `{display}`: {e}"));
+        let stdin = proc.stdin.take();
+        let stdout = proc.stdout.take();
+        let stderr = Capture::spawn(proc.stderr.take().expect("stderr piped"), None);
+        UnreadChild {
+            display,
+            proc,
+            stdin,
+            stdout,
+            stderr,
+            log_path: self.log_path,
+            started: Instant::now(),
+            status: None,
+        }
+    }
+}
+
+impl UnreadChild {
+    pub fn pid(&self) -> i32 {
+        self.proc.id() as i32
+    }
+
+    /// `true` while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        if self.status.is_some() {
+            return false;
+        }
+        match self.proc.try_wait() {
+            Ok(Some(st)) => {
+                self.status = Some(st);
+                false
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Everything captured so far (stderr only: stdout is not read).
+    pub fn report(&self) -> String {
+        format!(
+            "command: {}\npid: {}\nstatus: {}\nelapsed: {:?}\n--- stdout ---\n<not read>\n--- stderr ---\n{}\n{}",
+            self.display,
+            self.proc.id(),
+            self.status.map(describe_status).unwrap_or_else(|| "running".into()),
+            self.started.elapsed(),
+            self.stderr.text(),
+            log_section(&self.log_path)
+        )
+    }
+
+    /// Waits for the ready line and parses it strictly.
+    pub fn wait_ready(&mut self) -> Ready {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let r = self.stderr.wait_for(deadline, |lines, _| {
+            lines
+                .iter()
+                .find(|l| l.starts_with("[event] ready"))
+                .map(|l| l.to_string())
+        });
+        match r {
+            Ok(line) => Ready::parse(&line).unwrap_or_else(|e| {
+                panic!("malformed ready line {line:?}: {e}\n{}", self.report())
+            }),
+            Err(_) => {
+                let _ = self.is_running();
+                panic!("no `[event] ready ...` line\n{}", self.report())
+            }
+        }
+    }
+
+    /// Sends `sig` to the process.
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid()), sig)
+            .unwrap_or_else(|e| panic!("kill -{sig} {}: {e}", self.pid()));
+    }
+
+    /// Waits for the process to exit (panics after killing it on timeout),
+    /// then reads what is left in its stdout pipe to EOF (bounded) and
+    /// returns everything like [`Child::wait_exit`].
+    pub fn wait_exit_then_read_stdout(mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        while self.is_running() {
+            if Instant::now() >= deadline {
+                let msg = format!(
+                    "`{}` still running after {timeout:?}\n{}",
+                    self.display,
+                    self.report()
+                );
+                let _ = self.proc.kill();
+                panic!("{msg}");
+            }
+            thread::sleep(POLL);
+        }
+        let stdout = Capture::spawn(self.stdout.take().expect("stdout pipe"), None);
+        let pipes_deadline = Instant::now() + PIPE_GRACE;
+        for (name, cap) in [("stdout", &stdout), ("stderr", &self.stderr)] {
+            if cap
+                .wait_for(pipes_deadline, |_, done| done.then_some(()))
+                .is_err()
+                && !cap.is_done()
+            {
+                panic!(
+                    "`{}` exited but its {name} was still open {PIPE_GRACE:?} later: a \
+                     descendant inherited it\n{}",
+                    self.display,
+                    self.report()
+                );
+            }
+        }
+        let status = self.status.expect("exited");
+        Output {
+            display: self.display.clone(),
+            code: status.code(),
+            signal: status.signal(),
+            stdout: stdout.text(),
+            stderr: self.stderr.text(),
+            bus_log: log_section(&self.log_path),
+            elapsed: self.started.elapsed(),
+        }
+    }
+}
+
+impl Drop for UnreadChild {
+    fn drop(&mut self) {
+        self.stdin = None;
+        if self.status.is_none() {
+            let _ = self.proc.kill();
+            let _ = self.proc.wait();
+        }
     }
 }

@@ -1,0 +1,128 @@
+//! DingTalk Stream frames: decoding the server's pushes and encoding our
+//! acknowledgements ("response" frames).
+//!
+//! A push is one JSON object per WebSocket text frame:
+//! `{"specVersion"?, "type": "SYSTEM"|"EVENT"|"CALLBACK", "headers": {…},
+//! "data": "<JSON text>"}`. Decoding is lenient where leniency loses
+//! nothing (a missing or unknown `specVersion`, non-string header values,
+//! a `data` that is not a string) and strict where there is no sane reading
+//! (not JSON, not an object, no `type`, no `headers` object).
+//!
+//! An ack is `{"code": N, "headers": {"messageId", "contentType"},
+//! "message": "…", "data": "<JSON text>"}`; the server correlates it with
+//! the push by `messageId` only.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+/// A decoded push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// `type`, as sent (normally upper case).
+    pub kind: String,
+    /// Every header, values as strings.
+    pub headers: BTreeMap<String, String>,
+    /// `data` as text (a JSON document for the known frame types).
+    pub data: String,
+}
+
+impl Frame {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", String::as_str)
+    }
+    pub fn message_id(&self) -> &str {
+        self.header("messageId")
+    }
+    pub fn topic(&self) -> &str {
+        self.header("topic")
+    }
+}
+
+/// Decodes one text frame, or says (briefly, without echoing the frame) why
+/// it is not a frame.
+pub fn parse(text: &str) -> Result<Frame, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e}; {} bytes)", text.len()))?;
+    let Value::Object(mut obj) = v else {
+        return Err("not a JSON object".into());
+    };
+    let kind = match obj.remove("type") {
+        Some(Value::String(s)) if !s.is_empty() => s,
+        Some(_) => return Err("`type` is not a non-empty string".into()),
+        None => return Err("no `type`".into()),
+    };
+    let headers = match obj.remove("headers") {
+        Some(Value::Object(h)) => h
+            .into_iter()
+            .filter_map(|(k, v)| match v {
+                Value::String(s) => Some((k, s)),
+                Value::Null => None,
+                other => Some((k, other.to_string())),
+            })
+            .collect(),
+        Some(_) => return Err("`headers` is not an object".into()),
+        None => return Err("no `headers`".into()),
+    };
+    let data = match obj.remove("data") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s,
+        Some(other) => other.to_string(),
+    };
+    Ok(Frame { kind, headers, data })
+}
+
+/// An ack for `message_id` with `code`, `message` and `data` (JSON text).
+pub fn ack(message_id: &str, code: u16, message: &str, data: &str) -> String {
+    json!({
+        "code": code,
+        "headers": {"messageId": message_id, "contentType": "application/json"},
+        "message": message,
+        "data": data,
+    })
+    .to_string()
+}
+
+/// The ack for a consumed EVENT: code 200, `{"status":"SUCCESS"}`.
+pub fn event_success(message_id: &str) -> String {
+    ack(message_id, 200, "OK", r#"{"status":"SUCCESS","message":"success"}"#)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode() {
+        let f = parse(
+            r#"{"specVersion":"1.0","type":"EVENT","headers":{"topic":"*","messageId":"m1","n":5,"z":null},"data":"{\"a\":1}","time":1}"#,
+        )
+        .unwrap();
+        assert_eq!(f.kind, "EVENT");
+        assert_eq!(f.message_id(), "m1");
+        assert_eq!(f.topic(), "*");
+        assert_eq!(f.header("n"), "5");
+        assert!(!f.headers.contains_key("z"));
+        assert_eq!(f.data, r#"{"a":1}"#);
+
+        let f = parse(r#"{"type":"SYSTEM","headers":{},"data":{"opaque":"x"}}"#).unwrap();
+        assert_eq!(f.data, r#"{"opaque":"x"}"#);
+        assert_eq!(parse(r#"{"type":"SYSTEM","headers":{}}"#).unwrap().data, "");
+
+        for bad in ["", "nope", "[]", r#"{"headers":{}}"#, r#"{"type":1,"headers":{}}"#, r#"{"type":"EVENT"}"#, r#"{"type":"EVENT","headers":[]}"#] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        // The reason never echoes the frame.
+        let e = parse("{\"secret-looking\": ").unwrap_err();
+        assert!(!e.contains("secret-looking"), "{e}");
+    }
+
+    #[test]
+    fn encode() {
+        let a: Value = serde_json::from_str(&event_success("m-1")).unwrap();
+        assert_eq!(a["code"], 200);
+        assert_eq!(a["headers"]["messageId"], "m-1");
+        assert_eq!(a["headers"]["contentType"], "application/json");
+        let d: Value = serde_json::from_str(a["data"].as_str().unwrap()).unwrap();
+        assert_eq!(d["status"], "SUCCESS");
+    }
+}
