@@ -124,7 +124,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
             }
             frame = reader.next(), if !conn.closing => match frame {
                 None => break,
-                Some(Ok(frame)) => conn.handle(frame),
+                Some(Ok(frame)) => conn.handle(frame).await,
                 Some(Err(e)) => conn.bad_frame(&e),
             },
             _ = handle.wake.notified() => {}
@@ -222,7 +222,7 @@ impl Connection {
         }
     }
 
-    fn handle(&mut self, frame: v1::ClientFrame) {
+    async fn handle(&mut self, frame: v1::ClientFrame) {
         let Some(kind) = frame.kind else {
             self.error(0, ErrorCode::BadRequest, "empty frame: no message set");
             self.closing = true;
@@ -238,10 +238,7 @@ impl Connection {
         }
         match kind {
             C::Hello(_) => self.error(0, ErrorCode::BadRequest, "Hello sent twice"),
-            C::Subscribe(req) => match self.hub.subscribe(self.id, &req) {
-                Ok(reply) => self.send(S::Subscribed(reply)),
-                Err(r) => self.error(req.request_id, r.code, r.message),
-            },
+            C::Subscribe(req) => self.subscribe(req).await,
             C::Unsubscribe(req) => {
                 let (removed, not_found) = self.hub.unsubscribe(self.id, &req.subscription_ids);
                 self.send(S::Unsubscribed(v1::Unsubscribed {
@@ -267,6 +264,52 @@ impl Connection {
             C::Heartbeat(_) => self.send(S::Heartbeat(v1::Heartbeat {
                 unix_ms: crate::hub::now_ms(),
             })),
+        }
+    }
+
+    /// Subscribe, binding an upstream subscription first when the source has
+    /// a control plane. That call may take a while (it is HTTP); it stalls
+    /// only this connection, and its refusal is this request's `Error`.
+    async fn subscribe(&mut self, req: v1::Subscribe) {
+        let mut upstream_id = None;
+        match (self.hub.upstream_for(&req), &req.upstream) {
+            (Some(ctl), Some(spec)) => {
+                let ttl = if req.ttl_ms == 0 {
+                    self.hub.config().default_ttl
+                } else {
+                    Duration::from_millis(req.ttl_ms)
+                };
+                match ctl.acquire(&req.patterns, spec, ttl).await {
+                    Ok(id) => upstream_id = Some(id),
+                    Err(r) => return self.error(req.request_id, r.code, r.message),
+                }
+            }
+            (Some(_), None) => {
+                return self.error(
+                    req.request_id,
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the {} source needs an upstream rule for a new subscription (--rule and its target)",
+                        self.hub.config().source_kind
+                    ),
+                )
+            }
+            (None, Some(_)) if !self.hub.has_upstream_control() => {
+                return self.error(
+                    req.request_id,
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the {} source has no upstream subscriptions: --rule, --user, --open-dingtalk-id, \
+                         --group, --query and --filter-json apply to the personal source",
+                        self.hub.config().source_kind
+                    ),
+                )
+            }
+            (None, _) => {}
+        }
+        match self.hub.subscribe(self.id, &req, upstream_id) {
+            Ok(reply) => self.send(S::Subscribed(reply)),
+            Err(r) => self.error(req.request_id, r.code, r.message),
         }
     }
 

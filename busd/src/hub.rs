@@ -22,6 +22,7 @@ use proto::v1::{self, ByeReason, ErrorCode};
 use tokio::sync::Notify;
 
 use crate::{
+    source::UpstreamControl,
     eventlog::{EventLog, LoggedEvent, Retention},
     pattern::Selector,
     shutdown::ShutdownTrigger,
@@ -56,6 +57,10 @@ pub struct NewEvent {
     pub event_unified_app_id: String,
     pub source_id: String,
     pub rule_type: String,
+    /// The upstream subscription the event was routed to (personal stream):
+    /// only local subscriptions bound to it receive the event. Empty: route
+    /// by event type alone.
+    pub upstream_subscription: String,
     pub data: String,
     pub headers: BTreeMap<String, String>,
 }
@@ -104,7 +109,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
         Refusal {
             code,
             message: message.into(),
@@ -142,6 +147,8 @@ struct Subscription {
     detached_at: Option<(Instant, i64)>,
     /// Unsent events evicted by retention since the last Gap frame.
     gap_lost: u64,
+    /// The upstream subscription this one is bound to (personal stream).
+    upstream_id: Option<String>,
     counters: SubCounters,
 }
 
@@ -203,6 +210,8 @@ struct Shared {
     started_at_ms: i64,
     started: Instant,
     shutdown: ShutdownTrigger,
+    /// The source's upstream subscription control plane, if it has one.
+    upstream: Option<Arc<dyn UpstreamControl>>,
 }
 
 /// Cloneable handle to the bus state.
@@ -226,7 +235,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Hub {
-    pub fn new(config: HubConfig, shutdown: ShutdownTrigger) -> Hub {
+    pub fn new(
+        config: HubConfig,
+        shutdown: ShutdownTrigger,
+        upstream: Option<Arc<dyn UpstreamControl>>,
+    ) -> Hub {
         let cap = NonZeroUsize::new(config.dedup_capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
         let state = State {
             log: EventLog::new(config.retention),
@@ -255,6 +268,7 @@ impl Hub {
                 started_at_ms: now_ms(),
                 started: Instant::now(),
                 shutdown,
+                upstream,
             }),
         }
     }
@@ -323,7 +337,43 @@ impl Hub {
 
     // ------------------------------------------------------------ subscriptions
 
-    pub fn subscribe(&self, conn: ConnId, req: &v1::Subscribe) -> Result<v1::Subscribed, Refusal> {
+    /// The upstream control plane, when a Subscribe for `req` must first
+    /// bind an upstream subscription: the source has one and `req` would
+    /// create a new local subscription.
+    pub fn upstream_for(&self, req: &v1::Subscribe) -> Option<Arc<dyn UpstreamControl>> {
+        let upstream = self.shared.upstream.clone()?;
+        let exists = !req.subscription_id.is_empty() && self.state().subs.contains_key(&req.subscription_id);
+        (!exists && !req.must_exist).then_some(upstream)
+    }
+
+    pub fn has_upstream_control(&self) -> bool {
+        self.shared.upstream.is_some()
+    }
+
+    /// Creates or attaches a subscription. `upstream_id` binds a newly
+    /// created one to an upstream subscription (see [`Hub::upstream_for`]);
+    /// if the subscription is not created after all, the binding is released.
+    pub fn subscribe(
+        &self,
+        conn: ConnId,
+        req: &v1::Subscribe,
+        upstream_id: Option<String>,
+    ) -> Result<v1::Subscribed, Refusal> {
+        let result = self.subscribe_locked(conn, req, upstream_id.clone());
+        if let (Some(up), Some(ctl)) = (&upstream_id, &self.shared.upstream) {
+            if !result.as_ref().is_ok_and(|r| r.created) {
+                ctl.release(up);
+            }
+        }
+        result
+    }
+
+    fn subscribe_locked(
+        &self,
+        conn: ConnId,
+        req: &v1::Subscribe,
+        upstream_id: Option<String>,
+    ) -> Result<v1::Subscribed, Refusal> {
         let cfg = &self.shared.config;
         if !req.subscription_id.is_empty() && !proto::is_valid_id(&req.subscription_id) {
             return Err(Refusal::new(
@@ -426,6 +476,7 @@ impl Hub {
                     window: cfg.default_window as usize,
                     detached_at: Some((Instant::now(), now)),
                     gap_lost: 0,
+                    upstream_id,
                 },
             );
         }
@@ -476,6 +527,7 @@ impl Hub {
             cursor: cursor(sub, head),
             head_seq: head,
             attached: req.attach,
+            upstream_subscription_id: sub.upstream_id.clone().unwrap_or_default(),
         };
         let wake = req
             .attach
@@ -498,10 +550,12 @@ impl Hub {
         let mut removed = vec![];
         let mut not_found = vec![];
         let mut kicks = vec![];
+        let mut released = vec![];
         let mut st = self.state();
         for id in ids {
             match st.subs.remove(id) {
                 Some(sub) => {
+                    released.extend(sub.upstream_id);
                     if let Some(c) = sub.consumer {
                         if let Some(conn) = st.conns.get_mut(&c) {
                             conn.attached = None;
@@ -520,7 +574,16 @@ impl Hub {
         for k in kicks {
             k.kick(ByeReason::Unsubscribed);
         }
+        self.release_upstream(released);
         (removed, not_found)
+    }
+
+    fn release_upstream(&self, ids: Vec<String>) {
+        if let Some(ctl) = &self.shared.upstream {
+            for id in ids {
+                ctl.release(&id);
+            }
+        }
     }
 
     /// Closes the consumers attached to `ids` (Bye SUBSCRIPTION_STOPPED) and
@@ -596,6 +659,7 @@ impl Hub {
             ev.event_id.clone()
         };
         let received_at_unix_ms = now_ms();
+        let upstream_sub = ev.upstream_subscription;
         let encoded = v1::Event {
             seq,
             event_id: event_id.clone(),
@@ -626,7 +690,8 @@ impl Hub {
             subs, conns, log, ..
         } = &mut *st;
         for sub in subs.values_mut() {
-            if sub.selector.matches(&logged.event_type) {
+            let routed = upstream_sub.is_empty() || sub.upstream_id.as_deref() == Some(upstream_sub.as_str());
+            if routed && sub.selector.matches(&logged.event_type) {
                 sub.pending.push_back(logged.clone());
                 sub.counters.matched += 1;
                 if let Some(c) = sub.consumer.and_then(|c| conns.get(&c)) {
@@ -777,6 +842,7 @@ impl Hub {
         loop {
             let notified = self.shared.housekeeping.notified();
             let now = Instant::now();
+            let mut released = vec![];
             let (busy, gen, next_expiry) = {
                 let mut st = self.state();
                 let expired: Vec<String> = st
@@ -787,7 +853,9 @@ impl Hub {
                     .collect();
                 for id in &expired {
                     tracing::info!(subscription = %id, "subscription expired (ttl)");
-                    st.subs.remove(id);
+                    if let Some(up) = st.subs.remove(id).and_then(|s| s.upstream_id) {
+                        released.push(up);
+                    }
                 }
                 if !expired.is_empty() {
                     st.activity_gen += 1;
@@ -799,6 +867,7 @@ impl Hub {
                     next,
                 )
             };
+            self.release_upstream(released);
             let mut deadline = next_expiry;
             if busy || idle_timeout.is_zero() {
                 idle_since = None;
@@ -876,6 +945,7 @@ impl Hub {
                     "patterns": s.selector.pattern_strings(),
                     "filter": (!s.selector.filter_str().is_empty()).then(|| s.selector.filter_str()),
                     "owned": s.owned,
+                    "upstream_subscription_id": s.upstream_id,
                     "attached_pid": attached_pid,
                     "detached_since_unix_ms": s.detached_at.filter(|_| s.consumer.is_none()).map(|(_, ms)| ms),
                     "expires_at_unix_ms": expires,

@@ -231,6 +231,7 @@ async fn serve(
             source_kind: source.kind().to_owned(),
         },
         trigger,
+        source.upstream_control(),
     );
     tracing::info!(
         pid = std::process::id(),

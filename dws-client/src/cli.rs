@@ -92,6 +92,49 @@ pub struct ConsumeArgs {
     /// Detach the subscription's current consumer instead of failing.
     #[arg(long)]
     pub takeover: bool,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+}
+
+/// What to subscribe to upstream on the personal stream (the bus's source
+/// must be `personal`). Checked locally before anything is created upstream.
+#[derive(Debug, Clone, Default, Args)]
+pub struct UpstreamArgs {
+    /// Personal rule type: at, singleChat, sender, group or all (default: the event key's).
+    #[arg(long, value_name = "RULE")]
+    pub rule: Option<String>,
+
+    /// Target user (staffId) for singleChat / sender rules.
+    #[arg(long, value_name = "STAFF_ID")]
+    pub user: Option<String>,
+
+    /// Target open DingTalk id for singleChat / sender rules.
+    #[arg(long, value_name = "ID")]
+    pub open_dingtalk_id: Option<String>,
+
+    /// Open conversation id for group rules.
+    #[arg(long, value_name = "OPEN_CONVERSATION_ID")]
+    pub group: Option<String>,
+
+    /// Only messages whose content contains this text (repeatable: any of them).
+    #[arg(long, value_name = "TEXT")]
+    pub query: Vec<String>,
+
+    /// A content filter object as JSON, e.g. {"field":"sender","op":"eq","value":"x"}.
+    #[arg(long, value_name = "JSON")]
+    pub filter_json: Option<String>,
+}
+
+impl UpstreamArgs {
+    pub fn any(&self) -> bool {
+        self.rule.is_some()
+            || self.user.is_some()
+            || self.open_dingtalk_id.is_some()
+            || self.group.is_some()
+            || !self.query.is_empty()
+            || self.filter_json.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -203,6 +246,9 @@ pub struct SubscribeArgs {
     /// How long it lives without a consumer (default 10m).
     #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
     pub ttl: Option<Duration>,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
 
     /// text: just the id; json: the id and the subscription's spec.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]

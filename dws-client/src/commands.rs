@@ -143,6 +143,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     }
     let filter = validate::filter(args.filter)?;
     let (start, start_seq) = validate::start(args.from);
+    let upstream = validate::upstream(&keys, &args.upstream)?;
     let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
         C::Subscribe(v1::Subscribe {
             request_id,
@@ -157,6 +158,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             must_exist: false,
             owned: false,
             window: 0,
+            upstream: upstream.clone(),
         })
     })
     .await?;

@@ -75,6 +75,7 @@ pub struct Plan {
     pub quiet: bool,
     pub takeover: bool,
     pub dry_run: bool,
+    pub upstream: Option<v1::UpstreamSpec>,
 }
 
 /// Checks every flag; no I/O. Errors are usage errors (exit 2).
@@ -89,6 +90,12 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         validate::subscription_id("--subscribe-id", id)?;
     }
     let filter = validate::filter(args.filter)?;
+    let upstream = validate::upstream(&keys, &args.upstream)?;
+    if upstream.is_some() && args.subscribe_id.is_some() {
+        return Err(CliError::usage(
+            "--rule, --user, --open-dingtalk-id, --group, --query and --filter-json apply to a subscription this run creates; they cannot be used with --subscribe-id",
+        ));
+    }
     let bounded = args.max_events.is_some() || args.duration.is_some();
     if args.format == Format::Json && !bounded {
         return Err(CliError::usage(
@@ -113,6 +120,7 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         quiet: args.quiet,
         takeover: args.takeover,
         dry_run: args.dry_run,
+        upstream,
     })
 }
 
@@ -146,6 +154,14 @@ impl Plan {
             "format": format!("{:?}", self.format).to_lowercase(),
             "quiet": self.quiet,
             "takeover": self.takeover,
+            "upstream": self.upstream.as_ref().map(|u| serde_json::json!({
+                "rule_type": u.rule_type,
+                "user": u.user,
+                "open_dingtalk_id": u.open_dingtalk_id,
+                "group": u.group,
+                "query": u.query,
+                "filter_json": u.filter_json,
+            })),
             "stdin_eof_exits": stdin_eof_exits,
         })
     }
@@ -220,6 +236,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             must_exist: plan.subscribe_id.is_some(),
             owned: plan.subscribe_id.is_none(),
             window: 0,
+            upstream: plan.upstream.clone(),
         })
     })
     .await?;

@@ -1,10 +1,13 @@
 //! Flag validation shared by the commands: every check runs before anything
 //! is sent to the bus, and every failure is a usage error (exit 2).
 
-use proto::{pattern::Pattern, v1::StartPosition};
+use proto::{
+    pattern::Pattern,
+    v1::{StartPosition, UpstreamSpec},
+};
 
 use crate::{
-    cli::From,
+    cli::{From, UpstreamArgs},
     exit::{CliError, Result},
 };
 
@@ -48,6 +51,112 @@ pub fn filter(filter: Option<String>) -> Result<String> {
     Ok(filter)
 }
 
+/// The personal stream's event keys and the rule type each requires (the
+/// reference CLI's registry).
+const PERSONAL_KEYS: &[(&str, &str)] = &[
+    ("user_im_message_receive_at", "at"),
+    ("user_im_message_receive_o2o", "singleChat"),
+    ("user_im_message_read_o2o", "singleChat"),
+    ("user_im_message_recall_o2o", "singleChat"),
+    ("user_im_message_reaction_o2o", "singleChat"),
+    ("user_im_message_receive_user", "sender"),
+    ("user_im_message_receive_group", "group"),
+    ("user_im_message_read_group", "group"),
+    ("user_im_message_recall_group", "group"),
+    ("user_im_message_reaction_group", "group"),
+    ("user_im_group_updated", "group"),
+    ("user_im_group_member_added", "group"),
+    ("user_im_group_member_exited", "group"),
+    ("user_im_group_disbanded", "group"),
+    ("user_im_message_receive_o2o_all", "all"),
+    ("user_im_message_receive_group_all", "all"),
+    ("user_oa_approval_task_created", "all"),
+    ("user_oa_approval_task_finished", "all"),
+    ("user_oa_approval_task_redirected", "all"),
+    ("user_oa_approval_instance_started", "all"),
+    ("user_oa_approval_instance_cc", "all"),
+    ("user_oa_approval_instance_terminated", "all"),
+    ("user_oa_approval_instance_finished", "all"),
+];
+
+const RULES: &[&str] = &["at", "singleChat", "sender", "group", "all"];
+
+/// The upstream half of a personal-stream subscription, or `None` when the
+/// run asks for nothing upstream (no personal flag, no `user_*` key).
+pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamSpec>> {
+    let personal_key = keys.iter().any(|k| k.starts_with("user_"));
+    if !args.any() && !personal_key {
+        return Ok(None);
+    }
+    let [key] = keys else {
+        return Err(CliError::usage(
+            "a personal-stream subscription takes exactly one event key (e.g. user_im_message_receive_o2o)",
+        ));
+    };
+    if matches!(Pattern::parse(key), Ok(Pattern::Prefix(_) | Pattern::All)) {
+        return Err(CliError::usage(format!(
+            "{key}: a personal-stream subscription needs an exact event key, not a pattern"
+        )));
+    }
+    let known = PERSONAL_KEYS.iter().find(|(k, _)| k == key).map(|(_, r)| *r);
+    let rule = match (&args.rule, known) {
+        (Some(r), _) if !RULES.contains(&r.as_str()) => {
+            return Err(CliError::usage(format!(
+                "invalid --rule {r:?}: use one of {}",
+                RULES.join(", ")
+            )))
+        }
+        (Some(r), Some(k)) if r != k => {
+            return Err(CliError::usage(format!("{key} takes --rule {k}, not {r}")))
+        }
+        (Some(r), _) => r.clone(),
+        (None, Some(k)) => k.to_owned(),
+        (None, None) => {
+            return Err(CliError::usage(format!(
+                "{key} is not a known personal event key: give its --rule ({})",
+                RULES.join(", ")
+            )))
+        }
+    };
+    let targets = usize::from(args.user.is_some()) + usize::from(args.open_dingtalk_id.is_some());
+    match rule.as_str() {
+        "singleChat" | "sender" if targets != 1 || args.group.is_some() => {
+            return Err(CliError::usage(format!(
+                "rule {rule} needs exactly one of --user or --open-dingtalk-id (and no --group)"
+            )))
+        }
+        "group" if args.group.is_none() || targets > 0 => {
+            return Err(CliError::usage(
+                "rule group needs --group OPEN_CONVERSATION_ID (and no --user or --open-dingtalk-id)",
+            ))
+        }
+        "at" | "all" if targets > 0 || args.group.is_some() => {
+            return Err(CliError::usage(format!(
+                "rule {rule} takes no --user, --open-dingtalk-id or --group"
+            )))
+        }
+        _ => {}
+    }
+    if args.query.iter().any(|q| q.trim().is_empty()) {
+        return Err(CliError::usage("--query must not be empty"));
+    }
+    if let Some(f) = &args.filter_json {
+        match serde_json::from_str::<serde_json::Value>(f) {
+            Ok(serde_json::Value::Object(_)) => {}
+            Ok(_) => return Err(CliError::usage("--filter-json must be a JSON object")),
+            Err(e) => return Err(CliError::usage(format!("invalid --filter-json: {e}"))),
+        }
+    }
+    Ok(Some(UpstreamSpec {
+        rule_type: rule,
+        user: args.user.clone().unwrap_or_default(),
+        open_dingtalk_id: args.open_dingtalk_id.clone().unwrap_or_default(),
+        group: args.group.clone().unwrap_or_default(),
+        query: args.query.clone(),
+        filter_json: args.filter_json.clone().unwrap_or_default(),
+    }))
+}
+
 /// `--from` as the wire's start position.
 pub fn start(from: Option<From>) -> (StartPosition, u64) {
     match from.unwrap_or(From::Latest) {
@@ -71,6 +180,25 @@ mod tests {
             event_keys(&["a b".into()]).unwrap_err().code,
             crate::exit::USAGE
         );
+    }
+
+    #[test]
+    fn personal_rules() {
+        let keys = |k: &str| vec![k.to_owned()];
+        let none = UpstreamArgs::default();
+        assert_eq!(upstream(&keys("im.x"), &none).unwrap(), None);
+        let at = upstream(&keys("user_im_message_receive_at"), &none).unwrap().unwrap();
+        assert_eq!(at.rule_type, "at");
+        let err = upstream(&keys("user_im_message_receive_o2o"), &none).unwrap_err();
+        assert!(err.message.contains("exactly one of --user"), "{}", err.message);
+        let o2o = UpstreamArgs { user: Some("u1".into()), ..none.clone() };
+        assert_eq!(upstream(&keys("user_im_message_receive_o2o"), &o2o).unwrap().unwrap().user, "u1");
+        let g = UpstreamArgs { rule: Some("at".into()), ..none.clone() };
+        assert!(upstream(&keys("user_im_group_updated"), &g).unwrap_err().message.contains("takes --rule group"));
+        let bad = UpstreamArgs { filter_json: Some("[1]".into()), ..none.clone() };
+        assert!(upstream(&keys("user_im_message_receive_at"), &bad).is_err());
+        assert!(upstream(&keys("user_unknown"), &none).unwrap_err().message.contains("give its --rule"));
+        assert!(upstream(&["user_im_message_receive_at".into(), "b".into()], &none).is_err());
     }
 
     #[test]

@@ -333,9 +333,10 @@ impl Runner {
                 }
             }
             wait = true;
+            let mut stop = self.shutdown.clone();
             let attempt = tokio::select! {
                 r = self.connect(&open_url, &tls) => r,
-                _ = self.shutdown.recv() => return,
+                _ = stop.recv() => return,
             };
             let (ws, ticket_scrub) = match attempt {
                 Ok(v) => v,
