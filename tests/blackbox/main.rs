@@ -20,3 +20,5 @@ mod cli_contract;
 mod lifecycle;
 mod spawn;
 mod wire;
+mod sources;
+mod subscriptions;

@@ -1115,142 +1115,6 @@ impl Exited {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_contract_lines() {
-        let r = Ready::parse("[event] ready event_key=a.b,c.* bus_pid=42 subscribe_id=sub-1")
-            .expect("ready");
-        assert_eq!(r.event_key, "a.b,c.*");
-        assert_eq!(r.bus_pid, 42);
-        assert_eq!(r.subscribe_id, "sub-1");
-        assert!(Ready::parse("[event] ready event_key=a bus_pid=x subscribe_id=s").is_err());
-
-        let e =
-            Exited::parse("[event] exited \u{2014} received 2 event(s) in 0.031s (reason: limit)")
-                .expect("exited");
-        assert_eq!(
-            (e.count, e.seconds_text.as_str(), e.reason.as_str()),
-            (2, "0.031", "limit")
-        );
-        assert!(
-            Exited::parse("[event] exited - received 2 event(s) in 0.031s (reason: limit)")
-                .is_err()
-        );
-        assert!(Exited::parse(
-            "[event] exited \u{2014} received 2 event(s) in 0.03s (reason: limit)"
-        )
-        .is_err());
-        assert!(Exited::parse(
-            "[event] exited \u{2014} received 2 event(s) in 0.031s (reason: bored)"
-        )
-        .is_err());
-    }
-
-    fn sh(env: &TestEnv, script: &str) -> Cmd {
-        env.command("/bin/sh", ["-c", script])
-    }
-
-    #[test]
-    fn merged_output_keeps_byte_order() {
-        let env = TestEnv::new();
-        let out = sh(&env, "echo err1 >&2; echo out1; echo err2 >&2")
-            .merge_output()
-            .run_with_timeout(EXIT_TIMEOUT);
-        assert_eq!(out.stdout, "err1\nout1\nerr2\n", "{out}");
-        assert_eq!(out.stderr, "");
-    }
-
-    #[test]
-    fn env_is_cleared_and_isolated() {
-        let env = TestEnv::with_env(&[("EXTRA", "1")]);
-        let out = sh(&env, "env | sort").run_with_timeout(EXIT_TIMEOUT);
-        let cfg = format!("DWS_CONFIG_DIR={}", env.cfg_dir().display());
-        assert!(out.stdout.lines().any(|l| l == cfg), "{out}");
-        assert!(out.stdout.lines().any(|l| l == "EXTRA=1"), "{out}");
-        assert!(!out.stdout.contains("CARGO"), "{out}");
-    }
-
-    #[test]
-    fn stdin_modes() {
-        let env = TestEnv::new();
-        let out = sh(&env, "cat")
-            .stdin_bytes("abc")
-            .run_with_timeout(EXIT_TIMEOUT);
-        assert_eq!(out.stdout, "abc");
-        let out = sh(&env, "cat").run_with_timeout(EXIT_TIMEOUT);
-        assert_eq!(out.stdout, "");
-        let mut c = sh(&env, "cat").stdin_pipe().spawn();
-        c.write_stdin(b"line\n");
-        assert_eq!(
-            c.wait_stdout_lines(1, EXIT_TIMEOUT),
-            vec!["line".to_string()]
-        );
-        c.close_stdin();
-        c.wait_exit(EXIT_TIMEOUT).assert_code(0);
-        let mut c = sh(&env, "cat").stdin_hold().spawn();
-        thread::sleep(Duration::from_millis(300));
-        assert!(c.is_running());
-    }
-
-    #[test]
-    fn stdout_closed_after_lines_gives_the_writer_a_broken_pipe() {
-        let env = TestEnv::new();
-        let mut c = sh(
-            &env,
-            "trap '' PIPE; i=0; while echo $i; do i=$((i+1)); sleep 0.05; done; echo broken >&2",
-        )
-        .close_stdout_after_lines(1)
-        .spawn();
-        c.wait_stdout_lines(1, EXIT_TIMEOUT);
-        c.wait_stderr_line("broken", EXIT_TIMEOUT, |l| l == "broken");
-        c.wait_exit(EXIT_TIMEOUT).assert_code(0);
-    }
-
-    #[test]
-    fn busd_scan_finds_and_drop_kills_processes_named_busd() {
-        let env = TestEnv::new();
-        let fake = env.root().join("bin").join("busd");
-        std::fs::create_dir(env.root().join("bin")).expect("mkdir");
-        std::fs::copy("/bin/sleep", &fake).expect("copy sleep");
-        // Detached like a daemon: the test does not hold it as a Child.
-        let out = sh(
-            &env,
-            &format!(
-                "{} 300 >/dev/null 2>&1 </dev/null & echo $!",
-                fake.display()
-            ),
-        )
-        .run_with_timeout(EXIT_TIMEOUT);
-        let pid: i32 = out.stdout.trim().parse().expect("pid");
-        env.wait_until(EXIT_TIMEOUT, "fake busd visible", || {
-            env.busd_pids() == vec![pid]
-        });
-        let other = TestEnv::new();
-        assert!(other.busd_pids().is_empty(), "another env does not see it");
-        drop(env);
-        assert!(
-            wait_pid_gone(pid, EXIT_TIMEOUT),
-            "TestEnv drop kills its busd"
-        );
-    }
-
-    #[test]
-    fn wait_exit_reports_a_descendant_holding_stdout() {
-        let env = TestEnv::new();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            sh(&env, "sleep 5 & echo started").run_with_timeout(EXIT_TIMEOUT)
-        }));
-        let msg = r
-            .err()
-            .and_then(|e| e.downcast_ref::<String>().cloned())
-            .expect("panics");
-        assert!(msg.contains("inherited"), "{msg}");
-    }
-}
-
 // ------------------------------------------------------------------ unread stdout
 
 /// A running process whose stdout is a pipe the test holds but never reads,
@@ -1417,5 +1281,141 @@ impl Drop for UnreadChild {
             let _ = self.proc.kill();
             let _ = self.proc.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_contract_lines() {
+        let r = Ready::parse("[event] ready event_key=a.b,c.* bus_pid=42 subscribe_id=sub-1")
+            .expect("ready");
+        assert_eq!(r.event_key, "a.b,c.*");
+        assert_eq!(r.bus_pid, 42);
+        assert_eq!(r.subscribe_id, "sub-1");
+        assert!(Ready::parse("[event] ready event_key=a bus_pid=x subscribe_id=s").is_err());
+
+        let e =
+            Exited::parse("[event] exited \u{2014} received 2 event(s) in 0.031s (reason: limit)")
+                .expect("exited");
+        assert_eq!(
+            (e.count, e.seconds_text.as_str(), e.reason.as_str()),
+            (2, "0.031", "limit")
+        );
+        assert!(
+            Exited::parse("[event] exited - received 2 event(s) in 0.031s (reason: limit)")
+                .is_err()
+        );
+        assert!(Exited::parse(
+            "[event] exited \u{2014} received 2 event(s) in 0.03s (reason: limit)"
+        )
+        .is_err());
+        assert!(Exited::parse(
+            "[event] exited \u{2014} received 2 event(s) in 0.031s (reason: bored)"
+        )
+        .is_err());
+    }
+
+    fn sh(env: &TestEnv, script: &str) -> Cmd {
+        env.command("/bin/sh", ["-c", script])
+    }
+
+    #[test]
+    fn merged_output_keeps_byte_order() {
+        let env = TestEnv::new();
+        let out = sh(&env, "echo err1 >&2; echo out1; echo err2 >&2")
+            .merge_output()
+            .run_with_timeout(EXIT_TIMEOUT);
+        assert_eq!(out.stdout, "err1\nout1\nerr2\n", "{out}");
+        assert_eq!(out.stderr, "");
+    }
+
+    #[test]
+    fn env_is_cleared_and_isolated() {
+        let env = TestEnv::with_env(&[("EXTRA", "1")]);
+        let out = sh(&env, "env | sort").run_with_timeout(EXIT_TIMEOUT);
+        let cfg = format!("DWS_CONFIG_DIR={}", env.cfg_dir().display());
+        assert!(out.stdout.lines().any(|l| l == cfg), "{out}");
+        assert!(out.stdout.lines().any(|l| l == "EXTRA=1"), "{out}");
+        assert!(!out.stdout.contains("CARGO"), "{out}");
+    }
+
+    #[test]
+    fn stdin_modes() {
+        let env = TestEnv::new();
+        let out = sh(&env, "cat")
+            .stdin_bytes("abc")
+            .run_with_timeout(EXIT_TIMEOUT);
+        assert_eq!(out.stdout, "abc");
+        let out = sh(&env, "cat").run_with_timeout(EXIT_TIMEOUT);
+        assert_eq!(out.stdout, "");
+        let mut c = sh(&env, "cat").stdin_pipe().spawn();
+        c.write_stdin(b"line\n");
+        assert_eq!(
+            c.wait_stdout_lines(1, EXIT_TIMEOUT),
+            vec!["line".to_string()]
+        );
+        c.close_stdin();
+        c.wait_exit(EXIT_TIMEOUT).assert_code(0);
+        let mut c = sh(&env, "cat").stdin_hold().spawn();
+        thread::sleep(Duration::from_millis(300));
+        assert!(c.is_running());
+    }
+
+    #[test]
+    fn stdout_closed_after_lines_gives_the_writer_a_broken_pipe() {
+        let env = TestEnv::new();
+        let mut c = sh(
+            &env,
+            "trap '' PIPE; i=0; while echo $i; do i=$((i+1)); sleep 0.05; done; echo broken >&2",
+        )
+        .close_stdout_after_lines(1)
+        .spawn();
+        c.wait_stdout_lines(1, EXIT_TIMEOUT);
+        c.wait_stderr_line("broken", EXIT_TIMEOUT, |l| l == "broken");
+        c.wait_exit(EXIT_TIMEOUT).assert_code(0);
+    }
+
+    #[test]
+    fn busd_scan_finds_and_drop_kills_processes_named_busd() {
+        let env = TestEnv::new();
+        let fake = env.root().join("bin").join("busd");
+        std::fs::create_dir(env.root().join("bin")).expect("mkdir");
+        std::fs::copy("/bin/sleep", &fake).expect("copy sleep");
+        // Detached like a daemon: the test does not hold it as a Child.
+        let out = sh(
+            &env,
+            &format!(
+                "{} 300 >/dev/null 2>&1 </dev/null & echo $!",
+                fake.display()
+            ),
+        )
+        .run_with_timeout(EXIT_TIMEOUT);
+        let pid: i32 = out.stdout.trim().parse().expect("pid");
+        env.wait_until(EXIT_TIMEOUT, "fake busd visible", || {
+            env.busd_pids() == vec![pid]
+        });
+        let other = TestEnv::new();
+        assert!(other.busd_pids().is_empty(), "another env does not see it");
+        drop(env);
+        assert!(
+            wait_pid_gone(pid, EXIT_TIMEOUT),
+            "TestEnv drop kills its busd"
+        );
+    }
+
+    #[test]
+    fn wait_exit_reports_a_descendant_holding_stdout() {
+        let env = TestEnv::new();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sh(&env, "sleep 5 & echo started").run_with_timeout(EXIT_TIMEOUT)
+        }));
+        let msg = r
+            .err()
+            .and_then(|e| e.downcast_ref::<String>().cloned())
+            .expect("panics");
+        assert!(msg.contains("inherited"), "{msg}");
     }
 }
