@@ -23,7 +23,7 @@ use proto::{
 };
 use tokio::{
     io::AsyncWriteExt,
-    net::{unix::OwnedWriteHalf, UnixStream},
+    net::UnixStream,
     time::Instant,
 };
 use tokio_util::codec::FramedRead;
@@ -134,11 +134,9 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
             }
         }
     }
-    drop_writer(wr);
+    drop(wr);
     hub.unregister_conn(id);
 }
-
-fn drop_writer(_: OwnedWriteHalf) {}
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
