@@ -1,0 +1,1498 @@
+//! `dws-bench`: the fan-out benchmark of the event bus (run it through
+//! `scripts/bench.sh`, which builds in release mode first).
+//!
+//! What it measures, against the real `busd` and real `dws event consume`
+//! processes, each scenario in a fresh isolated temp dir with its own bus:
+//!
+//! - **Fan-out throughput**: N consumers (1, 4, 16) × payload 256 B / 4 KiB.
+//!   A publisher speaks the wire protocol directly on the bus socket and sends
+//!   `Publish` frames as fast as it can (pipelined, at most `--inflight`
+//!   unacknowledged). Every consumer runs
+//!   `dws event consume bench.x --format raw --quiet --max-events E` with its
+//!   stdout piped to a reader thread here, which timestamps every chunk it
+//!   reads and parses the send time the publisher wrote at the start of each
+//!   payload. Reported: events/s per consumer (E / (last receive − first
+//!   send)), aggregate deliveries/s, p50/p99 publish-to-stdout latency, and
+//!   busd's peak RSS; each scenario runs `--runs` times (fresh bus each) and
+//!   the median run by deliveries/s is shown, since short runs on a shared
+//!   2-core machine are noisy.
+//! - **Latency at a fixed rate**: 4 consumers, 256 B, 2000 events/s for ~3 s
+//!   (the design's reference point: Redis pub/sub p99 ≈ 90 µs at 2k msg/s).
+//! - **Memory with a stalled consumer**: one fast consumer plus one whose
+//!   stdout pipe is never read, 200 000 × 256 B events, retention 20 000
+//!   events. Reported: busd's peak RSS (VmHWM), that the fast consumer got
+//!   everything, and the stalled subscription's `lost_to_retention`.
+//!
+//! Every payload is `"<send unix nanos> <index> "` padded with `x` to the
+//! size, so a reader also checks that it got every event once, in order, at
+//! the right size. Every wait is bounded, every process this starts is
+//! stopped on the way out (also on failure and on SIGINT/SIGTERM), and all
+//! traffic stays on the Unix socket. Exit 0 when every scenario passed.
+
+use std::{
+    ffi::OsString,
+    io::{BufReader, Read, Write},
+    net::Shutdown,
+    os::unix::{net::UnixStream, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc, Arc, Condvar, Mutex,
+    },
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::BytesMut;
+use dws_tests::{busd_bin, dws_bin, TestEnv};
+use nix::{
+    sys::signal::{kill, SigSet, Signal},
+    unistd::Pid,
+};
+use prost::Message;
+use proto::v1::{
+    client_frame, server_frame, Bye, ByeReason, ClientFrame, Hello, Publish, ServerFrame,
+};
+use serde_json::Value;
+
+type Res<T> = Result<T, String>;
+
+const EVENT_TYPE: &str = "bench.x";
+/// How long a scenario waits for its consumers to attach.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a `dws event status|stop` may take.
+const CMD_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the publisher waits without any PublishAck progress.
+const ACK_STALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// Socket read/write timeout of the publisher.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long consumers may take to deliver everything after the last publish.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the consumers may go without printing anything while events are due.
+const STALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a consumer may take to exit after its last event.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long busd may take to exit after `dws event stop`.
+const BUS_EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Poll interval of the waits that have nothing to block on.
+const POLL: Duration = Duration::from_millis(20);
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn check_interrupted() -> Res<()> {
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        Err("interrupted by a signal".into())
+    } else {
+        Ok(())
+    }
+}
+
+fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+// ------------------------------------------------------------------ options
+
+struct Opts {
+    consumers: Vec<usize>,
+    events_small: u64,
+    events_large: u64,
+    inflight: u64,
+    rate: u64,
+    rate_secs: f64,
+    rate_consumers: usize,
+    memory_events: u64,
+    memory_retention: u64,
+    runs: usize,
+    skip_latency: bool,
+    skip_memory: bool,
+}
+
+const USAGE: &str = "\
+dws-bench: fan-out benchmark of the dws event bus (real busd + real consumers)
+
+usage: dws-bench [--bin-dir DIR] [options]
+
+  --bin-dir DIR          directory holding dws and busd (default: next to dws-bench)
+  --consumers LIST       consumer counts, comma separated (default 1,4,16)
+  --events-256 N         events per 256 B scenario (default 20000)
+  --events-4k N          events per 4 KiB scenario (default 5000)
+  --inflight N           most unacknowledged publishes (default 1024)
+  --runs N               runs per fan-out scenario; the median is shown (default 5)
+  --rate R               fixed-rate latency run: events/s (default 2000)
+  --rate-secs S          fixed-rate latency run: duration in s (default 3)
+  --rate-consumers N     fixed-rate latency run: consumers (default 4)
+  --memory-events N      stalled-consumer run: events (default 200000)
+  --memory-retention N   stalled-consumer run: DWS_EVENT_BUS_RETENTION_EVENTS (default 20000)
+  --skip-latency         skip the fixed-rate latency run
+  --skip-memory          skip the stalled-consumer memory run
+  -h, --help             this help
+";
+
+fn parse_opts() -> Res<Opts> {
+    let mut o = Opts {
+        consumers: vec![1, 4, 16],
+        events_small: 20_000,
+        events_large: 5_000,
+        inflight: 1024,
+        rate: 2000,
+        rate_secs: 3.0,
+        rate_consumers: 4,
+        memory_events: 200_000,
+        memory_retention: 20_000,
+        runs: 5,
+        skip_latency: false,
+        skip_memory: false,
+    };
+    let mut args = std::env::args().skip(1);
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Res<T> {
+        let v = v.ok_or(format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag}: bad value {v:?}"))
+    }
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            "--bin-dir" => {
+                let dir = PathBuf::from(args.next().ok_or("--bin-dir needs a value")?);
+                let dws = dir.join("dws");
+                let busd = dir.join("busd");
+                for p in [&dws, &busd] {
+                    if !p.is_file() {
+                        return Err(format!(
+                            "{} not found (build with `cargo build --release --workspace --bins`)",
+                            p.display()
+                        ));
+                    }
+                }
+                // Read by the harness's dws_bin()/busd_bin(); no thread runs yet.
+                std::env::set_var("DWS_BIN", dws);
+                std::env::set_var("BUSD_BIN", busd);
+            }
+            "--consumers" => {
+                let v = args.next().ok_or("--consumers needs a value")?;
+                o.consumers = v
+                    .split(',')
+                    .map(|s| {
+                        s.trim()
+                            .parse::<usize>()
+                            .ok()
+                            .filter(|n| (1..=256).contains(n))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or(format!("--consumers: bad list {v:?} (numbers 1-256)"))?;
+            }
+            "--events-256" => o.events_small = num(&a, args.next())?,
+            "--events-4k" => o.events_large = num(&a, args.next())?,
+            "--inflight" => o.inflight = num(&a, args.next())?,
+            "--rate" => o.rate = num(&a, args.next())?,
+            "--rate-secs" => o.rate_secs = num(&a, args.next())?,
+            "--rate-consumers" => o.rate_consumers = num(&a, args.next())?,
+            "--memory-events" => o.memory_events = num(&a, args.next())?,
+            "--memory-retention" => o.memory_retention = num(&a, args.next())?,
+            "--runs" => o.runs = num(&a, args.next())?,
+            "--skip-latency" => o.skip_latency = true,
+            "--skip-memory" => o.skip_memory = true,
+            other => return Err(format!("unknown argument {other:?}\n\n{USAGE}")),
+        }
+    }
+    if o.events_small == 0
+        || o.events_large == 0
+        || o.memory_events == 0
+        || o.inflight == 0
+        || o.runs == 0
+    {
+        return Err("event counts, --inflight and --runs must be at least 1".into());
+    }
+    if o.rate == 0 || !(o.rate_secs > 0.0 && o.rate_secs <= 600.0) || o.rate_consumers == 0 {
+        return Err("--rate, --rate-secs (0-600) and --rate-consumers must be positive".into());
+    }
+    Ok(o)
+}
+
+// ------------------------------------------------------------------ bus env
+
+/// One isolated bus world: the harness's [`TestEnv`] (temp dir, env vars,
+/// kills its busd on drop) plus graceful stop.
+struct BusEnv {
+    env: TestEnv,
+    extra: Vec<(String, String)>,
+    stopped: bool,
+}
+
+impl BusEnv {
+    fn new(extra: &[(&str, &str)]) -> BusEnv {
+        let mut extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        // A bus leaked by a hard kill of this benchmark goes away on its own.
+        extra.push(("DWS_EVENT_BUS_IDLE_TIMEOUT".into(), "60s".into()));
+        let env = TestEnv::with_env(
+            &extra
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+        );
+        BusEnv {
+            env,
+            extra,
+            stopped: false,
+        }
+    }
+
+    /// `dws <args>` with this env's environment (and nothing else but PATH).
+    fn dws_command(&self, args: &[&str]) -> Command {
+        let dws = dws_bin();
+        let mut path: OsString = dws
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .as_os_str()
+            .to_owned();
+        path.push(":");
+        path.push(
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+        );
+        let mut cmd = Command::new(dws);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", path)
+            .env("HOME", self.env.home_dir())
+            .env("DWS_CONFIG_DIR", self.env.cfg_dir())
+            .env("XDG_RUNTIME_DIR", self.env.run_dir())
+            .env("TMPDIR", self.env.root());
+        for (k, v) in &self.extra {
+            cmd.env(k, v);
+        }
+        // This process blocks the signals it sigwaits for, and a child
+        // inherits the mask: unblock them so consumers (and the busd they
+        // spawn) can be stopped with SIGTERM.
+        let watched = watched_signals();
+        // SAFETY: only pthread_sigmask, which is async-signal-safe, runs
+        // between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || watched.thread_unblock().map_err(std::io::Error::from));
+        }
+        cmd
+    }
+
+    /// Runs `dws <args>` to completion within `timeout` (killed after it).
+    fn run_dws(&self, args: &[&str], timeout: Duration) -> Res<(ExitStatus, String, String)> {
+        let what = format!("dws {}", args.join(" "));
+        let mut child = self
+            .dws_command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot spawn `{what}`: {e}"))?;
+        let out = capture(child.stdout.take());
+        let err = capture(child.stderr.take());
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(5)),
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("`{what}` did not finish within {timeout:?}"));
+                }
+                Err(e) => return Err(format!("waiting for `{what}`: {e}")),
+            }
+        };
+        let out = out.recv_timeout(Duration::from_secs(3)).unwrap_or_default();
+        let err = err.recv_timeout(Duration::from_secs(3)).unwrap_or_default();
+        Ok((
+            status,
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        ))
+    }
+
+    /// `dws event status --format json`, parsed.
+    fn status(&self) -> Res<Value> {
+        let (st, out, err) = self.run_dws(&["event", "status", "--format", "json"], CMD_TIMEOUT)?;
+        if !st.success() {
+            return Err(format!("`dws event status` failed ({st}): {}", err.trim()));
+        }
+        serde_json::from_str(&out).map_err(|e| format!("status output is not JSON ({e}): {out}"))
+    }
+
+    /// Waits until the bus shows `n` attached consumers; returns that status.
+    /// Fails early when a consumer already exited.
+    fn wait_consumers(&self, n: usize, consumers: &mut [ConsumerProc]) -> Res<Value> {
+        let deadline = Instant::now() + ATTACH_TIMEOUT;
+        loop {
+            check_interrupted()?;
+            for c in consumers.iter_mut() {
+                if let Some(st) = c.exited() {
+                    return Err(format!(
+                        "consumer pid {} exited ({st}) before {n} consumer(s) were attached; its stderr: {}",
+                        c.pid,
+                        c.stderr_text()
+                    ));
+                }
+            }
+            let status = self.status()?;
+            let attached = status["consumers"].as_array().map_or(0, |a| a.len());
+            if attached == n && status["running"] == Value::Bool(true) {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "timed out after {ATTACH_TIMEOUT:?} waiting for {n} attached consumer(s); last status: running={} consumers={attached}\n{}",
+                    status["running"],
+                    self.log_tail()
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        format!("--- bus.log (tail) ---\n{}", self.env.bus_log_tail())
+    }
+
+    /// `dws event stop`, then waits (bounded) until this env has no busd.
+    fn stop(&mut self) -> Res<()> {
+        self.stopped = true;
+        let stop = self.run_dws(&["event", "stop"], CMD_TIMEOUT);
+        let deadline = Instant::now() + BUS_EXIT_TIMEOUT;
+        while !self.env.busd_pids().is_empty() {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "busd still running {BUS_EXIT_TIMEOUT:?} after `dws event stop` (pids {:?}; stop said: {})",
+                    self.env.busd_pids(),
+                    match &stop {
+                        Ok((st, out, err)) => format!("{st}: {} {}", out.trim(), err.trim()),
+                        Err(e) => e.clone(),
+                    }
+                ));
+            }
+            thread::sleep(POLL);
+        }
+        match stop {
+            Ok((st, _, _)) if st.success() => Ok(()),
+            Ok((st, out, err)) => Err(format!(
+                "`dws event stop` failed ({st}): {} {}",
+                out.trim(),
+                err.trim()
+            )),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for BusEnv {
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = self.stop();
+        }
+        // TestEnv's drop then SIGKILLs any busd of this env that is left.
+    }
+}
+
+/// Reads `r` to the end on a thread; the bytes arrive on the channel.
+fn capture<R: Read + Send + 'static>(r: Option<R>) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    if let Some(mut r) = r {
+        thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            let _ = tx.send(buf);
+        });
+    } else {
+        let _ = tx.send(Vec::new());
+    }
+    rx
+}
+
+// ------------------------------------------------------------------ consumers
+
+/// A running `dws event consume` process; dropping it stops it (closes its
+/// stdout if still held, SIGTERM, then SIGKILL after a grace period).
+struct ConsumerProc {
+    child: Child,
+    pid: i32,
+    stdout: Option<ChildStdout>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    status: Option<ExitStatus>,
+}
+
+impl ConsumerProc {
+    fn spawn(env: &BusEnv, extra_args: &[&str]) -> Res<ConsumerProc> {
+        let mut args = vec!["event", "consume", EVENT_TYPE, "--format", "raw", "--quiet"];
+        args.extend_from_slice(extra_args);
+        let mut child = env
+            .dws_command(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot spawn `dws {}`: {e}", args.join(" ")))?;
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut e) = child.stderr.take() {
+            let sink = stderr.clone();
+            thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = e.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.len() < 64 * 1024 {
+                        s.extend_from_slice(&chunk[..n]);
+                    }
+                }
+            });
+        }
+        Ok(ConsumerProc {
+            pid: child.id() as i32,
+            stdout: child.stdout.take(),
+            child,
+            stderr,
+            status: None,
+        })
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status
+    }
+
+    fn stderr_text(&self) -> String {
+        let s = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let t = String::from_utf8_lossy(&s).trim().to_owned();
+        if t.is_empty() {
+            "<empty>".into()
+        } else {
+            t
+        }
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.exited() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(POLL);
+        }
+    }
+}
+
+impl Drop for ConsumerProc {
+    fn drop(&mut self) {
+        self.stdout = None;
+        if self.exited().is_some() {
+            return;
+        }
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGTERM);
+        if self.wait_exit(Duration::from_secs(3)).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What a reader thread saw on one consumer's stdout.
+#[derive(Default)]
+struct ReadResult {
+    lines: u64,
+    first_recv_ns: u64,
+    last_recv_ns: u64,
+    /// Publish-to-read latency of every line, in ns.
+    latencies: Vec<u64>,
+    /// The first malformed, missing, duplicate or out-of-order line.
+    error: Option<String>,
+}
+
+/// Reads a consumer's stdout to EOF on a thread and sends what it saw.
+/// `size` is the payload size: every line is `size` bytes plus `\n`.
+fn spawn_reader(
+    progress: Arc<AtomicU64>,
+    idx: usize,
+    mut out: ChildStdout,
+    size: usize,
+    expect: u64,
+    tx: mpsc::Sender<(usize, ReadResult)>,
+) {
+    thread::spawn(move || {
+        let mut r = ReadResult {
+            latencies: Vec::with_capacity(expect as usize),
+            ..ReadResult::default()
+        };
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut have = 0usize;
+        loop {
+            if have == buf.len() {
+                // A line longer than the buffer: not one of ours.
+                r.error
+                    .get_or_insert_with(|| format!("line longer than {} bytes", buf.len()));
+                have = 0;
+            }
+            let n = match out.read(&mut buf[have..]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let now = unix_nanos();
+            have += n;
+            let mut pos = 0;
+            while pos < have {
+                // Fast path: lines are exactly `size` bytes.
+                let end = if pos + size < have && buf[pos + size] == b'\n' {
+                    pos + size
+                } else {
+                    match buf[pos..have].iter().position(|b| *b == b'\n') {
+                        Some(i) => pos + i,
+                        None => break,
+                    }
+                };
+                check_line(&mut r, &buf[pos..end], size, now);
+                pos = end + 1;
+            }
+            progress.store(r.lines, Ordering::Relaxed);
+            buf.copy_within(pos..have, 0);
+            have -= pos;
+        }
+        if have > 0 {
+            r.error
+                .get_or_insert_with(|| format!("{have} trailing bytes without a newline"));
+        }
+        let _ = tx.send((idx, r));
+    });
+}
+
+fn check_line(r: &mut ReadResult, line: &[u8], size: usize, now: u64) {
+    let expected_index = r.lines;
+    r.lines += 1;
+    if r.first_recv_ns == 0 {
+        r.first_recv_ns = now;
+    }
+    r.last_recv_ns = now;
+    let mut fields = line.splitn(3, |b| *b == b' ');
+    let sent = fields.next().and_then(parse_u64);
+    let index = fields.next().and_then(parse_u64);
+    match (sent, index) {
+        (Some(sent), Some(index)) => {
+            r.latencies.push(now.saturating_sub(sent));
+            if r.error.is_none() && index != expected_index {
+                r.error = Some(format!("line {expected_index} carries event index {index} (lost, duplicated or reordered)"));
+            }
+        }
+        _ => {
+            r.error.get_or_insert_with(|| {
+                format!(
+                    "line {expected_index} is not `<nanos> <index> ...`: {:?}",
+                    String::from_utf8_lossy(&line[..line.len().min(60)])
+                )
+            });
+        }
+    }
+    if r.error.is_none() && line.len() != size {
+        r.error = Some(format!(
+            "line {expected_index} has {} bytes, expected {size}",
+            line.len()
+        ));
+    }
+}
+
+fn parse_u64(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    std::str::from_utf8(s).ok()?.parse().ok()
+}
+
+// ------------------------------------------------------------------ publisher
+
+#[derive(Default)]
+struct AckState {
+    acked: u64,
+    /// Why the ack reader stopped (error frame, Bye, EOF, bad frame).
+    ended: Option<String>,
+}
+
+type Shared = Arc<(Mutex<AckState>, Condvar)>;
+
+/// A client of the bus socket that publishes `bench.x` events; a second
+/// thread drains the PublishAck frames.
+struct Publisher {
+    stream: UnixStream,
+    acks: Shared,
+    sent: u64,
+    buf: BytesMut,
+}
+
+/// Reads one frame (4-byte big-endian length + protobuf body); `None` on a
+/// clean EOF before the frame.
+fn read_frame(r: &mut impl Read, body: &mut Vec<u8>) -> Res<Option<ServerFrame>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(format!("reading from the bus: {e}")),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > proto::MAX_FRAME_LEN {
+        return Err(format!("bus sent a frame of {len} bytes"));
+    }
+    body.resize(len, 0);
+    r.read_exact(body)
+        .map_err(|e| format!("reading a frame body from the bus: {e}"))?;
+    ServerFrame::decode(body.as_slice())
+        .map(Some)
+        .map_err(|e| format!("undecodable frame from the bus: {e}"))
+}
+
+impl Publisher {
+    fn connect(socket: &Path) -> Res<Publisher> {
+        let mut stream = UnixStream::connect(socket)
+            .map_err(|e| format!("connect {}: {e}", socket.display()))?;
+        stream
+            .set_read_timeout(Some(SOCKET_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        stream
+            .set_write_timeout(Some(SOCKET_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        let mut buf = BytesMut::with_capacity(256 * 1024);
+        let hello = ClientFrame {
+            kind: Some(client_frame::Kind::Hello(Hello {
+                protocol_version: proto::PROTOCOL_VERSION,
+                client_pid: std::process::id(),
+                client_name: "dws-bench".into(),
+                build: proto::BUILD.into(),
+            })),
+        };
+        proto::encode_frame(&hello, &mut buf).map_err(|e| e.to_string())?;
+        stream
+            .write_all(&buf)
+            .map_err(|e| format!("sending Hello: {e}"))?;
+        buf.clear();
+        let mut body = Vec::new();
+        match read_frame(&mut stream, &mut body)? {
+            Some(ServerFrame {
+                kind: Some(server_frame::Kind::HelloAck(_)),
+            }) => {}
+            other => return Err(format!("expected HelloAck, got {other:?}")),
+        }
+        let acks: Shared = Arc::new((Mutex::new(AckState::default()), Condvar::new()));
+        let reader = stream
+            .try_clone()
+            .map_err(|e| format!("clone socket: {e}"))?;
+        let shared = acks.clone();
+        thread::spawn(move || drain_acks(reader, shared));
+        Ok(Publisher {
+            stream,
+            acks,
+            sent: 0,
+            buf,
+        })
+    }
+
+    fn encode_publish(&mut self, size: usize) -> Res<()> {
+        let mut data = format!("{} {} ", unix_nanos(), self.sent).into_bytes();
+        data.resize(data.len().max(size), b'x');
+        let data = String::from_utf8(data).map_err(|e| e.to_string())?;
+        let frame = ClientFrame {
+            kind: Some(client_frame::Kind::Publish(Publish {
+                request_id: self.sent + 1,
+                event_type: EVENT_TYPE.into(),
+                event_id: String::new(),
+                data,
+                headers: Default::default(),
+            })),
+        };
+        proto::encode_frame(&frame, &mut self.buf).map_err(|e| e.to_string())?;
+        self.sent += 1;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Res<()> {
+        if !self.buf.is_empty() {
+            self.stream
+                .write_all(&self.buf)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+                        "the bus read nothing from the publisher for {SOCKET_TIMEOUT:?} (stuck?)"
+                    ),
+                    _ => format!("writing to the bus: {e}"),
+                })?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Blocks until fewer than `limit` publishes are unacknowledged; returns
+    /// the number acked so far.
+    fn wait_acks_below(&self, limit: u64) -> Res<u64> {
+        let (lock, cv) = &*self.acks;
+        let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last_progress = (st.acked, Instant::now());
+        while self.sent - st.acked >= limit.max(1) {
+            if let Some(why) = &st.ended {
+                return Err(format!(
+                    "publisher connection ended after {} of {} acks: {why}",
+                    st.acked, self.sent
+                ));
+            }
+            check_interrupted()?;
+            if st.acked != last_progress.0 {
+                last_progress = (st.acked, Instant::now());
+            } else if last_progress.1.elapsed() >= ACK_STALL_TIMEOUT {
+                return Err(format!(
+                    "no PublishAck for {ACK_STALL_TIMEOUT:?} ({} of {} acked): the bus stopped accepting publishes",
+                    st.acked, self.sent
+                ));
+            }
+            st = cv
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(st.acked)
+    }
+
+    /// Publishes `n` events as fast as possible, at most `inflight`
+    /// unacknowledged, in batches of up to 64 frames per write. With
+    /// `max_lag = (printed, lag)`, it also stays at most `lag` events ahead of
+    /// what a consumer printed (so that consumer never loses events to
+    /// retention). Returns the unix-nanos time of the first send.
+    fn flood(
+        &mut self,
+        n: u64,
+        size: usize,
+        inflight: u64,
+        max_lag: Option<(&AtomicU64, u64)>,
+    ) -> Res<u64> {
+        let first = unix_nanos();
+        let mut lag_since: Option<(u64, Instant)> = None;
+        while self.sent < n {
+            check_interrupted()?;
+            if let Some((printed, lag)) = max_lag {
+                let p = printed.load(Ordering::Relaxed);
+                if self.sent.saturating_sub(p) >= lag {
+                    match lag_since {
+                        Some((q, t)) if q == p && t.elapsed() >= STALL_TIMEOUT => {
+                            return Err(format!(
+                                "the consumer printed nothing for {STALL_TIMEOUT:?} ({p} of {} published)",
+                                self.sent
+                            ))
+                        }
+                        Some((q, _)) if q == p => {}
+                        _ => lag_since = Some((p, Instant::now())),
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+            }
+            let acked = self.wait_acks_below(inflight)?;
+            let room = inflight - (self.sent - acked);
+            let batch = room.min(64).min(n - self.sent);
+            for _ in 0..batch {
+                self.encode_publish(size)?;
+            }
+            self.flush()?;
+        }
+        self.wait_acks_below(1)?;
+        Ok(first)
+    }
+
+    /// Publishes `n` events at `rate`/s, one write each. Returns the unix-nanos
+    /// time of the first send.
+    fn paced(&mut self, n: u64, size: usize, rate: u64, inflight: u64) -> Res<u64> {
+        let start = Instant::now();
+        let first = unix_nanos();
+        for i in 0..n {
+            let due = start + Duration::from_nanos(i.saturating_mul(1_000_000_000) / rate);
+            let now = Instant::now();
+            if due > now {
+                thread::sleep(due - now);
+            }
+            if i % 256 == 0 {
+                check_interrupted()?;
+            }
+            self.wait_acks_below(inflight)?;
+            self.encode_publish(size)?;
+            self.flush()?;
+        }
+        self.wait_acks_below(1)?;
+        Ok(first)
+    }
+
+    /// Says goodbye and closes the connection.
+    fn close(mut self) {
+        let bye = ClientFrame {
+            kind: Some(client_frame::Kind::Bye(Bye {
+                reason: ByeReason::ClientDone as i32,
+                message: String::new(),
+            })),
+        };
+        if proto::encode_frame(&bye, &mut self.buf).is_ok() {
+            let _ = self.flush();
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+fn drain_acks(stream: UnixStream, shared: Shared) {
+    let mut r = BufReader::with_capacity(256 * 1024, stream);
+    let mut body = Vec::new();
+    let (lock, cv) = &*shared;
+    loop {
+        let frame = read_frame(&mut r, &mut body);
+        let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        match frame {
+            Ok(Some(f)) => match f.kind {
+                Some(server_frame::Kind::PublishAck(a)) => {
+                    if a.duplicate {
+                        st.ended = Some(format!(
+                            "publish {} acknowledged as a duplicate",
+                            a.request_id
+                        ));
+                    } else {
+                        st.acked += 1;
+                    }
+                }
+                Some(server_frame::Kind::Error(e)) => {
+                    st.ended = Some(format!(
+                        "bus error {} (request {}): {}",
+                        e.code, e.request_id, e.message
+                    ));
+                }
+                Some(server_frame::Kind::Bye(b)) => {
+                    st.ended = Some(format!("bus said Bye (reason {}): {}", b.reason, b.message));
+                }
+                _ => {}
+            },
+            Ok(None) => st.ended = Some("the bus closed the connection".into()),
+            Err(e) => st.ended = Some(e),
+        }
+        let done = st.ended.is_some();
+        drop(st);
+        cv.notify_all();
+        if done {
+            return;
+        }
+    }
+}
+
+// ------------------------------------------------------------------ scenarios
+
+fn read_proc_kb(pid: i64, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
+        .trim_start_matches(':')
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn bus_info(status: &Value) -> Res<(PathBuf, i64)> {
+    let socket = status["bus"]["socket"]
+        .as_str()
+        .ok_or("status has no bus.socket")?;
+    let pid = status["bus"]["pid"]
+        .as_i64()
+        .ok_or("status has no bus.pid")?;
+    Ok((PathBuf::from(socket), pid))
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64 / 1000.0
+}
+
+struct FanoutResult {
+    per_consumer_avg: f64,
+    per_consumer_min: f64,
+    aggregate: f64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    busd_hwm_kb: Option<u64>,
+    /// The bus ran with retention raised to hold every event.
+    retention_raised: bool,
+}
+
+enum Mode {
+    Flood,
+    Rate(u64),
+}
+
+/// Waits for the reader results of `consumers` (bounded) and checks every
+/// consumer got exactly `events` events and exited 0. Fails early when the
+/// consumers stop making progress or one of them loses events to retention.
+fn collect(
+    rx: &mpsc::Receiver<(usize, ReadResult)>,
+    progress: &[Arc<AtomicU64>],
+    consumers: &mut [ConsumerProc],
+    events: u64,
+    env: &BusEnv,
+) -> Res<Vec<ReadResult>> {
+    let n = consumers.len();
+    let mut results: Vec<Option<ReadResult>> = (0..n).map(|_| None).collect();
+    let started = Instant::now();
+    let deadline = started + DELIVERY_TIMEOUT;
+    let total = || {
+        progress
+            .iter()
+            .map(|p| p.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let (mut last_total, mut last_change) = (total(), Instant::now());
+    let mut next_status = started + Duration::from_secs(2);
+    let pids: Vec<i64> = consumers.iter().map(|c| c.pid as i64).collect();
+    let mut got = 0;
+    while got < n {
+        check_interrupted()?;
+        let why = match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok((i, r)) => {
+                results[i] = Some(r);
+                got += 1;
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => "a reader thread vanished".to_string(),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                let t = total();
+                if t != last_total {
+                    (last_total, last_change) = (t, now);
+                }
+                let mut why = None;
+                if now >= deadline {
+                    why = Some(format!("timed out after {DELIVERY_TIMEOUT:?}"));
+                } else if now - last_change >= STALL_TIMEOUT {
+                    why = Some(format!(
+                        "no consumer printed anything for {STALL_TIMEOUT:?}"
+                    ));
+                } else if now >= next_status {
+                    // Slow to finish: is it because events were evicted?
+                    next_status = now + Duration::from_secs(2);
+                    let status = env.status()?;
+                    let lost: Vec<String> = status["subscriptions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|s| {
+                            s["attached_pid"]
+                                .as_i64()
+                                .is_some_and(|p| pids.contains(&p))
+                        })
+                        .filter(|s| s["lost_to_retention"].as_u64().unwrap_or(0) > 0)
+                        .map(|s| {
+                            format!("pid {} lost {}", s["attached_pid"], s["lost_to_retention"])
+                        })
+                        .collect();
+                    if !lost.is_empty() {
+                        why = Some(format!(
+                            "consumers lost events to log retention ({}): the publisher outran them by more than the \
+                             log holds; use fewer events or raise DWS_EVENT_BUS_RETENTION_EVENTS/BYTES",
+                            lost.join(", ")
+                        ));
+                    }
+                }
+                match why {
+                    Some(w) => w,
+                    None => continue,
+                }
+            }
+        };
+        let status = env.status().map_or_else(
+            |e| e,
+            |s| {
+                format!(
+                    "consumers: {}, subscriptions: {}",
+                    s["consumers"], s["subscriptions"]
+                )
+            },
+        );
+        let missing: Vec<String> = consumers
+            .iter_mut()
+            .zip(&results)
+            .zip(progress)
+            .filter(|((_, r), _)| r.is_none())
+            .map(|((c, _), p)| {
+                let state = c.exited().map_or("running".into(), |s| s.to_string());
+                format!(
+                    "pid {} ({state}, {} of {events} lines)",
+                    c.pid,
+                    p.load(Ordering::Relaxed)
+                )
+            })
+            .collect();
+        return Err(format!(
+            "{why}: {} of {n} consumers did not finish: {}\nbus status: {status}\n{}",
+            missing.len(),
+            missing.join(", "),
+            env.log_tail()
+        ));
+    }
+    let mut out = Vec::with_capacity(n);
+    let mut problems = Vec::new();
+    for (c, r) in consumers.iter_mut().zip(results) {
+        let r = r.unwrap_or_default();
+        let st = c.wait_exit(EXIT_TIMEOUT);
+        if r.lines != events {
+            problems.push(format!(
+                "consumer pid {} printed {} of {events} events",
+                c.pid, r.lines
+            ));
+        }
+        if let Some(e) = &r.error {
+            problems.push(format!("consumer pid {}: {e}", c.pid));
+        }
+        match st {
+            Some(s) if s.success() => {}
+            Some(s) => problems.push(format!(
+                "consumer pid {} exited with {s}; stderr: {}",
+                c.pid,
+                c.stderr_text()
+            )),
+            None => problems.push(format!(
+                "consumer pid {} still running {EXIT_TIMEOUT:?} after its stdout closed",
+                c.pid
+            )),
+        }
+        out.push(r);
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// Retention bounds that hold `events` events of `size` bytes when the bus
+/// defaults (100 000 events, 64 MiB) would not: a flooding publisher is never
+/// throttled by consumers, so a long run would otherwise make the consumers
+/// lose events to retention instead of measuring them.
+fn retention_for(events: u64, size: usize) -> Option<(String, String)> {
+    let bytes = events.saturating_mul(size as u64 + 1024);
+    (events > 100_000 || bytes > 64 << 20)
+        .then(|| ((events + 1024).to_string(), bytes.max(64 << 20).to_string()))
+}
+
+fn run_fanout(n: usize, size: usize, events: u64, mode: Mode, inflight: u64) -> Res<FanoutResult> {
+    let retention = retention_for(events, size);
+    let mut env = match &retention {
+        Some((ev, bytes)) => BusEnv::new(&[
+            ("DWS_EVENT_BUS_RETENTION_EVENTS", ev.as_str()),
+            ("DWS_EVENT_BUS_RETENTION_BYTES", bytes.as_str()),
+        ]),
+        None => BusEnv::new(&[]),
+    };
+    let max = events.to_string();
+    let mut consumers = Vec::with_capacity(n);
+    // The first consumer starts the bus; the others join it.
+    consumers.push(ConsumerProc::spawn(&env, &["--max-events", &max])?);
+    env.wait_consumers(1, &mut consumers)?;
+    for _ in 1..n {
+        consumers.push(ConsumerProc::spawn(&env, &["--max-events", &max])?);
+    }
+    let status = env.wait_consumers(n, &mut consumers)?;
+    let (socket, bus_pid) = bus_info(&status)?;
+
+    let (tx, rx) = mpsc::channel();
+    let progress: Vec<Arc<AtomicU64>> = (0..n).map(|_| Arc::default()).collect();
+    for (i, c) in consumers.iter_mut().enumerate() {
+        let out = c.stdout.take().ok_or("consumer stdout already taken")?;
+        spawn_reader(progress[i].clone(), i, out, size, events, tx.clone());
+    }
+    drop(tx);
+
+    let mut publisher = Publisher::connect(&socket)?;
+    let first_send = match mode {
+        Mode::Flood => publisher.flood(events, size, inflight, None)?,
+        Mode::Rate(rate) => publisher.paced(events, size, rate, inflight)?,
+    };
+    publisher.close();
+
+    let results = collect(&rx, &progress, &mut consumers, events, &env)?;
+    let busd_hwm_kb = read_proc_kb(bus_pid, "VmHWM");
+    env.stop()?;
+
+    let rates: Vec<f64> = results
+        .iter()
+        .map(|r| events as f64 / (r.last_recv_ns.saturating_sub(first_send).max(1) as f64 / 1e9))
+        .collect();
+    let last = results
+        .iter()
+        .map(|r| r.last_recv_ns)
+        .max()
+        .unwrap_or(first_send);
+    let mut lat: Vec<u64> = results.into_iter().flat_map(|r| r.latencies).collect();
+    lat.sort_unstable();
+    Ok(FanoutResult {
+        per_consumer_avg: rates.iter().sum::<f64>() / rates.len() as f64,
+        per_consumer_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+        aggregate: (n as u64 * events) as f64
+            / (last.saturating_sub(first_send).max(1) as f64 / 1e9),
+        p50_us: percentile(&lat, 0.50),
+        p99_us: percentile(&lat, 0.99),
+        max_us: lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
+        busd_hwm_kb,
+        retention_raised: retention.is_some(),
+    })
+}
+
+struct MemoryResult {
+    fast_received: u64,
+    fast_rate: f64,
+    fast_p99_us: f64,
+    busd_rss_before_kb: Option<u64>,
+    busd_hwm_kb: Option<u64>,
+    busd_rss_after_kb: Option<u64>,
+    stalled: Value,
+    log: Value,
+}
+
+fn run_memory(events: u64, retention: u64, inflight: u64) -> Res<MemoryResult> {
+    let retention_s = retention.to_string();
+    let mut env = BusEnv::new(&[("DWS_EVENT_BUS_RETENTION_EVENTS", &retention_s)]);
+    let max = events.to_string();
+    let mut consumers = Vec::with_capacity(2);
+    consumers.push(ConsumerProc::spawn(&env, &["--max-events", &max])?);
+    env.wait_consumers(1, &mut consumers)?;
+    // The stalled one: unbounded, stdin /dev/null (no EOF exit), its stdout
+    // pipe held here and never read.
+    consumers.push(ConsumerProc::spawn(&env, &[])?);
+    let status = env.wait_consumers(2, &mut consumers)?;
+    let (socket, bus_pid) = bus_info(&status)?;
+    let stalled_pid = consumers[1].pid;
+    let busd_rss_before_kb = read_proc_kb(bus_pid, "VmRSS");
+
+    let (tx, rx) = mpsc::channel();
+    let out = consumers[0]
+        .stdout
+        .take()
+        .ok_or("consumer stdout already taken")?;
+    let progress: Arc<AtomicU64> = Arc::default();
+    spawn_reader(progress.clone(), 0, out, 256, events, tx);
+
+    let mut publisher = Publisher::connect(&socket)?;
+    // Paced by the fast consumer so that it, unlike the stalled one, never
+    // falls further behind than half the retention.
+    let first_send = publisher.flood(
+        events,
+        256,
+        inflight,
+        Some((&progress, (retention / 2).max(1))),
+    )?;
+    publisher.close();
+
+    let results = collect(
+        &rx,
+        std::slice::from_ref(&progress),
+        &mut consumers[..1],
+        events,
+        &env,
+    )?;
+    let fast = &results[0];
+    let busd_hwm_kb = read_proc_kb(bus_pid, "VmHWM");
+    let busd_rss_after_kb = read_proc_kb(bus_pid, "VmRSS");
+    let status = env.status()?;
+    if consumers[1].exited().is_some() {
+        return Err(format!(
+            "the stalled consumer exited; stderr: {}",
+            consumers[1].stderr_text()
+        ));
+    }
+    let stalled = status["subscriptions"]
+        .as_array()
+        .and_then(|subs| subs.iter().find(|s| s["attached_pid"].as_i64() == Some(stalled_pid as i64)))
+        .cloned()
+        .ok_or_else(|| format!("no subscription attached to the stalled consumer (pid {stalled_pid}) in status: {}", status["subscriptions"]))?;
+    let log = status["log"].clone();
+
+    // Unstick and end the stalled consumer: closing its stdout gives it EPIPE.
+    drop(consumers);
+    env.stop()?;
+
+    let mut lat = fast.latencies.clone();
+    lat.sort_unstable();
+    let r = MemoryResult {
+        fast_received: fast.lines,
+        fast_rate: events as f64
+            / (fast.last_recv_ns.saturating_sub(first_send).max(1) as f64 / 1e9),
+        fast_p99_us: percentile(&lat, 0.99),
+        busd_rss_before_kb,
+        busd_hwm_kb,
+        busd_rss_after_kb,
+        stalled,
+        log,
+    };
+    let lost = r.stalled["lost_to_retention"].as_u64().unwrap_or(0);
+    let log_events = r.log["events"].as_u64().unwrap_or(0);
+    let mut problems = Vec::new();
+    if events > retention + 2 * inflight.max(1024) && lost == 0 {
+        problems.push(format!(
+            "the stalled subscription reports lost_to_retention = 0 although {events} events went through a log of {retention}"
+        ));
+    }
+    // The log may exceed retention by at most one pinned window (default 1024).
+    if log_events > retention + 1024 {
+        problems.push(format!(
+            "the log holds {log_events} events, more than retention {retention} + one window"
+        ));
+    }
+    if problems.is_empty() {
+        Ok(r)
+    } else {
+        Err(format!("{}\n{}", problems.join("\n"), describe_memory(&r)))
+    }
+}
+
+fn kb(v: Option<u64>) -> String {
+    v.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
+}
+
+fn describe_memory(r: &MemoryResult) -> String {
+    let s = &r.stalled;
+    format!(
+        "  fast consumer:       received {} events, {:.0} ev/s, p99 {:.0} µs\n\
+         \x20 stalled consumer:    matched {}, delivered {}, in_flight {}, pending {}, lag {}, lost_to_retention {}\n\
+         \x20 log:                 events {} (max {}), bytes {} (max {})\n\
+         \x20 busd RSS:            {} before publishing, {} after; peak (VmHWM) {}",
+        r.fast_received,
+        r.fast_rate,
+        r.fast_p99_us,
+        s["matched"],
+        s["delivered"],
+        s["in_flight"],
+        s["pending"],
+        s["lag"],
+        s["lost_to_retention"],
+        r.log["events"],
+        r.log["max_events"],
+        r.log["bytes"],
+        r.log["max_bytes"],
+        kb(r.busd_rss_before_kb),
+        kb(r.busd_rss_after_kb),
+        kb(r.busd_hwm_kb),
+    )
+}
+
+// ------------------------------------------------------------------ main
+
+/// Runs `f`, turning a panic of the harness into a failure message.
+fn guarded<T>(f: impl FnOnce() -> Res<T>) -> Res<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => Err(p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into())),
+    }
+}
+
+/// The signals that interrupt the benchmark (it then cleans up and exits 1).
+fn watched_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    set
+}
+
+fn install_signal_watch() -> Res<()> {
+    let set = watched_signals();
+    // Blocked in every thread spawned from here on (and unblocked again in
+    // every child, see `BusEnv::dws_command`).
+    set.thread_block()
+        .map_err(|e| format!("sigprocmask: {e}"))?;
+    thread::spawn(move || loop {
+        if let Ok(sig) = set.wait() {
+            if INTERRUPTED.swap(true, Ordering::Relaxed) {
+                eprintln!("dws-bench: second {sig:?}, exiting without cleanup");
+                std::process::exit(130);
+            }
+            eprintln!("dws-bench: {sig:?}, cleaning up");
+        }
+    });
+    Ok(())
+}
+
+fn size_name(size: usize) -> String {
+    if size >= 1024 && (size / 1024) * 1024 == size {
+        format!("{} KiB", size / 1024)
+    } else {
+        format!("{size} B")
+    }
+}
+
+fn main() {
+    let opts = match parse_opts() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("dws-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = guarded(|| Ok((dws_bin(), busd_bin()))).and_then(|(d, b)| {
+        println!("dws-bench: dws = {}, busd = {}", d.display(), b.display());
+        install_signal_watch()
+    }) {
+        eprintln!("dws-bench: {e}");
+        std::process::exit(2);
+    }
+    let started = Instant::now();
+    let mut failures: Vec<String> = Vec::new();
+
+    println!();
+    println!("Fan-out throughput: 1 publisher (pipelined, ≤{} in flight) → N × `dws event consume --format raw`", opts.inflight);
+    println!(
+        "(median of {} run(s) by deliveries/s, each on a fresh bus; latency here includes queueing under \
+         saturation, see the fixed-rate run for unloaded latency)",
+        opts.runs
+    );
+    println!();
+    println!(
+        "{:>4}  {:>7}  {:>7}  {:>13}  {:>13}  {:>15}  {:>9}  {:>9}  {:>9}  {:>10}",
+        "N",
+        "payload",
+        "events",
+        "ev/s/cons avg",
+        "ev/s/cons min",
+        "deliveries/s",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "busd peak"
+    );
+    let mut raised_any = false;
+    for &size in &[256usize, 4096] {
+        for &n in &opts.consumers {
+            if INTERRUPTED.load(Ordering::Relaxed) {
+                break;
+            }
+            let events = if size == 256 {
+                opts.events_small
+            } else {
+                opts.events_large
+            };
+            // The median of `runs` runs (by aggregate deliveries/s): short
+            // runs on a shared 2-core machine are noisy.
+            let result = (0..opts.runs)
+                .map(|_| guarded(|| run_fanout(n, size, events, Mode::Flood, opts.inflight)))
+                .collect::<Res<Vec<_>>>()
+                .map(|mut rs| {
+                    rs.sort_by(|a, b| a.aggregate.total_cmp(&b.aggregate));
+                    rs.swap_remove(rs.len() / 2)
+                });
+            match result {
+                Ok(r) => {
+                    raised_any |= r.retention_raised;
+                    println!(
+                    "{:>4}  {:>7}  {:>7}  {:>13.0}  {:>13.0}  {:>15.0}  {:>9.0}  {:>9.0}  {:>9.0}  {:>10}",
+                    n,
+                    size_name(size),
+                    events,
+                    r.per_consumer_avg,
+                    r.per_consumer_min,
+                    r.aggregate,
+                    r.p50_us,
+                    r.p99_us,
+                    r.max_us,
+                    kb(r.busd_hwm_kb) + if r.retention_raised { " *" } else { "" }
+                    )
+                }
+                Err(e) => {
+                    println!(
+                        "{:>4}  {:>7}  {:>7}  FAILED (see below)",
+                        n,
+                        size_name(size),
+                        events
+                    );
+                    failures.push(format!("fan-out N={n} payload={}: {e}", size_name(size)));
+                }
+            }
+        }
+    }
+
+    if raised_any {
+        println!(
+            "  * bus retention raised to hold every event (DWS_EVENT_BUS_RETENTION_EVENTS/BYTES)"
+        );
+    }
+
+    if !opts.skip_latency && !INTERRUPTED.load(Ordering::Relaxed) {
+        let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
+        println!();
+        println!(
+            "Latency at a fixed rate: {} events/s for {:.1} s, {} consumers, 256 B (reference: Redis pub/sub p99 ≈ 90 µs at 2k msg/s)",
+            opts.rate, opts.rate_secs, opts.rate_consumers
+        );
+        match guarded(|| {
+            run_fanout(
+                opts.rate_consumers,
+                256,
+                events,
+                Mode::Rate(opts.rate),
+                opts.inflight,
+            )
+        }) {
+            Ok(r) => println!(
+                "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   ({} deliveries; busd peak {})",
+                r.p50_us,
+                r.p99_us,
+                r.max_us,
+                events * opts.rate_consumers as u64,
+                kb(r.busd_hwm_kb)
+            ),
+            Err(e) => {
+                println!("  FAILED (see below)");
+                failures.push(format!("fixed-rate latency: {e}"));
+            }
+        }
+    }
+
+    if !opts.skip_memory && !INTERRUPTED.load(Ordering::Relaxed) {
+        println!();
+        println!(
+            "Memory with a stalled consumer: {} × 256 B events, 1 fast + 1 stalled consumer (stdout never read), retention {} events",
+            opts.memory_events, opts.memory_retention
+        );
+        match guarded(|| run_memory(opts.memory_events, opts.memory_retention, opts.inflight)) {
+            Ok(r) => println!("{}", describe_memory(&r)),
+            Err(e) => {
+                println!("  FAILED (see below)");
+                failures.push(format!("stalled-consumer memory: {e}"));
+            }
+        }
+    }
+
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        failures.push("interrupted by a signal; remaining scenarios skipped".into());
+    }
+    println!();
+    println!("total time {:.1} s", started.elapsed().as_secs_f64());
+    if failures.is_empty() {
+        println!("all scenarios passed");
+    } else {
+        eprintln!();
+        for f in &failures {
+            eprintln!("FAILED: {f}\n");
+        }
+        eprintln!("dws-bench: {} scenario(s) failed", failures.len());
+        std::process::exit(1);
+    }
+}
