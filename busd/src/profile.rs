@@ -59,6 +59,7 @@ pub enum SourceConfig {
     Local,
     Exec(ExecConfig),
     DingTalk(DingTalkConfig),
+    Personal(PersonalConfig),
 }
 
 impl SourceConfig {
@@ -67,6 +68,7 @@ impl SourceConfig {
             SourceConfig::Local => "local",
             SourceConfig::Exec(_) => "exec",
             SourceConfig::DingTalk(_) => "dingtalk",
+            SourceConfig::Personal(_) => "personal",
         }
     }
 }
@@ -93,6 +95,48 @@ pub struct DingTalkConfig {
     pub keepalive: Duration,
 }
 
+/// Where the personal stream's user access token comes from. Read again on
+/// a 401 ("refresh"): a token file rewritten by another tool is picked up.
+#[derive(Debug, Clone)]
+pub enum TokenSource {
+    /// `access_token` in the (0600) config file, or `DWS_USER_ACCESS_TOKEN`.
+    Fixed(Secret),
+    /// `access_token_file` (0600).
+    File(PathBuf),
+}
+
+impl TokenSource {
+    /// The current token.
+    pub fn read(&self) -> Result<Secret, ConfigError> {
+        match self {
+            TokenSource::Fixed(s) => Ok(s.clone()),
+            TokenSource::File(f) => {
+                check_private(f, "token file")?;
+                let s = std::fs::read_to_string(f).map_err(|e| {
+                    ConfigError::Permission(format!("cannot read token file {}: {e}", f.display()))
+                })?;
+                Ok(Secret::new(s.trim().to_owned()))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PersonalConfig {
+    /// `POST` here for `{endpoint, ticket}` (default `<mcp_base>/stream/connections/ticket`).
+    pub ticket_url: String,
+    /// Control plane base (default `<mcp_base>/dws`): `/subscription/user`,
+    /// `/event/sublist`, `/subscription/cancel`.
+    pub control_base: String,
+    pub access_token: TokenSource,
+    /// Sent as `X-DWS-Client-Id` and `clientId`.
+    pub client_id: String,
+    /// Sent as `X-DWS-Source-Id` and `sourceId` (default `open`).
+    pub source_id: String,
+    /// Consecutive failed attempts before the source is `lost`; 0 = retry forever.
+    pub max_attempts: u32,
+}
+
 /// The file's shape. Unknown keys are errors, so a typo is reported instead
 /// of silently ignored.
 #[derive(Debug, Default, Deserialize)]
@@ -117,6 +161,13 @@ struct ProfileSection {
     open_api: Option<String>,
     max_attempts: Option<u32>,
     keepalive: Option<String>,
+    // personal
+    mcp_base: Option<String>,
+    ticket_url: Option<String>,
+    control_base: Option<String>,
+    source_id: Option<String>,
+    access_token: Option<String>,
+    access_token_file: Option<PathBuf>,
 }
 
 /// A configuration problem, classified for the client's exit code.
@@ -144,6 +195,8 @@ pub struct EnvOverrides {
     pub client_id: Option<String>,
     pub client_secret: Option<String>,
     pub open_api: Option<String>,
+    pub access_token: Option<String>,
+    pub mcp_base: Option<String>,
 }
 
 impl EnvOverrides {
@@ -155,6 +208,8 @@ impl EnvOverrides {
             client_id: get("DWS_DINGTALK_CLIENT_ID"),
             client_secret: get("DWS_DINGTALK_CLIENT_SECRET"),
             open_api: get("DWS_DINGTALK_OPENAPI_URL"),
+            access_token: get("DWS_USER_ACCESS_TOKEN"),
+            mcp_base: get("DWS_MCP_URL"),
         }
     }
 }
@@ -323,8 +378,48 @@ pub fn load(
                 )?,
             }))
         }
+        "personal" => {
+            let base = env
+                .mcp_base
+                .clone()
+                .or(section.mcp_base.take())
+                .unwrap_or_else(|| "https://mcp.dingtalk.com".into());
+            let base = base.trim_end_matches('/').to_owned();
+            let ticket_url = section
+                .ticket_url
+                .take()
+                .unwrap_or_else(|| format!("{base}/stream/connections/ticket"));
+            let control_base = section.control_base.take().unwrap_or_else(|| format!("{base}/dws"));
+            check_url(&ticket_url, "ticket_url")?;
+            check_url(&control_base, "control_base")?;
+            let access_token = if let Some(t) = &env.access_token {
+                TokenSource::Fixed(Secret::new(t.clone()))
+            } else if let Some(t) = section.access_token.take() {
+                check_private(&path, "config file")?;
+                TokenSource::Fixed(Secret::new(t))
+            } else if let Some(f) = section.access_token_file.take() {
+                let f = if f.is_relative() { config_root.join(f) } else { f };
+                let source = TokenSource::File(f);
+                source.read()?;
+                source
+            } else {
+                return Err(invalid(format!(
+                    "the personal source needs a user access token: {}, {} or DWS_USER_ACCESS_TOKEN",
+                    in_file("access_token_file"),
+                    in_file("access_token")
+                )));
+            };
+            Ok(SourceConfig::Personal(PersonalConfig {
+                ticket_url: ticket_url.trim_end_matches('/').to_owned(),
+                control_base: control_base.trim_end_matches('/').to_owned(),
+                access_token,
+                client_id: env.client_id.clone().or(section.client_id.take()).unwrap_or_default(),
+                source_id: section.source_id.take().unwrap_or_else(|| "open".into()),
+                max_attempts: section.max_attempts.unwrap_or(0),
+            }))
+        }
         other => Err(invalid(format!(
-            "unknown source {other:?} for profile {profile}: use local, exec or dingtalk"
+            "unknown source {other:?} for profile {profile}: use local, exec, dingtalk or personal"
         ))),
     }
 }
@@ -407,6 +502,22 @@ mod tests {
             panic!()
         };
         assert_eq!(d.client_secret.expose(), "CANARY");
+    }
+
+    #[test]
+    fn personal_defaults_and_token_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tok = tmp.path().join("tok");
+        std::fs::write(&tok, "T0KEN\n").unwrap();
+        std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write(tmp.path(), "[profiles.p]\nsource = \"personal\"\naccess_token_file = \"tok\"\n", 0o644);
+        let SourceConfig::Personal(p) = load(tmp.path(), "p", &EnvOverrides::default()).unwrap() else { panic!() };
+        assert_eq!(p.ticket_url, "https://mcp.dingtalk.com/stream/connections/ticket");
+        assert_eq!(p.control_base, "https://mcp.dingtalk.com/dws");
+        assert_eq!(p.source_id, "open");
+        assert_eq!(p.access_token.read().unwrap().expose(), "T0KEN");
+        std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(load(tmp.path(), "p", &EnvOverrides::default()), Err(ConfigError::Permission(_))));
     }
 
     #[test]

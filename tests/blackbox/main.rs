@@ -17,6 +17,7 @@
 //!   keeps receiving.
 
 mod cli_contract;
+mod dingtalk;
 mod lifecycle;
 mod spawn;
 mod wire;

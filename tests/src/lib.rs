@@ -27,6 +27,8 @@
 //! - **Binaries are located, not built.** Building from inside a test would
 //!   race with the build that is running the test; see [`bin_dir`].
 
+pub mod fake_dingtalk;
+
 use std::{
     ffi::{OsStr, OsString},
     fmt,

@@ -26,10 +26,10 @@
 //!    dead: it is closed and replaced. Server pings are answered.
 //! 6. Reconnects use exponential backoff with jitter, 1 s doubling to 60 s,
 //!    reset after a healthy connection (one that received at least one
-//!    frame). `max_attempts` consecutive failed attempts (open failed,
-//!    handshake failed, or a connection that ended before receiving
-//!    anything; 0 = unlimited) make the source `lost`: the bus then ends
-//!    with Bye SOURCE_LOST.
+//!    frame, a pong included, or lasted 30 s). `max_attempts` consecutive
+//!    failed attempts (open failed, handshake failed, or a connection that
+//!    ended unhealthy; 0 = unlimited) make the source `lost`: the bus then
+//!    ends with Bye SOURCE_LOST.
 //!
 //! Secrets: the client secret and the tickets are never logged, never put in
 //! a state reason or an error. Every message that leaves this module passes
@@ -81,6 +81,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest message accepted from the gateway (its frames are ≤ 256 KiB).
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+/// A connection that lasted this long counts as healthy even if it never
+/// received a frame (keepalive disabled, a quiet app).
+const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 type WsSink = SplitSink<Ws, Message>;
@@ -119,8 +122,12 @@ impl Tuning {
                 .map(Duration::from_millis)
         };
         let d = Tuning::default();
-        let backoff_min = ms("DWS_DINGTALK_BACKOFF_MIN_MS").unwrap_or(d.backoff_min).max(Duration::from_millis(1));
-        let backoff_max = ms("DWS_DINGTALK_BACKOFF_MAX_MS").unwrap_or(d.backoff_max).max(backoff_min);
+        let backoff_min = ms("DWS_DINGTALK_BACKOFF_MIN_MS")
+            .unwrap_or(d.backoff_min)
+            .max(Duration::from_millis(1));
+        let backoff_max = ms("DWS_DINGTALK_BACKOFF_MAX_MS")
+            .unwrap_or(d.backoff_max)
+            .max(backoff_min);
         Tuning {
             backoff_min,
             backoff_max,
@@ -183,7 +190,11 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff { min, max, base: min }
+        Backoff {
+            min,
+            max,
+            base: min,
+        }
     }
 
     pub fn reset(&mut self) {
@@ -229,7 +240,8 @@ enum ConnEnd {
     /// The server sent `disconnect`: the old socket drains on its own task;
     /// open a replacement now.
     Disconnect { reason: String },
-    /// The connection is gone; `healthy` if it had received a frame.
+    /// The connection is gone; `healthy` if it had received a frame or
+    /// lasted [`HEALTHY_AFTER`].
     Lost { why: String, healthy: bool },
 }
 
@@ -270,7 +282,14 @@ impl Runner {
         }
     }
 
-    fn set_state(&self, status: v1::SourceStatus, attempt: u32, next_retry_at: i64, reason: &str, error: Option<String>) {
+    fn set_state(
+        &self,
+        status: v1::SourceStatus,
+        attempt: u32,
+        next_retry_at: i64,
+        reason: &str,
+        error: Option<String>,
+    ) {
         self.hub.set_source_state(
             v1::SourceState {
                 state: status as i32,
@@ -289,10 +308,21 @@ impl Runner {
         tracing::warn!(attempt = self.failures, cause = %why, "dingtalk: attempt failed");
         let max = self.config.max_attempts;
         if max > 0 && self.failures >= max {
-            let reason = format!("{why} ({} consecutive failed attempts; max_attempts = {max})", self.failures);
+            let n = self.failures;
+            let plural = if n == 1 { "" } else { "s" };
+            let reason =
+                format!("{why} ({n} consecutive failed attempt{plural}; max_attempts = {max})");
             tracing::error!(reason = %reason, "dingtalk: giving up, the source is lost");
-            self.set_state(v1::SourceStatus::Lost, self.failures, 0, &reason, Some(reason.clone()));
-            self.hub.shutdown_trigger().trigger(v1::ByeReason::SourceLost);
+            self.set_state(
+                v1::SourceStatus::Lost,
+                self.failures,
+                0,
+                &reason,
+                Some(reason.clone()),
+            );
+            self.hub
+                .shutdown_trigger()
+                .trigger(v1::ByeReason::SourceLost);
             return false;
         }
         true
@@ -303,7 +333,9 @@ impl Runner {
             Ok(t) => t,
             Err(e) => {
                 self.set_state(v1::SourceStatus::Lost, 0, 0, &e, Some(e.clone()));
-                self.hub.shutdown_trigger().trigger(v1::ByeReason::SourceLost);
+                self.hub
+                    .shutdown_trigger()
+                    .trigger(v1::ByeReason::SourceLost);
                 return;
             }
         };
@@ -312,7 +344,9 @@ impl Runner {
             Err(e) => {
                 let reason = format!("invalid open_api URL: {e}");
                 self.set_state(v1::SourceStatus::Lost, 0, 0, &reason, Some(reason.clone()));
-                self.hub.shutdown_trigger().trigger(v1::ByeReason::SourceLost);
+                self.hub
+                    .shutdown_trigger()
+                    .trigger(v1::ByeReason::SourceLost);
                 return;
             }
         };
@@ -325,7 +359,13 @@ impl Runner {
                 let delay = self.backoff.next_delay();
                 let next = now_ms() + delay.as_millis() as i64;
                 let error = (!last_reason.is_empty()).then(|| last_reason.clone());
-                self.set_state(v1::SourceStatus::Reconnecting, self.failures + 1, next, &last_reason, error);
+                self.set_state(
+                    v1::SourceStatus::Reconnecting,
+                    self.failures + 1,
+                    next,
+                    &last_reason,
+                    error,
+                );
                 tracing::info!(retry_in = ?delay, attempt = self.failures + 1, "dingtalk: reconnecting");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -349,6 +389,7 @@ impl Runner {
                 }
             };
             self.conn_seq += 1;
+            let connected_at = Instant::now();
             self.set_state(v1::SourceStatus::Connected, 0, 0, "", None);
             match self.run_connection(ws, ticket_scrub).await {
                 ConnEnd::Shutdown => return,
@@ -362,6 +403,7 @@ impl Runner {
                     last_reason = why;
                 }
                 ConnEnd::Lost { why, healthy } => {
+                    let healthy = healthy || connected_at.elapsed() >= HEALTHY_AFTER;
                     tracing::warn!(cause = %why, healthy, "dingtalk: connection lost");
                     if healthy {
                         self.failures = 0;
@@ -377,16 +419,30 @@ impl Runner {
 
     /// One attempt: open call, then WebSocket handshake. The error is
     /// already scrubbed.
-    async fn connect(&self, open_url: &Url, tls: &Arc<rustls::ClientConfig>) -> Result<(Ws, Scrub), String> {
+    async fn connect(
+        &self,
+        open_url: &Url,
+        tls: &Arc<rustls::ClientConfig>,
+    ) -> Result<(Ws, Scrub), String> {
         tracing::info!(attempt = self.failures + 1, url = %open_url.redacted(), "dingtalk: opening a connection");
-        let t = self.open(open_url, tls).await.map_err(|e| self.scrub.clean(&e))?;
+        let t = self
+            .open(open_url, tls)
+            .await
+            .map_err(|e| self.scrub.clean(&e))?;
         let mut scrub = self.scrub.clone();
         scrub.add(&t.ticket);
         let url = t.endpoint.with_query_param("ticket", &t.ticket);
         let ws = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.handshake(&url, tls))
             .await
-            .unwrap_or_else(|_| Err(format!("no WebSocket handshake within {}s", HANDSHAKE_TIMEOUT.as_secs())))
-            .map_err(|e| scrub.clean(&format!("connect to {} failed: {e}", t.endpoint.redacted())))?;
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no WebSocket handshake within {}s",
+                    HANDSHAKE_TIMEOUT.as_secs()
+                ))
+            })
+            .map_err(|e| {
+                scrub.clean(&format!("connect to {} failed: {e}", t.endpoint.redacted()))
+            })?;
         tracing::info!(endpoint = %t.endpoint.redacted(), "dingtalk: connected");
         Ok((ws, scrub))
     }
@@ -403,25 +459,40 @@ impl Runner {
             ],
             "ua": self.user_agent,
         });
-        let body = serde_json::to_vec(&body).map_err(|e| format!("open failed: cannot encode the request: {e}"))?;
+        let body = serde_json::to_vec(&body)
+            .map_err(|e| format!("open failed: cannot encode the request: {e}"))?;
         let resp = net::post_json(url, &body, &self.user_agent, tls, OPEN_TIMEOUT)
             .await
             .map_err(|e| format!("open failed: {e}"))?;
         let json: Option<serde_json::Value> = serde_json::from_slice(&resp.body).ok();
         if resp.status != 200 {
-            let text = |k: &str| json.as_ref().and_then(|j| j.get(k)).and_then(|v| v.as_str()).unwrap_or("").to_owned();
+            let text = |k: &str| {
+                json.as_ref()
+                    .and_then(|j| j.get(k))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_owned()
+            };
             let (code, message) = (text("code"), text("message"));
             let detail = if code.is_empty() && message.is_empty() {
                 one_line(&String::from_utf8_lossy(&resp.body), 200)
             } else {
                 one_line(&format!("{code}: {message}"), 200)
             };
-            return Err(format!("open failed: {} {detail}", resp.status).trim_end().to_owned());
+            return Err(format!("open failed: {} {detail}", resp.status)
+                .trim_end()
+                .to_owned());
         }
         let Some(json) = json else {
             return Err("open failed: 200 but the response is not JSON".into());
         };
-        let field = |k: &str| json.get(k).and_then(|v| v.as_str()).unwrap_or("").trim().to_owned();
+        let field = |k: &str| {
+            json.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        };
         let (endpoint, ticket) = (field("endpoint"), field("ticket"));
         if endpoint.is_empty() {
             return Err("open failed: 200 but the response has no endpoint".into());
@@ -429,25 +500,43 @@ impl Runner {
         if ticket.is_empty() {
             return Err("open failed: 200 but the response has no ticket".into());
         }
-        let endpoint = Url::parse(&endpoint).map_err(|e| format!("open failed: invalid endpoint: {e}"))?;
+        let endpoint =
+            Url::parse(&endpoint).map_err(|e| format!("open failed: invalid endpoint: {e}"))?;
         if !matches!(endpoint.scheme.as_str(), "ws" | "wss") {
-            return Err(format!("open failed: endpoint scheme {:?} is not ws/wss", endpoint.scheme));
+            return Err(format!(
+                "open failed: endpoint scheme {:?} is not ws/wss",
+                endpoint.scheme
+            ));
         }
-        endpoint.check_transport().map_err(|e| format!("open failed: endpoint: {e}"))?;
+        endpoint
+            .check_transport()
+            .map_err(|e| format!("open failed: endpoint: {e}"))?;
         Ok(Ticket { endpoint, ticket })
     }
 
     async fn handshake(&self, url: &Url, tls: &Arc<rustls::ClientConfig>) -> Result<Ws, String> {
-        let mut req = url.to_string().into_client_request().map_err(|e| format!("invalid endpoint: {e}"))?;
+        let mut req = url
+            .to_string()
+            .into_client_request()
+            .map_err(|e| format!("invalid endpoint: {e}"))?;
         if let Ok(ua) = self.user_agent.parse() {
             req.headers_mut().insert("User-Agent", ua);
         }
         let ws_config = WebSocketConfig::default()
             .max_message_size(Some(MAX_MESSAGE))
             .max_frame_size(Some(MAX_MESSAGE));
-        match tokio_tungstenite::connect_async_tls_with_config(req, Some(ws_config), true, Some(Connector::Rustls(tls.clone()))).await {
+        match tokio_tungstenite::connect_async_tls_with_config(
+            req,
+            Some(ws_config),
+            true,
+            Some(Connector::Rustls(tls.clone())),
+        )
+        .await
+        {
             Ok((ws, _resp)) => Ok(ws),
-            Err(tungstenite::Error::Http(resp)) => Err(format!("handshake rejected: HTTP {}", resp.status())),
+            Err(tungstenite::Error::Http(resp)) => {
+                Err(format!("handshake rejected: HTTP {}", resp.status()))
+            }
             Err(e) => Err(e.to_string()),
         }
     }
@@ -458,7 +547,11 @@ impl Runner {
         let (mut sink, mut stream) = ws.split();
         let keepalive = self.config.keepalive;
         let alive_on = !keepalive.is_zero();
-        let period = if alive_on { keepalive } else { Duration::from_secs(3600) };
+        let period = if alive_on {
+            keepalive
+        } else {
+            Duration::from_secs(3600)
+        };
         let mut pings = tokio::time::interval_at(Instant::now() + period, period);
         pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let write_timeout = period + self.tuning.pong_timeout;
@@ -494,7 +587,12 @@ impl Runner {
                 }
             };
             let msg = match msg {
-                None => return ConnEnd::Lost { why: "connection closed by the server".into(), healthy },
+                None => {
+                    return ConnEnd::Lost {
+                        why: "connection closed by the server".into(),
+                        healthy,
+                    }
+                }
                 Some(Err(e)) => {
                     return ConnEnd::Lost {
                         why: scrub.clean(&format!("connection failed: {e}")),
@@ -510,7 +608,10 @@ impl Runner {
                     Outcome::Nothing => {}
                     Outcome::Reply(ack) => {
                         if let Err(e) = send(&mut sink, Message::text(ack), write_timeout).await {
-                            return ConnEnd::Lost { why: scrub.clean(&format!("sending an ack failed: {e}")), healthy };
+                            return ConnEnd::Lost {
+                                why: scrub.clean(&format!("sending an ack failed: {e}")),
+                                healthy,
+                            };
                         }
                     }
                     Outcome::Disconnect { reply, reason } => {
@@ -520,19 +621,34 @@ impl Runner {
                         let grace = self.tuning.drain_grace;
                         let shutdown = self.shutdown.clone();
                         tokio::spawn(drain(sink, stream, grace, shutdown, conn));
-                        return ConnEnd::Disconnect { reason: scrub.clean(&reason) };
+                        return ConnEnd::Disconnect {
+                            reason: scrub.clean(&reason),
+                        };
                     }
                 },
-                Message::Binary(b) => self.hub.source_malformed(&format!("binary WebSocket frame ({} bytes)", b.len())),
+                Message::Binary(b) => self
+                    .hub
+                    .source_malformed(&format!("binary WebSocket frame ({} bytes)", b.len())),
                 // tungstenite queues the pong; flush it out now.
                 Message::Ping(_) => {
                     if let Err(e) = timeout_flush(&mut sink, write_timeout).await {
-                        return ConnEnd::Lost { why: scrub.clean(&format!("answering a ping failed: {e}")), healthy };
+                        return ConnEnd::Lost {
+                            why: scrub.clean(&format!("answering a ping failed: {e}")),
+                            healthy,
+                        };
                     }
                 }
                 Message::Pong(_) | Message::Frame(_) => {}
                 Message::Close(frame) => {
-                    let detail = frame.map(|f| format!(" (code {}, {:?})", u16::from(f.code), one_line(&f.reason, 100))).unwrap_or_default();
+                    let detail = frame
+                        .map(|f| {
+                            format!(
+                                " (code {}, {:?})",
+                                u16::from(f.code),
+                                one_line(&f.reason, 100)
+                            )
+                        })
+                        .unwrap_or_default();
                     close(&mut sink).await;
                     return ConnEnd::Lost {
                         why: scrub.clean(&format!("connection closed by the server{detail}")),
@@ -549,7 +665,10 @@ impl Runner {
 enum Outcome {
     Nothing,
     Reply(String),
-    Disconnect { reply: Option<String>, reason: String },
+    Disconnect {
+        reply: Option<String>,
+        reason: String,
+    },
 }
 
 /// Handles one text frame synchronously: decode, append, decide the ack.
@@ -562,12 +681,25 @@ fn handle_text(hub: &Hub, text: &str, conn: u64) -> Outcome {
         }
     };
     let mid = f.message_id().to_owned();
-    let reply = |ack: String| if mid.is_empty() { Outcome::Nothing } else { Outcome::Reply(ack) };
+    let reply = |ack: String| {
+        if mid.is_empty() {
+            Outcome::Nothing
+        } else {
+            Outcome::Reply(ack)
+        }
+    };
     match f.kind.as_str() {
         "EVENT" => {
             let Some(ev) = to_event(&f) else {
-                hub.source_malformed(&format!("dingtalk EVENT {mid:?} skipped: missing or invalid eventType"));
-                return reply(frame::ack(&mid, 400, "invalid eventType", r#"{"message":"invalid eventType"}"#));
+                hub.source_malformed(&format!(
+                    "dingtalk EVENT {mid:?} skipped: missing or invalid eventType"
+                ));
+                return reply(frame::ack(
+                    &mid,
+                    400,
+                    "invalid eventType",
+                    r#"{"message":"invalid eventType"}"#,
+                ));
             };
             let a = hub.append(ev);
             tracing::debug!(conn, message_id = %mid, event_id = %a.event_id, seq = a.seq, duplicate = a.duplicate, "dingtalk: event");
@@ -577,7 +709,11 @@ fn handle_text(hub: &Hub, text: &str, conn: u64) -> Outcome {
             "disconnect" => {
                 let reason = serde_json::from_str::<serde_json::Value>(&f.data)
                     .ok()
-                    .and_then(|v| v.get("reason").and_then(|r| r.as_str()).map(|r| one_line(r, 200)))
+                    .and_then(|v| {
+                        v.get("reason")
+                            .and_then(|r| r.as_str())
+                            .map(|r| one_line(r, 200))
+                    })
                     .unwrap_or_else(|| "no reason given".into());
                 tracing::info!(conn, reason = %reason, "dingtalk: server sent disconnect");
                 Outcome::Disconnect {
@@ -594,7 +730,12 @@ fn handle_text(hub: &Hub, text: &str, conn: u64) -> Outcome {
         },
         "CALLBACK" => {
             tracing::info!(conn, topic = %one_line(f.topic(), 100), "dingtalk: CALLBACK for an unregistered topic: 404");
-            reply(frame::ack(&mid, 404, "topic not exist", r#"{"response":null}"#))
+            reply(frame::ack(
+                &mid,
+                404,
+                "topic not exist",
+                r#"{"response":null}"#,
+            ))
         }
         other => {
             tracing::info!(conn, kind = %one_line(other, 50), "dingtalk: frame of unknown type: 404");
@@ -614,20 +755,28 @@ fn to_event(f: &Frame) -> Option<NewEvent> {
         scope: SCOPE.into(),
         event_id: f.header("eventId").to_owned(),
         event_type: event_type.to_owned(),
-        event_born_time: ms("eventBornTime").or_else(|| ms("time")).unwrap_or_else(now_ms),
+        event_born_time: ms("eventBornTime")
+            .or_else(|| ms("time"))
+            .unwrap_or_else(now_ms),
         event_corp_id: f.header("eventCorpId").to_owned(),
         event_unified_app_id: f.header("eventUnifiedAppId").to_owned(),
         source_id: SCOPE.into(),
-        rule_type: String::new(),
         data: f.data.clone(),
         headers: f.headers.clone(),
+        ..NewEvent::default()
     })
 }
 
 /// After `disconnect`: keep the old socket for the server to close, answer
 /// its pings, take no new work (EVENTs stay unacked and are redelivered on
 /// the replacement connection), close it ourselves after `grace`.
-async fn drain(mut sink: WsSink, mut stream: WsStream, grace: Duration, mut shutdown: Shutdown, conn: u64) {
+async fn drain(
+    mut sink: WsSink,
+    mut stream: WsStream,
+    grace: Duration,
+    mut shutdown: Shutdown,
+    conn: u64,
+) {
     let deadline = tokio::time::sleep(grace);
     tokio::pin!(deadline);
     loop {
@@ -638,11 +787,15 @@ async fn drain(mut sink: WsSink, mut stream: WsStream, grace: Duration, mut shut
         };
         match msg {
             Some(Ok(Message::Text(t))) => match frame::parse(t.as_str()) {
-                Ok(f) if f.kind == "SYSTEM" && f.topic() == "ping" && !f.message_id().is_empty() => {
+                Ok(f)
+                    if f.kind == "SYSTEM" && f.topic() == "ping" && !f.message_id().is_empty() =>
+                {
                     let ack = frame::ack(f.message_id(), 200, "OK", &f.data);
                     let _ = send(&mut sink, Message::text(ack), grace).await;
                 }
-                Ok(f) => tracing::info!(conn, kind = %one_line(&f.kind, 50), "dingtalk: frame on a draining connection left unacked"),
+                Ok(f) => {
+                    tracing::info!(conn, kind = %one_line(&f.kind, 50), "dingtalk: frame on a draining connection left unacked")
+                }
                 Err(_) => {}
             },
             Some(Ok(Message::Ping(_))) => {
@@ -681,13 +834,19 @@ async fn close(sink: &mut WsSink) {
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.close()).await;
 }
 
-/// `s` on one line, at most `max` characters.
+/// `s` on one line (runs of whitespace and control characters become one
+/// space), at most `max` characters.
 fn one_line(s: &str, max: usize) -> String {
-    let mut out: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).take(max).collect();
-    if s.chars().count() > max {
+    let flat = s
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut out: String = flat.chars().take(max).collect();
+    if flat.chars().count() > max {
         out.push('…');
     }
-    out.trim().to_owned()
+    out
 }
 
 #[cfg(test)]
@@ -706,8 +865,14 @@ mod tests {
             seen.push(d);
             prev = d;
         }
-        assert!(seen[0] >= Duration::from_secs(1) && seen[0] <= Duration::from_millis(1250), "{seen:?}");
-        assert!(seen[1] >= Duration::from_secs(2) && seen[1] <= Duration::from_millis(2500), "{seen:?}");
+        assert!(
+            seen[0] >= Duration::from_secs(1) && seen[0] <= Duration::from_millis(1250),
+            "{seen:?}"
+        );
+        assert!(
+            seen[1] >= Duration::from_secs(2) && seen[1] <= Duration::from_millis(2500),
+            "{seen:?}"
+        );
         assert_eq!(*seen.last().unwrap(), Duration::from_secs(60));
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(1250));
@@ -719,12 +884,22 @@ mod tests {
         s.add("tick-et 1");
         s.add("abc"); // too short to bother
         let text = "a s3cr3t/+= b s3cr3t%2F%2B%3D c tick-et%201 d tick-et 1 abc";
-        assert_eq!(s.clean(text), "a <redacted> b <redacted> c <redacted> d <redacted> abc");
+        assert_eq!(
+            s.clean(text),
+            "a <redacted> b <redacted> c <redacted> d <redacted> abc"
+        );
+    }
+
+    #[test]
+    fn tls_config_builds_with_ring_and_roots() {
+        let cfg = net::tls_config().unwrap();
+        assert!(cfg.alpn_protocols.is_empty());
     }
 
     #[test]
     fn one_line_truncates() {
         assert_eq!(one_line("a\nb", 10), "a b");
+        assert_eq!(one_line("  <p>\n   x\t\r y </p> ", 20), "<p> x y </p>");
         assert_eq!(one_line("abcdef", 3), "abc…");
     }
 
@@ -735,10 +910,26 @@ mod tests {
         )
         .unwrap();
         let e = to_event(&f).unwrap();
-        assert_eq!((e.event_id.as_str(), e.event_type.as_str(), e.event_born_time), ("e1", "user_add_org", 1_700_000_000_100));
-        assert_eq!((e.event_corp_id.as_str(), e.event_unified_app_id.as_str(), e.scope.as_str()), ("c", "u", SCOPE));
+        assert_eq!(
+            (
+                e.event_id.as_str(),
+                e.event_type.as_str(),
+                e.event_born_time
+            ),
+            ("e1", "user_add_org", 1_700_000_000_100)
+        );
+        assert_eq!(
+            (
+                e.event_corp_id.as_str(),
+                e.event_unified_app_id.as_str(),
+                e.scope.as_str()
+            ),
+            ("c", "u", SCOPE)
+        );
         assert_eq!(e.headers["x-extra"], "1");
-        let f = frame::parse(r#"{"type":"EVENT","headers":{"messageId":"m","eventType":"bad type"}}"#).unwrap();
+        let f =
+            frame::parse(r#"{"type":"EVENT","headers":{"messageId":"m","eventType":"bad type"}}"#)
+                .unwrap();
         assert!(to_event(&f).is_none());
     }
 }

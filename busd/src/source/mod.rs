@@ -3,6 +3,7 @@
 //! reports its state with [`crate::hub::Hub::set_source_state`]. Only code in
 //! this module does upstream I/O.
 
+pub mod dingtalk;
 pub mod exec;
 pub mod local;
 
@@ -61,9 +62,10 @@ pub fn from_config(config: &crate::profile::SourceConfig) -> Box<dyn Source> {
     match config {
         C::Local => Box::new(local::LocalSource),
         C::Exec(c) => Box::new(exec::ExecSource { config: c.clone() }),
-        C::DingTalk(_) => Box::new(unavailable::Unavailable {
-            kind: "dingtalk",
-            reason: "the dingtalk source is not built yet".into(),
+        C::DingTalk(c) => Box::new(dingtalk::DingTalkSource { config: c.clone() }),
+        C::Personal(_) => Box::new(unavailable::Unavailable {
+            kind: "personal",
+            reason: "the personal source is not built yet".into(),
         }),
     }
 }

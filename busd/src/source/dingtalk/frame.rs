@@ -42,7 +42,8 @@ impl Frame {
 /// Decodes one text frame, or says (briefly, without echoing the frame) why
 /// it is not a frame.
 pub fn parse(text: &str) -> Result<Frame, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e}; {} bytes)", text.len()))?;
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON ({e}; {} bytes)", text.len()))?;
     let Value::Object(mut obj) = v else {
         return Err("not a JSON object".into());
     };
@@ -68,7 +69,11 @@ pub fn parse(text: &str) -> Result<Frame, String> {
         Some(Value::String(s)) => s,
         Some(other) => other.to_string(),
     };
-    Ok(Frame { kind, headers, data })
+    Ok(Frame {
+        kind,
+        headers,
+        data,
+    })
 }
 
 /// An ack for `message_id` with `code`, `message` and `data` (JSON text).
@@ -84,7 +89,12 @@ pub fn ack(message_id: &str, code: u16, message: &str, data: &str) -> String {
 
 /// The ack for a consumed EVENT: code 200, `{"status":"SUCCESS"}`.
 pub fn event_success(message_id: &str) -> String {
-    ack(message_id, 200, "OK", r#"{"status":"SUCCESS","message":"success"}"#)
+    ack(
+        message_id,
+        200,
+        "OK",
+        r#"{"status":"SUCCESS","message":"success"}"#,
+    )
 }
 
 #[cfg(test)]
@@ -108,7 +118,15 @@ mod tests {
         assert_eq!(f.data, r#"{"opaque":"x"}"#);
         assert_eq!(parse(r#"{"type":"SYSTEM","headers":{}}"#).unwrap().data, "");
 
-        for bad in ["", "nope", "[]", r#"{"headers":{}}"#, r#"{"type":1,"headers":{}}"#, r#"{"type":"EVENT"}"#, r#"{"type":"EVENT","headers":[]}"#] {
+        for bad in [
+            "",
+            "nope",
+            "[]",
+            r#"{"headers":{}}"#,
+            r#"{"type":1,"headers":{}}"#,
+            r#"{"type":"EVENT"}"#,
+            r#"{"type":"EVENT","headers":[]}"#,
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         // The reason never echoes the frame.

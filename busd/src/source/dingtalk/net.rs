@@ -36,7 +36,9 @@ pub struct Url {
 
 impl Url {
     pub fn parse(s: &str) -> Result<Url, String> {
-        let (scheme, rest) = s.split_once("://").ok_or("not an absolute URL (no scheme://)")?;
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or("not an absolute URL (no scheme://)")?;
         let scheme = scheme.to_ascii_lowercase();
         if !matches!(scheme.as_str(), "http" | "https" | "ws" | "wss") {
             return Err(format!("unsupported scheme {scheme:?}"));
@@ -63,19 +65,31 @@ impl Url {
         if host.is_empty() {
             return Err("no host".into());
         }
-        if !host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':')) {
+        if !host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
+        {
             return Err("invalid host".into());
         }
         let port = match port {
             None => None,
-            Some(p) => Some(p.parse::<u16>().map_err(|_| format!("invalid port {p:?}"))?),
+            Some(p) => Some(
+                p.parse::<u16>()
+                    .map_err(|_| format!("invalid port {p:?}"))?,
+            ),
         };
         let (path, query) = match tail.split_once('?') {
             Some((p, q)) => (p, q),
             None => (tail, ""),
         };
-        let path = if path.is_empty() { "/".to_owned() } else { path.to_owned() };
-        if path.bytes().any(|b| b <= b' ' || b == 0x7f) || query.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        let path = if path.is_empty() {
+            "/".to_owned()
+        } else {
+            path.to_owned()
+        };
+        if path.bytes().any(|b| b <= b' ' || b == 0x7f)
+            || query.bytes().any(|b| b <= b' ' || b == 0x7f)
+        {
             return Err("whitespace or control characters in URL".into());
         }
         Ok(Url {
@@ -151,7 +165,11 @@ impl Url {
             .filter(|p| p.split('=').next() != Some(name))
             .map(str::to_owned)
             .collect();
-        parts.push(format!("{}={}", percent_encode(name), percent_encode(value)));
+        parts.push(format!(
+            "{}={}",
+            percent_encode(name),
+            percent_encode(value)
+        ));
         Url {
             query: parts.join("&"),
             ..self.clone()
@@ -168,7 +186,13 @@ impl fmt::Display for Url {
     /// The full URL, query included. Never log this for a WebSocket endpoint
     /// with a ticket; use [`Url::redacted`].
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}{}", self.scheme, self.authority(), self.path_and_query())
+        write!(
+            f,
+            "{}://{}{}",
+            self.scheme,
+            self.authority(),
+            self.path_and_query()
+        )
     }
 }
 
@@ -244,7 +268,8 @@ async fn post_json_inner(
     let mut stream: Box<dyn Io> = if url.is_tls() {
         let mut cfg = (**tls).clone();
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let name = ServerName::try_from(url.host.clone()).map_err(|e| format!("invalid TLS server name: {e}"))?;
+        let name = ServerName::try_from(url.host.clone())
+            .map_err(|e| format!("invalid TLS server name: {e}"))?;
         let s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
             .connect(name, tcp)
             .await
@@ -262,8 +287,14 @@ async fn post_json_inner(
     );
     let mut req = head.into_bytes();
     req.extend_from_slice(body);
-    stream.write_all(&req).await.map_err(|e| format!("sending the request failed: {e}"))?;
-    stream.flush().await.map_err(|e| format!("sending the request failed: {e}"))?;
+    stream
+        .write_all(&req)
+        .await
+        .map_err(|e| format!("sending the request failed: {e}"))?;
+    stream
+        .flush()
+        .await
+        .map_err(|e| format!("sending the request failed: {e}"))?;
     read_response(&mut stream).await
 }
 
@@ -321,7 +352,9 @@ fn try_parse(buf: &[u8], eof: bool) -> Result<Option<Response>, String> {
         return Ok(decode_chunked(rest)?.map(|body| Response { status, body }));
     }
     if let Some(len) = header("content-length") {
-        let len: usize = len.parse().map_err(|_| format!("invalid Content-Length {len:?}"))?;
+        let len: usize = len
+            .parse()
+            .map_err(|_| format!("invalid Content-Length {len:?}"))?;
         if len > MAX_RESPONSE {
             return Err(format!("response larger than {MAX_RESPONSE} bytes"));
         }
@@ -334,7 +367,10 @@ fn try_parse(buf: &[u8], eof: bool) -> Result<Option<Response>, String> {
         return Ok(None);
     }
     if status == 204 || status == 304 {
-        return Ok(Some(Response { status, body: vec![] }));
+        return Ok(Some(Response {
+            status,
+            body: vec![],
+        }));
     }
     // No framing: the body runs to EOF.
     Ok(eof.then(|| Response {
@@ -352,7 +388,8 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Option<Vec<u8>>, String> {
         };
         let line = std::str::from_utf8(&rest[..eol]).map_err(|_| "malformed chunk size")?;
         let size_hex = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_hex, 16).map_err(|_| format!("malformed chunk size {size_hex:?}"))?;
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|_| format!("malformed chunk size {size_hex:?}"))?;
         rest = &rest[eol + 2..];
         if size == 0 {
             // Trailers are ignored; the body is complete once the size-0
@@ -381,21 +418,39 @@ mod tests {
         assert_eq!(u.port, Some(443));
         assert_eq!(u.path, "/connect");
         let t = u.with_query_param("ticket", "a b+c");
-        assert_eq!(t.to_string(), "wss://wss-open-connection.dingtalk.com:443/connect?ticket=a%20b%2Bc");
-        assert_eq!(t.redacted(), "wss://wss-open-connection.dingtalk.com:443/connect");
+        assert_eq!(
+            t.to_string(),
+            "wss://wss-open-connection.dingtalk.com:443/connect?ticket=a%20b%2Bc"
+        );
+        assert_eq!(
+            t.redacted(),
+            "wss://wss-open-connection.dingtalk.com:443/connect"
+        );
 
         let u = Url::parse("ws://127.0.0.1:9/gw/x?region=cn&ticket=old&b=2#frag").unwrap();
         let t = u.with_query_param("ticket", "T-1");
-        assert_eq!(t.to_string(), "ws://127.0.0.1:9/gw/x?region=cn&b=2&ticket=T-1");
+        assert_eq!(
+            t.to_string(),
+            "ws://127.0.0.1:9/gw/x?region=cn&b=2&ticket=T-1"
+        );
         assert!(u.is_loopback());
         assert!(u.check_transport().is_ok());
 
         let u = Url::parse("ws://[::1]:8080").unwrap();
-        assert_eq!((u.host.as_str(), u.path.as_str(), u.authority()), ("::1", "/", "[::1]:8080".into()));
+        assert_eq!(
+            (u.host.as_str(), u.path.as_str(), u.authority()),
+            ("::1", "/", "[::1]:8080".into())
+        );
         assert!(u.is_loopback());
 
-        assert!(Url::parse("ws://example.com/connect").unwrap().check_transport().is_err());
-        assert!(Url::parse("wss://example.com/connect").unwrap().check_transport().is_ok());
+        assert!(Url::parse("ws://example.com/connect")
+            .unwrap()
+            .check_transport()
+            .is_err());
+        assert!(Url::parse("wss://example.com/connect")
+            .unwrap()
+            .check_transport()
+            .is_ok());
         assert!(Url::parse("ftp://x").is_err());
         assert!(Url::parse("wss://u:p@x").is_err());
         assert!(Url::parse("wss://x:99999").is_err());

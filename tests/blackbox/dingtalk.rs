@@ -1,0 +1,1017 @@
+//! The `dingtalk` source against the loopback fake gateway
+//! (`dws_tests::fake_dingtalk`): conformance checks of the protocol note §8
+//! (client side: OPEN-3..6, TKT-3, FRM-1..6, PING-1/2/4/5, DISC-2, ACK-5,
+//! RECO-1..3) and end-to-end runs through real `busd` and `dws event
+//! consume` processes: one upstream connection shared by two consumers,
+//! nothing lost across a server `disconnect` and a dropped TCP connection,
+//! a lost source ending consumers with `source_lost`, and the client secret
+//! and tickets never showing up anywhere.
+//!
+//! Each test has its own fake (on `127.0.0.1:0`) and its own [`TestEnv`];
+//! the bus is pointed at the fake by a 0600 `config.toml`. Backoff and the
+//! pong deadline are shortened through the source's test knobs
+//! (`DWS_DINGTALK_BACKOFF_MIN_MS`, …). Waits are bounded and generous;
+//! the only timing assertions are lower bounds (backoff waited at least
+//! this long) and upper bounds far above the expected value.
+
+use std::{
+    collections::BTreeMap,
+    os::unix::fs::PermissionsExt,
+    time::{Duration, Instant},
+};
+
+use dws_tests::{
+    fake_dingtalk::{Event, FakeDingTalk, Options},
+    Child, Sig, TestEnv, EXIT_TIMEOUT,
+};
+use serde_json::{json, Value};
+
+/// Bound of every wait in this module.
+const T: Duration = Duration::from_secs(30);
+
+const AUTH_FAILED: &str = r#"{"requestid":"5f1c7e3a-0000-4000-a000-000000000001","code":"authFailed","message":"auth failed"}"#;
+
+/// Bus settings for one test.
+struct Bus<'a> {
+    keepalive: &'a str,
+    max_attempts: u32,
+    knobs: Vec<(&'a str, String)>,
+}
+
+impl Default for Bus<'_> {
+    fn default() -> Self {
+        Bus {
+            keepalive: "30s",
+            max_attempts: 0,
+            knobs: vec![],
+        }
+    }
+}
+
+impl<'a> Bus<'a> {
+    fn knob(mut self, k: &'a str, v: impl ToString) -> Self {
+        self.knobs.push((k, v.to_string()));
+        self
+    }
+
+    /// A [`TestEnv`] whose default profile's bus uses `fake`.
+    fn env(self, fake: &FakeDingTalk) -> TestEnv {
+        let mut vars: Vec<(&str, String)> = vec![
+            ("DWS_DINGTALK_BACKOFF_MIN_MS", "100".into()),
+            ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000".into()),
+        ];
+        vars.retain(|(k, _)| !self.knobs.iter().any(|(k2, _)| k2 == k));
+        vars.extend(self.knobs);
+        let env = TestEnv::with_env(&vars);
+        let p = env.cfg_dir().join("config.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"{}\"\nclient_secret = \"{}\"\n\
+                 open_api = \"{}\"\nmax_attempts = {}\nkeepalive = \"{}\"\n",
+                fake.client_id(),
+                fake.client_secret(),
+                fake.base_url(),
+                self.max_attempts,
+                self.keepalive
+            ),
+        )
+        .expect("write config.toml");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod config.toml");
+        env
+    }
+}
+
+fn fake_with(f: impl FnOnce(&mut Options)) -> FakeDingTalk {
+    let mut o = Options::default();
+    f(&mut o);
+    FakeDingTalk::start_with(o)
+}
+
+/// `dws event consume '*'`, resident until the test ends it; waits for ready.
+fn consumer(env: &TestEnv) -> Child {
+    let mut c = env
+        .dws(["event", "consume", "*", "--from", "earliest"])
+        .stdin_hold()
+        .spawn();
+    c.wait_ready();
+    c
+}
+
+/// The `event_id`s of the first `n` NDJSON lines, once there are `n`.
+fn event_ids(c: &mut Child, n: usize) -> Vec<String> {
+    c.wait_stdout_lines(n, T)
+        .iter()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON: {e}"));
+            v["event_id"].as_str().unwrap_or("").to_owned()
+        })
+        .collect()
+}
+
+/// The NDJSON line of the event with `id`, once it has arrived.
+fn event_line(c: &mut Child, id: &str) -> Value {
+    let lines = c.wait_stdout_line(&format!("event {id}"), T, |l| {
+        l.contains(&format!("\"event_id\":\"{id}\""))
+    });
+    serde_json::from_str(lines.last().expect("the matching line")).expect("event line is JSON")
+}
+
+fn status(env: &TestEnv) -> Value {
+    let out = env
+        .dws(["event", "status", "--format", "json"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status is not JSON ({e})\n{out}"))
+}
+
+fn ev(id: &str) -> Event {
+    Event::new(id, "user_add_org", json!({"userId": [id]}).to_string())
+}
+
+fn accepted_handshakes(fake: &FakeDingTalk) -> usize {
+    fake.with_state(|s| s.handshakes.iter().filter(|h| h.accepted).count())
+}
+
+/// Ends a resident consumer with SIGTERM; returns its output.
+fn finish(c: Child, expected_events: u64) -> dws_tests::Output {
+    c.signal(Sig::SIGTERM);
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("signal", expected_events);
+    out
+}
+
+fn counts(ids: &[String]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for i in ids {
+        *m.entry(i.clone()).or_insert(0) += 1;
+    }
+    m
+}
+
+// ------------------------------------------------------------------ end to end
+
+#[test]
+fn two_consumers_share_one_upstream_connection_and_lose_nothing_across_disconnect_and_drop() {
+    let fake = fake_with(|o| o.disconnect_close_after = Duration::from_secs(2));
+    let env = Bus::default().env(&fake);
+    let mut a = consumer(&env);
+    let mut b = consumer(&env);
+    fake.wait_connected(T);
+
+    let mut pushed = vec![];
+    let mut push = |range: std::ops::RangeInclusive<u32>| {
+        for i in range {
+            let id = format!("e2e-{i:02}");
+            fake.push_event(&ev(&id));
+            pushed.push(id);
+        }
+    };
+    push(1..=5);
+    event_ids(&mut a, 5);
+    event_ids(&mut b, 5);
+    assert_eq!(
+        fake.open_count(),
+        1,
+        "two consumers, one upstream connection\n{}",
+        fake.summary()
+    );
+    assert_eq!(accepted_handshakes(&fake), 1, "{}", fake.summary());
+
+    // Server-initiated disconnect, events pushed right behind it.
+    fake.send_disconnect("connection is expired")
+        .expect("a live connection");
+    push(6..=10);
+    event_ids(&mut a, 10);
+    event_ids(&mut b, 10);
+    assert_eq!(
+        accepted_handshakes(&fake),
+        2,
+        "one replacement connection\n{}",
+        fake.summary()
+    );
+
+    // A dropped TCP connection, events pushed right behind it.
+    fake.drop_tcp().expect("a live connection");
+    push(11..=15);
+    let ids_a = event_ids(&mut a, 15);
+    let ids_b = event_ids(&mut b, 15);
+    fake.wait_until("every event acked", T, |s| s.unacked() == 0);
+
+    let want: BTreeMap<String, usize> = pushed.iter().map(|i| (i.clone(), 1)).collect();
+    assert_eq!(counts(&ids_a), want, "consumer A: every event exactly once");
+    assert_eq!(counts(&ids_b), want, "consumer B: every event exactly once");
+    let tickets = fake.tickets();
+    assert_eq!(
+        tickets.len(),
+        3,
+        "one open per connection\n{}",
+        fake.summary()
+    );
+    let distinct: std::collections::BTreeSet<_> = tickets.iter().collect();
+    assert_eq!(distinct.len(), 3, "a fresh ticket each time");
+
+    // Nothing more arrives later (no duplicate after redelivery).
+    let last = fake.push_event(&ev("e2e-last"));
+    fake.wait_ack(&last, T);
+    event_ids(&mut a, 16);
+    event_ids(&mut b, 16);
+    let out_a = finish(a, 16);
+    let out_b = finish(b, 16);
+    for out in [&out_a, &out_b] {
+        let ids: Vec<String> = out
+            .json_lines()
+            .iter()
+            .map(|l| l["event_id"].as_str().unwrap_or("").to_owned())
+            .collect();
+        assert!(
+            counts(&ids).values().all(|n| *n == 1),
+            "duplicates delivered\n{out}"
+        );
+    }
+    let line = &out_a.json_lines()[0];
+    assert_eq!(line["event_type"], "user_add_org", "{out_a}");
+    assert_eq!(line["event_corp_id"], "dingfakecorp", "{out_a}");
+    assert_eq!(line["event_unified_app_id"], "fake-unified-app", "{out_a}");
+    assert_eq!(
+        line["data"],
+        json!({"userId": ["e2e-01"]}).to_string(),
+        "{out_a}"
+    );
+    assert_eq!(
+        line["headers"]["eventType"], "user_add_org",
+        "frame headers pass through\n{out_a}"
+    );
+}
+
+#[test]
+fn lost_source_after_max_attempts_ends_consumers_with_source_lost() {
+    let fake = FakeDingTalk::start();
+    fake.fail_next_opens(1000, 401, AUTH_FAILED);
+    // Backoff 1 s → 2 s: the consumers are attached well before attempt 3.
+    let env = Bus {
+        max_attempts: 3,
+        ..Bus::default()
+    }
+    .knob("DWS_DINGTALK_BACKOFF_MIN_MS", 1000)
+    .knob("DWS_DINGTALK_BACKOFF_MAX_MS", 2000)
+    .env(&fake);
+    let a = consumer(&env);
+    let b = consumer(&env);
+    for c in [a, b] {
+        let out = c.wait_exit(T);
+        out.assert_clean_exit("source_lost", 0);
+        let lost = out
+            .stderr_lines()
+            .into_iter()
+            .find(|l| l.starts_with("[event] source lost"))
+            .unwrap_or_else(|| panic!("no `source lost` line\n{out}"))
+            .to_owned();
+        assert!(
+            lost.contains("401") && lost.contains("authFailed"),
+            "the reason says why: {lost}\n{out}"
+        );
+        assert!(
+            lost.contains("3 consecutive failed attempts"),
+            "{lost}\n{out}"
+        );
+    }
+    assert_eq!(
+        fake.open_count(),
+        3,
+        "max_attempts = 3 means exactly 3 open calls\n{}",
+        fake.summary()
+    );
+    env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit after losing its source");
+}
+
+#[test]
+fn the_client_secret_and_tickets_never_show_up_anywhere() {
+    const CANARY: &str = "CANARY-s3cr3t-7f3a9c2e";
+    let fake = fake_with(|o| {
+        o.client_secret = CANARY.into();
+        o.disconnect_close_after = Duration::from_secs(1);
+    });
+    fake.fail_next_opens(1, 401, AUTH_FAILED);
+    fake.reject_handshakes(1);
+    let env = Bus::default().knob("DWS_BUS_LOG", "debug").env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    fake.push_event(&ev("canary-1"));
+    event_ids(&mut c, 1);
+    fake.send_disconnect("rotate").expect("live connection");
+    fake.wait_until("a replacement connection", T, |s| {
+        s.handshakes.iter().filter(|h| h.accepted).count() == 2
+    });
+    fake.wait_connected(T);
+    fake.drop_tcp();
+    fake.push_event(&ev("canary-2"));
+    event_ids(&mut c, 2);
+    let opens = fake.opens();
+    assert!(
+        opens.iter().all(|o| o.body["clientSecret"] == CANARY),
+        "the secret is sent to the gateway"
+    );
+    let tickets = fake.tickets();
+    assert!(tickets.len() >= 4, "{}", fake.summary());
+
+    let st = status(&env).to_string();
+    let meta = std::fs::read_to_string(env.work_dir().join("bus.meta")).unwrap_or_default();
+    // argv of every process on the machine.
+    let mut argvs = String::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            argvs.push_str(&String::from_utf8_lossy(&cmdline).replace('\0', " "));
+            argvs.push('\n');
+        }
+    }
+    let out = finish(c, 2);
+    let log = std::fs::read_to_string(env.bus_log_path()).expect("bus.log");
+    assert!(
+        log.contains("dingtalk"),
+        "the debug log has the source's lines:\n{log}"
+    );
+    for (what, text) in [
+        ("bus.log", &log),
+        ("status JSON", &st),
+        ("bus.meta", &meta),
+        ("consumer stdout", &out.stdout),
+        ("consumer stderr", &out.stderr),
+        ("argv of the processes", &argvs),
+    ] {
+        assert!(
+            !text.contains(CANARY),
+            "the client secret appears in {what}:\n{text}"
+        );
+        for t in &tickets {
+            assert!(
+                !text.contains(t.as_str()),
+                "ticket {t} appears in {what}:\n{text}"
+            );
+        }
+    }
+
+    // The lost reason and the state's last error, too.
+    let fake2 = fake_with(|o| o.client_secret = CANARY.into());
+    fake2.fail_next_opens(
+        10,
+        401,
+        &AUTH_FAILED.replace("auth failed", &format!("auth failed for {CANARY}")),
+    );
+    let env2 = Bus {
+        max_attempts: 2,
+        ..Bus::default()
+    }
+    .knob("DWS_DINGTALK_BACKOFF_MIN_MS", 1000)
+    .env(&fake2);
+    let c2 = consumer(&env2);
+    let out2 = c2.wait_exit(T);
+    out2.assert_clean_exit("source_lost", 0);
+    assert!(
+        !out2.stderr.contains(CANARY),
+        "a secret echoed by the gateway is redacted:\n{out2}"
+    );
+    assert!(out2.stderr.contains("<redacted>"), "{out2}");
+    let log2 = std::fs::read_to_string(env2.bus_log_path()).unwrap_or_default();
+    assert!(!log2.contains(CANARY), "{log2}");
+}
+
+// ------------------------------------------------------------------ OPEN
+
+#[test]
+fn open_3_auth_failed_is_retried_with_backoff_and_counted() {
+    let fake = FakeDingTalk::start();
+    fake.fail_next_opens(2, 401, AUTH_FAILED);
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let opens = fake.opens();
+    assert_eq!(
+        opens.iter().map(|o| o.status).collect::<Vec<_>>(),
+        [401, 401, 200]
+    );
+    for o in &opens {
+        assert_eq!(o.body["clientId"], fake.client_id());
+        assert_eq!(o.body["clientSecret"], fake.client_secret());
+        let subs = o.body["subscriptions"].as_array().expect("subscriptions");
+        assert!(
+            subs.contains(&json!({"type": "EVENT", "topic": "*"})),
+            "{subs:?}"
+        );
+        assert!(!o.body["ua"].as_str().unwrap_or("").is_empty(), "ua is set");
+    }
+    assert!(
+        opens[1].at.duration_since(opens[0].at) >= Duration::from_millis(90),
+        "backoff between opens"
+    );
+    fake.push_event(&ev("open3"));
+    assert_eq!(event_ids(&mut c, 1), ["open3"]);
+    let st = status(&env);
+    assert_eq!(st["source"]["kind"], "dingtalk");
+    assert_eq!(st["source"]["state"], "connected");
+    assert!(
+        st["source"]["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("401"),
+        "the last error is kept: {st:#}"
+    );
+}
+
+#[test]
+fn open_4_server_errors_throttling_and_resets_are_retried_each_with_a_new_open() {
+    let fake = FakeDingTalk::start();
+    fake.fail_next_opens(1, 500, r#"{"code":"systemError","message":"system error"}"#);
+    fake.fail_next_opens(1, 429, r#"{"code":"Throttling","message":"busy"}"#);
+    fake.reset_next_opens(1);
+    fake.fail_next_opens(1, 503, "<html>unavailable</html>");
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let statuses: Vec<u16> = fake.opens().iter().map(|o| o.status).collect();
+    assert_eq!(statuses, [500, 429, 0, 503, 200], "{}", fake.summary());
+    assert_eq!(fake.handshakes().len(), 1, "no handshake without a ticket");
+    fake.push_event(&ev("open4"));
+    assert_eq!(event_ids(&mut c, 1), ["open4"]);
+}
+
+#[test]
+fn open_5_empty_endpoint_or_ticket_is_a_failure() {
+    let fake = FakeDingTalk::start();
+    fake.empty_next_opens(1, true, false);
+    fake.empty_next_opens(1, false, true);
+    fake.empty_next_opens(1, true, true);
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let opens = fake.opens();
+    assert_eq!(opens.len(), 4, "{}", fake.summary());
+    let hs = fake.handshakes();
+    assert_eq!(
+        hs.len(),
+        1,
+        "only the complete answer is dialled\n{}",
+        fake.summary()
+    );
+    assert_eq!(
+        Some(hs[0].ticket.clone()),
+        opens[3].ticket,
+        "the ticket of the 4th open"
+    );
+    fake.push_event(&ev("open5"));
+    assert_eq!(event_ids(&mut c, 1), ["open5"]);
+    let st = status(&env);
+    assert!(
+        st["source"]["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no endpoint")
+            || st["source"]["last_error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("no ticket"),
+        "{st:#}"
+    );
+}
+
+#[test]
+fn open_6_endpoint_path_and_query_are_kept_and_ticket_is_set() {
+    let fake = FakeDingTalk::start();
+    fake.set_endpoint_path("/gw/v2/connect?region=cn-test&x=a%20b");
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let hs = fake.handshakes();
+    assert_eq!(hs.len(), 1, "{}", fake.summary());
+    assert_eq!(hs[0].path, "/gw/v2/connect");
+    let params = hs[0].params();
+    let ticket = fake.tickets()[0].clone();
+    assert_eq!(
+        params,
+        [
+            ("region".to_owned(), "cn-test".to_owned()),
+            ("x".to_owned(), "a b".to_owned()),
+            ("ticket".to_owned(), ticket)
+        ],
+        "raw query {:?}",
+        hs[0].query
+    );
+    fake.push_event(&ev("open6"));
+    assert_eq!(event_ids(&mut c, 1), ["open6"]);
+}
+
+#[test]
+fn tkt_3_rejected_handshake_reopens_for_a_new_ticket_never_reusing_one() {
+    let fake = FakeDingTalk::start();
+    fake.reject_handshakes(2);
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let tickets = fake.tickets();
+    let hs = fake.handshakes();
+    assert_eq!(tickets.len(), 3, "{}", fake.summary());
+    assert_eq!(hs.len(), 3, "{}", fake.summary());
+    assert_eq!(
+        hs.iter().map(|h| h.accepted).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    let used: Vec<String> = hs.iter().map(|h| h.ticket.clone()).collect();
+    assert_eq!(
+        used, tickets,
+        "each handshake uses the ticket of the open just before it"
+    );
+    fake.push_event(&ev("tkt3"));
+    assert_eq!(event_ids(&mut c, 1), ["tkt3"]);
+}
+
+// ------------------------------------------------------------------ FRM
+
+#[test]
+fn frm_1_an_event_gets_exactly_one_success_ack_after_it_reached_the_bus() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let mid = fake.push_event(&ev("frm1"));
+    let ack = fake.wait_ack(&mid, T);
+    assert_eq!(ack.code, 200, "{ack:?}");
+    assert_eq!(ack.content_type, "application/json", "{ack:?}");
+    assert_eq!(ack.status.as_deref(), Some("SUCCESS"), "{ack:?}");
+    // The event is in the bus log by the time it is acked.
+    let st = status(&env);
+    assert_eq!(st["log"]["head_seq"], 1, "{st:#}");
+    assert_eq!(event_ids(&mut c, 1), ["frm1"]);
+    // Later traffic on the same socket: still exactly one ack for it.
+    let ping = fake
+        .send_system_ping("after-frm1")
+        .expect("live connection");
+    fake.wait_ack(&ping, T);
+    assert_eq!(
+        fake.with_state(|s| s.acks_for(&mid).len()),
+        1,
+        "{:?}",
+        fake.acks()
+    );
+}
+
+#[test]
+fn frm_2_ten_back_to_back_events_get_ten_acks() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let mids: Vec<String> = (0..10)
+        .map(|i| fake.push_event(&ev(&format!("frm2-{i}"))))
+        .collect();
+    fake.wait_until("10 acks", T, |s| {
+        mids.iter().all(|m| !s.acks_for(m).is_empty())
+    });
+    fake.with_state(|s| {
+        for m in &mids {
+            let acks = s.acks_for(m);
+            assert_eq!(acks.len(), 1, "{m}: {acks:?}");
+            assert_eq!(
+                (acks[0].code, acks[0].status.as_deref()),
+                (200, Some("SUCCESS")),
+                "{acks:?}"
+            );
+        }
+    });
+    let ids = event_ids(&mut c, 10);
+    let want: Vec<String> = (0..10).map(|i| format!("frm2-{i}")).collect();
+    assert_eq!(ids, want);
+}
+
+/// An EVENT frame built by hand, for header/spec-version variations.
+fn event_frame(
+    fake: &FakeDingTalk,
+    id: &str,
+    spec: Option<&str>,
+    extra: &[(&str, &str)],
+) -> (Value, String) {
+    let (mut f, mid) = fake.frame("EVENT", "*", &json!({"n": id}).to_string());
+    let h = f["headers"].as_object_mut().expect("headers");
+    h.insert("eventId".into(), json!(id));
+    h.insert("eventType".into(), json!("chat_update_title"));
+    h.insert("eventBornTime".into(), json!("1700000000100"));
+    for (k, v) in extra {
+        h.insert((*k).into(), json!(v));
+    }
+    match spec {
+        Some(v) => f["specVersion"] = json!(v),
+        None => {
+            f.as_object_mut().expect("object").remove("specVersion");
+        }
+    }
+    (f, mid)
+}
+
+#[test]
+fn frm_3_unknown_headers_and_spec_versions_are_processed_normally() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let frames = [
+        event_frame(
+            &fake,
+            "frm3-a",
+            Some("1.0"),
+            &[("x-unknown-header", "kept"), ("connectionId", "c-1")],
+        ),
+        event_frame(&fake, "frm3-b", Some("9.9"), &[]),
+        event_frame(&fake, "frm3-c", None, &[]),
+    ];
+    for (f, _) in &frames {
+        assert!(fake.push_frame(f));
+    }
+    for (_, mid) in &frames {
+        let ack = fake.wait_ack(mid, T);
+        assert_eq!(
+            (ack.code, ack.status.as_deref()),
+            (200, Some("SUCCESS")),
+            "{ack:?}"
+        );
+    }
+    assert_eq!(event_ids(&mut c, 3), ["frm3-a", "frm3-b", "frm3-c"]);
+    let a = event_line(&mut c, "frm3-a");
+    assert_eq!(a["headers"]["x-unknown-header"], "kept", "{a}");
+    assert_eq!(a["event_born_time"], 1_700_000_000_100_i64, "{a}");
+    assert_eq!(a["event_type"], "chat_update_title", "{a}");
+}
+
+#[test]
+fn frm_4_callback_to_an_unregistered_topic_gets_404_and_the_connection_stays() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    let conn = fake.wait_connected(T);
+    let (f, mid) = fake.frame(
+        "CALLBACK",
+        "/v1.0/im/bot/messages/get",
+        r#"{"text":{"content":"hi"}}"#,
+    );
+    assert!(fake.push_frame(&f));
+    let ack = fake.wait_ack(&mid, T);
+    assert_eq!(ack.code, 404, "{ack:?}");
+    assert_eq!(ack.conn, conn);
+    let evmid = fake.push_event(&ev("frm4"));
+    assert_eq!(fake.wait_ack(&evmid, T).conn, conn, "same connection");
+    assert_eq!(event_ids(&mut c, 1), ["frm4"]);
+    assert_eq!(fake.handshakes().len(), 1);
+}
+
+#[test]
+fn frm_5_unknown_system_topics_are_acked_or_ignored_and_the_connection_stays() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    let conn = fake.wait_connected(T);
+    let mut mids = vec![];
+    for topic in ["no_such_topic", "KEEPALIVE", "CONNECTED"] {
+        let (f, mid) = fake.frame("SYSTEM", topic, "{}");
+        assert!(fake.push_frame(&f));
+        mids.push(mid);
+    }
+    let evmid = fake.push_event(&ev("frm5"));
+    assert_eq!(fake.wait_ack(&evmid, T).conn, conn, "same connection");
+    fake.with_state(|s| {
+        for m in &mids {
+            for a in s.acks_for(m) {
+                assert_eq!(a.code, 200, "an ack, if any, is a 200: {a:?}");
+            }
+        }
+    });
+    assert_eq!(event_ids(&mut c, 1), ["frm5"]);
+    assert_eq!(fake.handshakes().len(), 1);
+}
+
+#[test]
+fn frm_6_malformed_frames_are_skipped_counted_not_acked_and_the_connection_stays() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    let conn = fake.wait_connected(T);
+    let bad = [
+        "{not json",
+        r#"{"type":"EVENT","headers":{"messageId":"m-truncated","eventId":"x""#,
+        "[1,2,3]",
+        r#""just a string""#,
+        r#"{"headers":{"messageId":"m-no-type"},"data":"{}"}"#,
+    ];
+    for b in bad {
+        assert!(fake.push_raw(b));
+    }
+    let evmid = fake.push_event(&ev("frm6"));
+    assert_eq!(fake.wait_ack(&evmid, T).conn, conn, "same connection");
+    assert_eq!(event_ids(&mut c, 1), ["frm6"]);
+    let acks = fake.acks();
+    assert_eq!(acks.len(), 1, "only the good event is acked: {acks:?}");
+    let st = status(&env);
+    assert_eq!(st["source"]["malformed"], bad.len(), "{st:#}");
+    assert_eq!(st["source"]["state"], "connected", "{st:#}");
+    assert_eq!(fake.handshakes().len(), 1);
+}
+
+// ------------------------------------------------------------------ PING
+
+#[test]
+fn ping_1_system_ping_is_acked_with_its_opaque_echoed() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let _c = consumer(&env);
+    fake.wait_connected(T);
+    let sent = Instant::now();
+    let mid = fake
+        .send_system_ping("opaque-4f2a")
+        .expect("live connection");
+    let ack = fake.wait_ack(&mid, T);
+    assert_eq!(ack.code, 200, "{ack:?}");
+    assert_eq!(ack.content_type, "application/json");
+    let data: Value = serde_json::from_str(&ack.data).expect("ack data is JSON");
+    assert_eq!(data["opaque"], "opaque-4f2a", "{ack:?}");
+    eprintln!("PING-1: ping acked after {:?}", ack.at.duration_since(sent));
+}
+
+#[test]
+fn ping_2_a_ping_behind_a_burst_of_events_is_still_acked() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    // A subscription nobody reads: events pile up in the bus, the upstream
+    // must not care.
+    env.dws(["event", "subscribe", "*", "--id", "idle-sub"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+    fake.wait_connected(T);
+    let mids: Vec<String> = (0..500)
+        .map(|i| fake.push_event(&ev(&format!("burst-{i:03}"))))
+        .collect();
+    let sent = Instant::now();
+    let ping = fake
+        .send_system_ping("behind-the-burst")
+        .expect("live connection");
+    let ack = fake.wait_ack(&ping, T);
+    let data: Value = serde_json::from_str(&ack.data).expect("ack data is JSON");
+    assert_eq!(data["opaque"], "behind-the-burst");
+    eprintln!(
+        "PING-2: ping behind 500 events acked after {:?}",
+        ack.at.duration_since(sent)
+    );
+    fake.wait_until("all 500 events acked", T, |s| {
+        mids.iter().all(|m| s.acks_for(m).len() == 1)
+    });
+    let st = status(&env);
+    let sub = st["subscriptions"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["id"] == "idle-sub"))
+        .cloned();
+    assert_eq!(sub.expect("idle-sub")["pending"], 500, "{st:#}");
+}
+
+#[test]
+fn ping_4_a_peer_that_stops_answering_pings_is_replaced_with_a_new_ticket() {
+    let fake = FakeDingTalk::start();
+    let env = Bus {
+        keepalive: "1s",
+        ..Bus::default()
+    }
+    .knob("DWS_DINGTALK_PONG_TIMEOUT_MS", 1000)
+    .env(&fake);
+    let mut c = consumer(&env);
+    let first = fake.wait_connected(T);
+    fake.wait_until("client keepalive pings", T, |s| {
+        s.conn(first).is_some_and(|c| c.client_pings >= 1)
+    });
+    let frozen_at = Instant::now();
+    fake.stop_answering_pings().expect("live connection");
+    let second = fake.wait("a replacement connection", T, |s| {
+        s.target().filter(|c| *c != first)
+    });
+    let reconnected = fake
+        .with_state(|s| s.conn(second).map(|c| c.opened_at))
+        .expect("conn");
+    let conns = fake.connections();
+    assert_ne!(conns[0].ticket, conns[1].ticket, "a new ticket");
+    assert_eq!(fake.open_count(), 2);
+    assert!(
+        reconnected.duration_since(frozen_at) >= Duration::from_millis(900),
+        "not before the pong deadline ({:?})",
+        reconnected.duration_since(frozen_at)
+    );
+    let mid = fake.push_event(&ev("ping4"));
+    assert_eq!(fake.wait_ack(&mid, T).conn, second);
+    assert_eq!(event_ids(&mut c, 1), ["ping4"]);
+}
+
+#[test]
+fn ping_5_server_websocket_pings_are_answered() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let _c = consumer(&env);
+    let conn = fake.wait_connected(T);
+    fake.ws_ping(b"server-ping-1").expect("live connection");
+    fake.wait_until("the pong", T, |s| {
+        s.conn(conn)
+            .is_some_and(|c| c.pongs.iter().any(|p| p == b"server-ping-1"))
+    });
+}
+
+// ------------------------------------------------------------------ DISC / ACK
+
+#[test]
+fn disc_2_disconnect_opens_a_replacement_at_once_and_the_old_socket_takes_no_work() {
+    let fake = fake_with(|o| o.disconnect_close_after = Duration::from_secs(5));
+    let env = Bus::default()
+        .knob("DWS_DINGTALK_DRAIN_GRACE_MS", 20_000)
+        .env(&fake);
+    let mut c = consumer(&env);
+    let first = fake.wait_connected(T);
+    let m1 = fake.push_event(&ev("disc-1"));
+    fake.wait_ack(&m1, T);
+    fake.send_disconnect("connection is expired")
+        .expect("live connection");
+    let second = fake.wait("a replacement connection", T, |s| {
+        s.target().filter(|c| *c != first)
+    });
+    // A push that still reaches the draining socket is not taken.
+    let (late, late_mid) = event_frame(&fake, "disc-late", Some("1.0"), &[]);
+    assert!(
+        fake.push_raw_to(first, &late.to_string()),
+        "the old socket is still open (the server closes it 5 s after disconnect)\n{}",
+        fake.summary()
+    );
+    for i in 2..=4 {
+        fake.push_event(&ev(&format!("disc-{i}")));
+    }
+    let ids = event_ids(&mut c, 4);
+    assert_eq!(ids, ["disc-1", "disc-2", "disc-3", "disc-4"]);
+    fake.wait_until("the old socket closed by the server", T, |s| {
+        s.conn(first).is_some_and(|c| c.closed_at.is_some())
+    });
+    let conns = fake.connections();
+    let (old, new) = (&conns[0], &conns[1]);
+    assert_eq!(new.id, second);
+    assert!(
+        new.opened_at < old.closed_at.expect("closed"),
+        "make-before-break: the replacement was open before the old socket closed"
+    );
+    assert_ne!(old.ticket, new.ticket, "a fresh ticket");
+    assert_eq!(fake.open_count(), 2);
+    assert!(
+        old.end.contains("after disconnect"),
+        "the server closed it, not the client: {old:?}"
+    );
+    assert!(
+        fake.with_state(|s| s.acks_for(&late_mid).is_empty()),
+        "no work taken on the draining socket"
+    );
+    let out = finish(c, 4);
+    assert!(!out.stdout.contains("disc-late"), "{out}");
+}
+
+#[test]
+fn ack_5_a_redelivered_event_is_acked_again_and_delivered_once() {
+    let fake = FakeDingTalk::start();
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let m1 = fake.push_event(&ev("dup-1"));
+    fake.wait_ack(&m1, T);
+    let m2 = fake.push_event(&ev("dup-1"));
+    let a2 = fake.wait_ack(&m2, T);
+    assert_eq!(
+        (a2.code, a2.status.as_deref()),
+        (200, Some("SUCCESS")),
+        "{a2:?}"
+    );
+    fake.push_event(&ev("after-dup"));
+    assert_eq!(event_ids(&mut c, 2), ["dup-1", "after-dup"]);
+    let st = status(&env);
+    let t = st["event_types"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["event_type"] == "user_add_org"))
+        .cloned();
+    assert_eq!(t.expect("event type counters")["duplicates"], 1, "{st:#}");
+    finish(c, 2);
+}
+
+// ------------------------------------------------------------------ RECO
+
+#[test]
+fn reco_1_abrupt_close_reconnects_with_backoff_reset_after_a_healthy_connection() {
+    let fake = FakeDingTalk::start();
+    fake.fail_next_opens(5, 503, r#"{"code":"unavailable","message":"try later"}"#);
+    let env = Bus::default()
+        .knob("DWS_DINGTALK_BACKOFF_MIN_MS", 300)
+        .knob("DWS_DINGTALK_BACKOFF_MAX_MS", 20_000)
+        .env(&fake);
+    let mut c = consumer(&env);
+    let first = fake.wait_connected(T);
+    let opens = fake.opens();
+    assert_eq!(opens.len(), 6);
+    for i in 1..opens.len() {
+        let gap = opens[i].at.duration_since(opens[i - 1].at);
+        let nominal = Duration::from_millis(300 << (i - 1));
+        assert!(
+            gap >= nominal.mul_f64(0.95),
+            "open {i}: waited {gap:?}, backoff is at least {nominal:?}"
+        );
+    }
+    // Healthy: it carried an event.
+    let m = fake.push_event(&ev("reco-1"));
+    fake.wait_ack(&m, T);
+    let dropped_at = Instant::now();
+    fake.drop_tcp().expect("live connection");
+    let second = fake.wait("a new connection", T, |s| {
+        s.target().filter(|c| *c != first)
+    });
+    let reopen = fake.opens()[6].at.duration_since(dropped_at);
+    assert!(
+        reopen >= Duration::from_millis(280),
+        "a backoff, not a hot loop: {reopen:?}"
+    );
+    // Not reset, the next delay would be ≥ 9.6 s.
+    assert!(
+        reopen < Duration::from_millis(4000),
+        "backoff reset after a healthy connection: {reopen:?}"
+    );
+    let conns = fake.connections();
+    assert_ne!(conns[0].ticket, conns[1].ticket);
+    let m = fake.push_event(&ev("reco-2"));
+    assert_eq!(fake.wait_ack(&m, T).conn, second);
+    assert_eq!(event_ids(&mut c, 2), ["reco-1", "reco-2"]);
+}
+
+#[test]
+fn reco_2_consecutive_open_failures_back_off_non_decreasing_to_the_cap_one_open_at_a_time() {
+    let fake = FakeDingTalk::start();
+    fake.fail_next_opens(6, 503, r#"{"code":"unavailable","message":"try later"}"#);
+    fake.set_open_delay(Duration::from_millis(200));
+    let env = Bus::default()
+        .knob("DWS_DINGTALK_BACKOFF_MIN_MS", 200)
+        .knob("DWS_DINGTALK_BACKOFF_MAX_MS", 800)
+        .env(&fake);
+    let _c = consumer(&env);
+    fake.wait_connected(T);
+    let opens = fake.opens();
+    assert_eq!(opens.len(), 7);
+    let gaps: Vec<Duration> = opens
+        .windows(2)
+        .map(|w| w[1].at.duration_since(w[0].at))
+        .collect();
+    let slack = Duration::from_millis(150);
+    for (i, g) in gaps.iter().enumerate() {
+        // answer-to-answer = backoff + the 200 ms the fake takes to answer.
+        let nominal = Duration::from_millis((200u64 << i).min(800) + 200);
+        assert!(
+            *g + slack >= nominal,
+            "gap {i} {g:?} below the nominal {nominal:?}: {gaps:?}"
+        );
+        assert!(
+            *g <= Duration::from_millis(800 + 200) * 5 / 4 + Duration::from_secs(5),
+            "gap {i} {g:?} way above the cap: {gaps:?}"
+        );
+        if i > 0 {
+            assert!(*g + slack >= gaps[i - 1], "delays never decrease: {gaps:?}");
+        }
+    }
+    assert_eq!(
+        fake.with_state(|s| s.max_opens_in_flight),
+        1,
+        "one open request in flight at a time"
+    );
+}
+
+#[test]
+fn reco_3_shutdown_during_backoff_exits_promptly() {
+    let fake = FakeDingTalk::start();
+    fake.fail_next_opens(1000, 503, r#"{"code":"unavailable","message":"try later"}"#);
+    let env = Bus::default()
+        .knob("DWS_DINGTALK_BACKOFF_MIN_MS", 120_000)
+        .knob("DWS_DINGTALK_BACKOFF_MAX_MS", 120_000)
+        .env(&fake);
+    let c = consumer(&env);
+    fake.wait_until("the first open", T, |s| !s.opens.is_empty());
+    env.wait_until(T, "the source backing off", || {
+        status(&env)["source"]["state"] == "reconnecting"
+    });
+    let st = status(&env);
+    assert!(
+        st["source"]["next_retry_at_unix_ms"].as_i64().is_some(),
+        "{st:#}"
+    );
+    let started = Instant::now();
+    env.dws(["event", "stop"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("bus_shutdown", 0);
+    env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit during a 120 s backoff");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "well before the backoff ended"
+    );
+    assert_eq!(fake.open_count(), 1, "no open after the stop");
+}
