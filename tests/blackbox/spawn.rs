@@ -292,3 +292,77 @@ fn consumers_arriving_at_idle_exit_end_up_on_a_working_bus() {
         out.assert_clean_exit("limit", 1);
     }
 }
+
+/// Runs the `wire-probe` test binary (connect + Hello) against `socket` as
+/// uid/gid 65534 (nobody), through `setpriv`.
+fn probe_as_nobody(env: &TestEnv, socket: &std::path::Path) -> dws_tests::Output {
+    let probe = dws_tests::bin_dir().join("wire-probe");
+    let argv = [
+        "--reuid=65534".to_owned(),
+        "--regid=65534".to_owned(),
+        "--clear-groups".to_owned(),
+        probe.to_string_lossy().into_owned(),
+        socket.to_string_lossy().into_owned(),
+    ];
+    env.command("/usr/bin/setpriv", &argv).run_with_timeout(EXIT_TIMEOUT)
+}
+
+fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root() && std::path::Path::new("/usr/bin/setpriv").exists()
+}
+
+/// Another user cannot reach the socket: its directory is 0700.
+#[test]
+fn another_user_cannot_reach_the_socket() {
+    if !running_as_root() {
+        eprintln!("skipped: needs root and setpriv to act as another user");
+        return;
+    }
+    let env = TestEnv::new();
+    env.publish("perm.x", "warm-up", &[]);
+    let bus = env.bus_meta_pid().expect("bus running");
+    let socket = env.bus_meta_socket().expect("socket");
+    // Let nobody traverse down to the socket directory, which stays 0700.
+    for dir in [env.root().to_path_buf(), env.run_dir()] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    }
+    let out = probe_as_nobody(&env, &socket);
+    assert!(
+        out.stdout.starts_with("connect_error Permission denied"),
+        "{out}"
+    );
+    assert_eq!(env.busd_pids(), vec![bus], "the bus is unharmed");
+}
+
+/// Even if the socket directory and socket were opened up by hand, the bus
+/// checks the peer's uid on every connection and refuses a foreign one with
+/// PERMISSION_DENIED, while it keeps serving everyone else.
+#[test]
+fn the_bus_refuses_a_connection_from_another_uid() {
+    if !running_as_root() {
+        eprintln!("skipped: needs root and setpriv to act as another user");
+        return;
+    }
+    let env = TestEnv::new();
+    let mut consumer = env.dws(["event", "consume", "peer.k"]).stdin_hold().spawn();
+    let bus = consumer.wait_ready().bus_pid;
+    let socket = env.bus_meta_socket().expect("socket");
+    for dir in [
+        env.root().to_path_buf(),
+        env.run_dir(),
+        socket.parent().expect("socket dir").to_path_buf(),
+    ] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    }
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod socket");
+    let out = probe_as_nobody(&env, &socket);
+    assert_eq!(
+        out.stdout.trim(),
+        "error PERMISSION_DENIED connection from another user refused",
+        "{out}"
+    );
+    env.publish("peer.k", "still-served", &[]);
+    let lines = consumer.wait_stdout_lines(1, EXIT_TIMEOUT);
+    assert!(lines[0].contains("still-served"), "{}", consumer.report());
+    assert_eq!(env.busd_pids(), vec![bus]);
+}
