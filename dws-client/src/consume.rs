@@ -255,6 +255,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         ),
     );
 
+    let stdout_watch = watch_stdout_close();
     let mut stdin_eof = if stdin_armed {
         Some(watch_stdin_eof())
     } else {
@@ -282,6 +283,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                 _ = sigint.recv() => break Ok(Reason::Signal),
                 _ = sleep_until_opt(deadline) => break Ok(Reason::Timeout),
                 _ = recv_opt(&mut stdin_eof) => break Ok(Reason::Signal),
+                _ = stdout_closed(stdout_watch.as_ref()) => break Ok(Reason::Signal),
                 f = bus.next() => gone_is_eof(f)?,
             };
             if let Some(reason) = stream.handle(frame)? {
@@ -362,6 +364,26 @@ fn gone_is_eof(frame: Result<Option<S>>) -> Result<Option<S>> {
     match frame {
         Err(e) if e.bus_gone => Ok(None),
         other => other,
+    }
+}
+
+/// Watches stdout for the error condition a pipe reports once its reader
+/// has gone (EPOLLERR), so a consumer whose reader died ends now (reason
+/// `signal`) instead of at its next event. `None` when stdout cannot be
+/// watched (a regular file or a terminal).
+fn watch_stdout_close() -> Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    let fd = io::stdout().as_fd().try_clone_to_owned().ok()?;
+    // SAFETY: `fd` is an open descriptor owned by the AsyncFd for its whole
+    // life; OwnedFd always returns that same descriptor.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::ERROR) }.ok()
+}
+
+async fn stdout_closed(watch: Option<&tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>) {
+    match watch {
+        Some(w) => {
+            let _ = w.ready(tokio::io::Interest::ERROR).await;
+        }
+        None => std::future::pending().await,
     }
 }
 

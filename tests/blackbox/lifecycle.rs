@@ -183,3 +183,24 @@ fn kill_9_of_a_consumer_leaves_its_subscription_resumable_without_loss() {
     resumed.signal(Sig::SIGTERM);
     resumed.wait_exit(EXIT_TIMEOUT).assert_code(0);
 }
+
+/// The reader of stdout goes away while no event is flowing (`… | true`):
+/// the consumer notices at once, not at its next event, and ends cleanly
+/// with reason `signal`, removing its subscription.
+#[test]
+fn stdout_closed_while_idle_ends_the_run_without_waiting_for_an_event() {
+    let env = TestEnv::new();
+    let mut c = env
+        .dws(["event", "consume", "idle.close"])
+        .stdin_hold()
+        .close_stdout_after_lines(0)
+        .spawn();
+    c.wait_ready();
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("signal", 0);
+    let st = env
+        .dws(["event", "status", "--format", "json"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    let doc: serde_json::Value = serde_json::from_str(&st.stdout).expect("status json");
+    assert_eq!(doc["subscriptions"], serde_json::json!([]), "{doc:#}");
+}

@@ -589,7 +589,14 @@ impl Capture {
         let shared = cap.clone();
         thread::spawn(move || {
             let mut chunk = vec![0u8; 64 * 1024];
-            loop {
+            // `close_stdout_after_lines(0)`: close without reading anything.
+            let mut loop_open = close_after_lines != Some(0);
+            if !loop_open {
+                let (lock, cv) = &*shared.0;
+                lock.lock().unwrap_or_else(|e| e.into_inner()).done = true;
+                cv.notify_all();
+            }
+            while loop_open {
                 let n = match r.read(&mut chunk) {
                     Ok(0) | Err(_) => 0,
                     Ok(n) => n,
@@ -601,8 +608,7 @@ impl Capture {
                     .is_some_and(|want| s.buf.iter().filter(|b| **b == b'\n').count() >= want);
                 if n == 0 || enough {
                     s.done = true;
-                    cv.notify_all();
-                    break;
+                    loop_open = false;
                 }
                 cv.notify_all();
             }
