@@ -364,6 +364,21 @@ fn environ_has(pid: i32, needle: &[u8]) -> bool {
     read_proc(pid, "environ").is_some_and(|e| e.split(|b| *b == 0).any(|kv| kv == needle))
 }
 
+/// `true` while `proc` runs; records its exit status once it has ended.
+fn poll_running(proc: &mut std::process::Child, status: &mut Option<std::process::ExitStatus>) -> bool {
+    if status.is_some() {
+        return false;
+    }
+    match proc.try_wait() {
+        Ok(Some(st)) => {
+            *status = Some(st);
+            false
+        }
+        Ok(None) => true,
+        Err(_) => false,
+    }
+}
+
 /// `true` if `pid` exists and is not a zombie.
 pub fn is_live(pid: i32) -> bool {
     let Some(stat) = read_proc(pid, "stat") else {
@@ -690,17 +705,7 @@ impl Child {
 
     /// `true` while the process has not exited.
     pub fn is_running(&mut self) -> bool {
-        if self.status.is_some() {
-            return false;
-        }
-        match self.proc.try_wait() {
-            Ok(Some(st)) => {
-                self.status = Some(st);
-                false
-            }
-            Ok(None) => true,
-            Err(_) => false,
-        }
+        poll_running(&mut self.proc, &mut self.status)
     }
 
     /// Everything captured so far, for failure messages.
@@ -1184,17 +1189,7 @@ impl UnreadChild {
 
     /// `true` while the process has not exited.
     pub fn is_running(&mut self) -> bool {
-        if self.status.is_some() {
-            return false;
-        }
-        match self.proc.try_wait() {
-            Ok(Some(st)) => {
-                self.status = Some(st);
-                false
-            }
-            Ok(None) => true,
-            Err(_) => false,
-        }
+        poll_running(&mut self.proc, &mut self.status)
     }
 
     /// Everything captured so far (stderr only: stdout is not read).
