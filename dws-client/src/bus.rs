@@ -45,9 +45,11 @@ enum DialError {
     Fatal(CliError),
 }
 
-/// Server frames that are not replies and may arrive at any time.
+/// Server frames that are not replies and may arrive at any time. Events
+/// skipped while waiting for a reply were not written, so never acked: a
+/// subscription that outlives this run gets them again.
 fn is_unsolicited(kind: &S) -> bool {
-    matches!(kind, S::SourceState(_) | S::Heartbeat(_))
+    matches!(kind, S::SourceState(_) | S::Heartbeat(_) | S::Event(_) | S::Gap(_))
 }
 
 impl BusConn {
