@@ -272,11 +272,11 @@ impl Connection {
         let mut upstream_id = None;
         match (self.hub.upstream_for(&req), &req.upstream) {
             (Some(ctl), Some(spec)) => {
-                let ttl = if req.ttl_ms == 0 {
-                    self.hub.config().default_ttl
-                } else {
-                    Duration::from_millis(req.ttl_ms)
-                };
+                // Only an explicit TTL bounds the upstream subscription: the
+                // bus's default TTL is about detached *local* subscriptions,
+                // and an attached consumer must not lose its upstream at it.
+                // Without one, the last local release cancels it.
+                let ttl = Duration::from_millis(req.ttl_ms);
                 match ctl.acquire(&req.patterns, spec, ttl).await {
                     Ok(id) => upstream_id = Some(id),
                     Err(r) => return self.error(req.request_id, r.code, r.message),

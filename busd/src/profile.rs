@@ -135,6 +135,8 @@ pub struct PersonalConfig {
     pub source_id: String,
     /// Consecutive failed attempts before the source is `lost`; 0 = retry forever.
     pub max_attempts: u32,
+    /// Interval of client WebSocket pings (default 30s; 0 = none).
+    pub keepalive: Duration,
 }
 
 /// The file's shape. Unknown keys are errors, so a typo is reported instead
@@ -416,6 +418,11 @@ pub fn load(
                 client_id: env.client_id.clone().or(section.client_id.take()).unwrap_or_default(),
                 source_id: section.source_id.take().unwrap_or_else(|| "open".into()),
                 max_attempts: section.max_attempts.unwrap_or(0),
+                keepalive: duration(
+                    "keepalive",
+                    section.keepalive.as_deref(),
+                    Duration::from_secs(30),
+                )?,
             }))
         }
         other => Err(invalid(format!(

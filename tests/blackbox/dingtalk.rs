@@ -262,13 +262,7 @@ fn lost_source_after_max_attempts_ends_consumers_with_source_lost() {
     let b = consumer(&env);
     for c in [a, b] {
         let out = c.wait_exit(T);
-        out.assert_clean_exit("source_lost", 0);
-        let lost = out
-            .stderr_lines()
-            .into_iter()
-            .find(|l| l.starts_with("[event] source lost"))
-            .unwrap_or_else(|| panic!("no `source lost` line\n{out}"))
-            .to_owned();
+        let lost = out.assert_source_lost();
         assert!(
             lost.contains("401") && lost.contains("authFailed"),
             "the reason says why: {lost}\n{out}"
@@ -319,38 +313,24 @@ fn the_client_secret_and_tickets_never_show_up_anywhere() {
 
     let st = status(&env).to_string();
     let meta = std::fs::read_to_string(env.work_dir().join("bus.meta")).unwrap_or_default();
-    // argv of every process on the machine.
-    let mut argvs = String::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            argvs.push_str(&String::from_utf8_lossy(&cmdline).replace('\0', " "));
-            argvs.push('\n');
-        }
-    }
+    let argvs = dws_tests::all_process_argv();
     let out = finish(c, 2);
     let log = std::fs::read_to_string(env.bus_log_path()).expect("bus.log");
     assert!(
         log.contains("dingtalk"),
         "the debug log has the source's lines:\n{log}"
     );
-    for (what, text) in [
-        ("bus.log", &log),
+    let places = [
+        ("bus.log", log.as_str()),
         ("status JSON", &st),
         ("bus.meta", &meta),
         ("consumer stdout", &out.stdout),
         ("consumer stderr", &out.stderr),
         ("argv of the processes", &argvs),
-    ] {
-        assert!(
-            !text.contains(CANARY),
-            "the client secret appears in {what}:\n{text}"
-        );
-        for t in &tickets {
-            assert!(
-                !text.contains(t.as_str()),
-                "ticket {t} appears in {what}:\n{text}"
-            );
-        }
+    ];
+    dws_tests::assert_absent("the client secret", CANARY, &places);
+    for t in &tickets {
+        dws_tests::assert_absent(&format!("ticket {t}"), t, &places);
     }
 
     // The lost reason and the state's last error, too.

@@ -19,6 +19,7 @@
 mod cli_contract;
 mod dingtalk;
 mod lifecycle;
+mod personal;
 mod spawn;
 mod wire;
 mod sources;

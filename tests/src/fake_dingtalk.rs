@@ -1,5 +1,7 @@
-//! A loopback fake of the DingTalk Stream *app* gateway (protocol note §7),
-//! for conformance tests of the bus's `dingtalk` source and for the demo.
+//! A loopback fake of the DingTalk Stream gateway (protocol note §7): the
+//! *app* stream, for conformance tests of the bus's `dingtalk` source and
+//! for the demo, and the *personal* stream (ticket endpoint and subscription
+//! control plane, see [`personal`]) for the `personal` source.
 //!
 //! One listener on `127.0.0.1:<port>` serves:
 //!
@@ -11,6 +13,9 @@
 //! - `GET <endpoint path>?ticket=…` (WebSocket): the ticket must be known,
 //!   unused and younger than its TTL (90 s), else the upgrade is refused
 //!   with HTTP 401.
+//! - `POST /stream/connections/ticket`, `POST /dws/subscription/user`,
+//!   `GET /dws/event/sublist`, `POST /dws/subscription/cancel`: the personal
+//!   stream ([`personal`]).
 //! - `POST /_fake/push` (`{"eventType","eventId"?,"data"?}`),
 //!   `/_fake/disconnect` (`{"reason"?}`), `/_fake/drop`, `/_fake/state`:
 //!   control endpoints for scripts (the demo), see
@@ -50,6 +55,8 @@ use tokio::{
     net::{TcpListener, TcpStream},
     sync::{mpsc, oneshot},
 };
+pub mod personal;
+
 use tokio_tungstenite::tungstenite::{
     handshake::server::{ErrorResponse, Request, Response},
     http, Message,
@@ -76,6 +83,8 @@ pub struct Options {
     pub verbose: bool,
     /// Port to listen on (0 = any free port).
     pub port: u16,
+    /// The personal stream's valid user access token.
+    pub user_token: String,
 }
 
 impl Default for Options {
@@ -89,6 +98,7 @@ impl Default for Options {
             system_ping_every: None,
             verbose: false,
             port: 0,
+            user_token: "fake-user-token".into(),
         }
     }
 }
@@ -258,6 +268,8 @@ pub struct FakeState {
     next_conn: u64,
     next_message: u64,
     local: SocketAddr,
+    /// The personal stream: requests, subscriptions, faults.
+    pub personal: personal::PersonalState,
 }
 
 impl FakeState {
@@ -313,6 +325,29 @@ impl FakeState {
             .is_some_and(|tx| tx.send(cmd).is_ok())
     }
 
+    /// Queues an EVENT frame with `headers` and `data` for delivery until acked.
+    fn enqueue_event(
+        &mut self,
+        message_id: &str,
+        event_id: &str,
+        headers: serde_json::Map<String, Value>,
+        data: &str,
+    ) {
+        let frame =
+            json!({"specVersion": "1.0", "type": "EVENT", "headers": headers, "data": data})
+                .to_string();
+        self.outbox.push(Outgoing {
+            message_id: message_id.to_owned(),
+            event_id: event_id.to_owned(),
+            frame,
+            conn: None,
+            sent_at: None,
+            sends: 0,
+            acked: false,
+        });
+        self.flush_outbox();
+    }
+
     /// Sends every unacked EVENT that is not in flight to the target.
     fn flush_outbox(&mut self) {
         let Some(target) = self.target() else { return };
@@ -343,6 +378,8 @@ impl FakeState {
 struct Shared {
     state: Mutex<FakeState>,
     changed: Condvar,
+    /// Personal ticket requests wait while this is `true`.
+    tickets_held: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -404,8 +441,10 @@ impl FakeDingTalk {
                 next_conn: 0,
                 next_message: 0,
                 local: addr,
+                personal: personal::PersonalState::default(),
             }),
             changed: Condvar::new(),
+            tickets_held: tokio::sync::watch::channel(false).0,
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let sh = shared.clone();
@@ -727,11 +766,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// WebSocket upgrade (`GET`) or plain HTTP (anything else), decided by
 /// peeking at the first bytes.
 async fn serve(stream: TcpStream, shared: Arc<Shared>) {
-    let mut head = [0u8; 4];
+    // Enough for `GET /dws/` (a control-plane GET, not a WebSocket).
+    let mut head = [0u8; 9];
     let peeked = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match stream.peek(&mut head).await {
-                Ok(n) if n >= 4 => return true,
+                Ok(n) if n >= head.len() => return true,
                 Ok(0) | Err(_) => return false,
                 Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
             }
@@ -741,7 +781,7 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     if peeked != Ok(true) {
         return;
     }
-    if &head == b"GET " {
+    if head.starts_with(b"GET ") && !head[4..].starts_with(personal::CONTROL_BASE_PATH.as_bytes()) {
         serve_ws(stream, shared).await;
     } else {
         serve_http(stream, shared).await;
@@ -799,8 +839,20 @@ async fn housekeeping(
 
 struct HttpRequest {
     method: String,
+    /// Path and query, as in the request line.
     path: String,
+    /// Header names lower-cased.
+    headers: Vec<(String, String)>,
     body: Vec<u8>,
+}
+
+impl HttpRequest {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 async fn read_http_request(stream: &mut TcpStream) -> Option<HttpRequest> {
@@ -828,6 +880,16 @@ async fn read_http_request(stream: &mut TcpStream) -> Option<HttpRequest> {
                 }
                 let method = req.method.unwrap_or("").to_owned();
                 let path = req.path.unwrap_or("").to_owned();
+                let headers: Vec<(String, String)> = req
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.name.to_ascii_lowercase(),
+                            String::from_utf8_lossy(h.value).trim().to_owned(),
+                        )
+                    })
+                    .collect();
                 while buf.len() < n + len {
                     let r = stream.read(&mut chunk).await.ok()?;
                     if r == 0 {
@@ -838,6 +900,7 @@ async fn read_http_request(stream: &mut TcpStream) -> Option<HttpRequest> {
                 return Some(HttpRequest {
                     method,
                     path,
+                    headers,
                     body: buf[n..n + len].to_vec(),
                 });
             }
@@ -856,6 +919,15 @@ async fn read_http_request(stream: &mut TcpStream) -> Option<HttpRequest> {
 }
 
 async fn respond(stream: &mut TcpStream, status: u16, body: &str) {
+    respond_with(stream, status, body, &[]).await
+}
+
+async fn respond_with(
+    stream: &mut TcpStream,
+    status: u16,
+    body: &str,
+    extra_headers: &[(String, String)],
+) {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -868,8 +940,12 @@ async fn respond(stream: &mut TcpStream, status: u16, body: &str) {
         503 => "Service Unavailable",
         _ => "Status",
     };
+    let extra: String = extra_headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let text = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = stream.write_all(text.as_bytes()).await;
@@ -888,6 +964,10 @@ async fn serve_http(mut stream: TcpStream, shared: Arc<Shared>) {
     let path = req.path.split('?').next().unwrap_or("").to_owned();
     match (req.method.as_str(), path.as_str()) {
         ("POST", OPEN_PATH) => handle_open(stream, shared, req.body).await,
+        ("POST", personal::TICKET_PATH) => personal::handle_ticket(stream, shared, req).await,
+        (_, p) if p.starts_with(personal::CONTROL_BASE_PATH) => {
+            personal::handle_control(stream, shared, req).await
+        }
         ("POST", p) if p.starts_with("/_fake/") => {
             let (status, body) = control(&shared, p, &req.body);
             respond(&mut stream, status, &body).await;
@@ -1062,25 +1142,13 @@ fn push_event(shared: &Shared, ev: &Event) -> String {
         for (k, v) in &ev.extra_headers {
             headers.insert(k.clone(), Value::String(v.clone()));
         }
-        let frame =
-            json!({"specVersion": "1.0", "type": "EVENT", "headers": headers, "data": ev.data})
-                .to_string();
         s.log(|| {
             format!(
                 "push EVENT {mid} eventId={} type={}",
                 ev.event_id, ev.event_type
             )
         });
-        s.outbox.push(Outgoing {
-            message_id: mid.clone(),
-            event_id: ev.event_id.clone(),
-            frame,
-            conn: None,
-            sent_at: None,
-            sends: 0,
-            acked: false,
-        });
-        s.flush_outbox();
+        s.enqueue_event(&mid, &ev.event_id, headers, &ev.data);
         mid
     })
 }

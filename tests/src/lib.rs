@@ -391,6 +391,27 @@ pub fn is_live(pid: i32) -> bool {
     !matches!(stat.get(close + 2), Some(b'Z') | Some(b'X') | None)
 }
 
+/// The argv of every process on the machine, one per line: where a secret
+/// must never show up.
+pub fn all_process_argv() -> String {
+    let mut argvs = String::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            argvs.push_str(&String::from_utf8_lossy(&cmdline).replace('\0', " "));
+            argvs.push('\n');
+        }
+    }
+    argvs
+}
+
+/// Asserts that `secret` (named `name` in the message) appears in none of
+/// `places`, given as `(what, text)`.
+pub fn assert_absent(name: &str, secret: &str, places: &[(&str, &str)]) {
+    for (what, text) in places {
+        assert!(!text.contains(secret), "{name} appears in {what}:\n{text}");
+    }
+}
+
 /// Waits until `pid` is gone (or a zombie).
 pub fn wait_pid_gone(pid: i32, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
@@ -993,6 +1014,17 @@ impl Output {
         assert_eq!(ex.reason, reason, "exit reason\n{self}");
         assert_eq!(ex.count, count, "event count in the exited line\n{self}");
         ex
+    }
+
+    /// Asserts a clean end with reason `source_lost` and no event; returns
+    /// the `[event] source lost (…)` line, which says why.
+    pub fn assert_source_lost(&self) -> String {
+        self.assert_clean_exit("source_lost", 0);
+        self.stderr_lines()
+            .into_iter()
+            .find(|l| l.starts_with("[event] source lost"))
+            .unwrap_or_else(|| panic!("no `[event] source lost` line\n{self}"))
+            .to_owned()
     }
 
     /// Asserts a failure: `code`, no `exited` line, exactly one line starting

@@ -6,6 +6,8 @@
 pub mod dingtalk;
 pub mod exec;
 pub mod local;
+pub mod personal;
+pub mod stream;
 
 use std::{future::Future, pin::Pin};
 
@@ -29,6 +31,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait UpstreamControl: Send + Sync {
     /// Binds a new local subscription (event keys, upstream spec, TTL) to an
     /// upstream subscription, creating it if needed; returns its upstream id.
+    /// `ttl` is the TTL the user asked for explicitly, zero when none: only
+    /// then does the upstream subscription get an expiry.
     /// A refusal reaches the consumer as an `Error` frame before any ready line.
     fn acquire<'a>(
         &'a self,
@@ -63,45 +67,6 @@ pub fn from_config(config: &crate::profile::SourceConfig) -> Box<dyn Source> {
         C::Local => Box::new(local::LocalSource),
         C::Exec(c) => Box::new(exec::ExecSource { config: c.clone() }),
         C::DingTalk(c) => Box::new(dingtalk::DingTalkSource { config: c.clone() }),
-        C::Personal(_) => Box::new(unavailable::Unavailable {
-            kind: "personal",
-            reason: "the personal source is not built yet".into(),
-        }),
-    }
-}
-
-pub mod unavailable {
-    //! A source that cannot run: it reports itself lost at once, so the
-    //! consumers are told the truth (source_lost) rather than waiting forever.
-    use proto::v1;
-
-    use super::{Source, SourceContext, SourceFuture};
-
-    pub struct Unavailable {
-        pub kind: &'static str,
-        pub reason: String,
-    }
-
-    impl Source for Unavailable {
-        fn kind(&self) -> &'static str {
-            self.kind
-        }
-
-        fn run(self: Box<Self>, ctx: SourceContext) -> SourceFuture {
-            Box::pin(async move {
-                ctx.hub.set_source_state(
-                    v1::SourceState {
-                        state: v1::SourceStatus::Lost as i32,
-                        reason: self.reason.clone(),
-                        since_unix_ms: crate::hub::now_ms(),
-                        ..Default::default()
-                    },
-                    Some(self.reason),
-                );
-                ctx.hub
-                    .shutdown_trigger()
-                    .trigger(v1::ByeReason::SourceLost);
-            })
-        }
+        C::Personal(c) => Box::new(personal::PersonalSource::new(c.clone())),
     }
 }

@@ -1,24 +1,16 @@
-//! Network plumbing of the DingTalk source: a small URL type (enough for the
-//! gateway base URL and the WebSocket endpoint the gateway hands out), the
-//! TLS client configuration (rustls with the `ring` provider and the webpki
-//! root store), and a minimal HTTP/1.1 client for the one JSON `POST` the
-//! app stream needs (`connections/open`).
-//!
-//! The HTTP client sends `Connection: close`, reads the whole response
-//! (bounded in size and time) and understands `Content-Length`, chunked
-//! transfer encoding and read-to-EOF bodies. Plain `http://` / `ws://` is
-//! refused unless the host is a loopback address (tests, the demo).
+//! Network plumbing of the DingTalk stream sources: a small URL type (enough
+//! for the configured base URLs and the WebSocket endpoint a ticket comes
+//! with, whose query carries the ticket and must be redacted), the TLS
+//! client configuration (rustls with the `ring` provider and the webpki
+//! root store, shared by the HTTP client and the WebSocket dial), and the
+//! HTTP client of the JSON calls (`reqwest`, bounded in size and time).
+//! Plain `http://` / `ws://` is refused unless the host is a loopback
+//! address (tests, the demo).
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use rustls::pki_types::ServerName;
-use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
-    net::TcpStream,
-};
-
-/// Largest HTTP response accepted from the gateway.
-const MAX_RESPONSE: usize = 1024 * 1024;
+/// Largest HTTP response body accepted from the upstream.
+pub const MAX_RESPONSE: usize = 1024 * 1024;
 
 /// A parsed absolute URL: `scheme://host[:port][/path][?query]`. Fragments
 /// are dropped; user info is refused.
@@ -231,180 +223,76 @@ pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
 #[derive(Debug)]
 pub struct Response {
     pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
     pub body: Vec<u8>,
 }
 
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
-/// `POST url` with a JSON body; returns the response, or why there is none
-/// (a transport-level message without the request body). The whole exchange
-/// (connect, TLS, request, response) is bounded by `timeout`.
-pub async fn post_json(
-    url: &Url,
-    body: &[u8],
-    user_agent: &str,
+/// The HTTP client of the upstream calls (`reqwest`): TLS from
+/// [`tls_config`], HTTP/1.1, no redirects (a redirect must not carry
+/// credentials elsewhere), no proxy (like the WebSocket dial), and every
+/// request — connect, TLS, request, response body — bounded by `timeout`.
+pub fn http_client(
     tls: &Arc<rustls::ClientConfig>,
+    user_agent: &str,
     timeout: Duration,
-) -> Result<Response, String> {
-    match tokio::time::timeout(timeout, post_json_inner(url, body, user_agent, tls)).await {
-        Ok(r) => r,
-        Err(_) => Err(format!("no response within {}s", timeout.as_secs_f64())),
-    }
+) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .use_preconfigured_tls((**tls).clone())
+        .user_agent(user_agent)
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("HTTP client setup failed: {}", describe(&e)))
 }
 
-async fn post_json_inner(
-    url: &Url,
-    body: &[u8],
-    user_agent: &str,
-    tls: &Arc<rustls::ClientConfig>,
-) -> Result<Response, String> {
+/// Sends `req` (built for `url`) and reads the whole response, at most
+/// [`MAX_RESPONSE`] bytes. Plain `http://` is refused unless `url` is a
+/// loopback host. The error is a transport-level message without the URL's
+/// query or the request body.
+pub async fn send(url: &Url, req: reqwest::RequestBuilder) -> Result<Response, String> {
     url.check_transport()?;
-    let addr = (url.host.as_str(), url.port_or_default());
-    let tcp = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("cannot connect to {}: {e}", url.authority()))?;
-    let _ = tcp.set_nodelay(true);
-    let mut stream: Box<dyn Io> = if url.is_tls() {
-        let mut cfg = (**tls).clone();
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let name = ServerName::try_from(url.host.clone())
-            .map_err(|e| format!("invalid TLS server name: {e}"))?;
-        let s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(name, tcp)
-            .await
-            .map_err(|e| format!("TLS handshake with {} failed: {e}", url.authority()))?;
-        Box::new(s)
-    } else {
-        Box::new(tcp)
-    };
-    let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\n\
-         User-Agent: {user_agent}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        url.path_and_query(),
-        url.authority(),
-        body.len()
-    );
-    let mut req = head.into_bytes();
-    req.extend_from_slice(body);
-    stream
-        .write_all(&req)
-        .await
-        .map_err(|e| format!("sending the request failed: {e}"))?;
-    stream
-        .flush()
-        .await
-        .map_err(|e| format!("sending the request failed: {e}"))?;
-    read_response(&mut stream).await
-}
-
-async fn read_response<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> Result<Response, String> {
-    let mut buf = Vec::with_capacity(4096);
-    let mut chunk = [0u8; 8192];
-    let mut eof = false;
-    loop {
-        if let Some(resp) = try_parse(&buf, eof)? {
-            return Ok(resp);
-        }
-        if eof {
-            return Err(if buf.is_empty() {
-                "connection closed without a response".into()
-            } else {
-                "connection closed in the middle of the response".into()
-            });
-        }
-        if buf.len() > MAX_RESPONSE {
-            return Err(format!("response larger than {MAX_RESPONSE} bytes"));
-        }
-        match r.read(&mut chunk).await {
-            Ok(0) => eof = true,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            // A TLS peer that closes without close_notify after a complete
-            // read-to-EOF body: treat as EOF, the parser decides.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => eof = true,
-            Err(e) => return Err(format!("reading the response failed: {e}")),
-        }
-    }
-}
-
-/// Parses a response once it is complete; `Ok(None)` means "need more bytes".
-fn try_parse(buf: &[u8], eof: bool) -> Result<Option<Response>, String> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut resp = httparse::Response::new(&mut headers);
-    let head_len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(format!("malformed HTTP response: {e}")),
-    };
-    let status = resp.code.unwrap_or(0);
-    if (100..200).contains(&status) {
-        // An interim response (100 Continue): skip it.
-        return try_parse(&buf[head_len..], eof);
-    }
-    let header = |name: &str| {
-        resp.headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(name))
-            .map(|h| String::from_utf8_lossy(h.value).trim().to_ascii_lowercase())
-    };
-    let rest = &buf[head_len..];
-    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-        return Ok(decode_chunked(rest)?.map(|body| Response { status, body }));
-    }
-    if let Some(len) = header("content-length") {
-        let len: usize = len
-            .parse()
-            .map_err(|_| format!("invalid Content-Length {len:?}"))?;
-        if len > MAX_RESPONSE {
-            return Err(format!("response larger than {MAX_RESPONSE} bytes"));
-        }
-        if rest.len() >= len {
-            return Ok(Some(Response {
-                status,
-                body: rest[..len].to_vec(),
-            }));
-        }
-        return Ok(None);
-    }
-    if status == 204 || status == 304 {
-        return Ok(Some(Response {
-            status,
-            body: vec![],
-        }));
-    }
-    // No framing: the body runs to EOF.
-    Ok(eof.then(|| Response {
-        status,
-        body: rest.to_vec(),
-    }))
-}
-
-/// Decodes a complete chunked body, or `Ok(None)` if more bytes are needed.
-fn decode_chunked(mut rest: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let mut resp = req.send().await.map_err(|e| describe(&e))?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
     let mut body = Vec::new();
-    loop {
-        let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
-            return Ok(None);
-        };
-        let line = std::str::from_utf8(&rest[..eol]).map_err(|_| "malformed chunk size")?;
-        let size_hex = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|_| format!("malformed chunk size {size_hex:?}"))?;
-        rest = &rest[eol + 2..];
-        if size == 0 {
-            // Trailers are ignored; the body is complete once the size-0
-            // chunk is here (we do not reuse the connection).
-            return Ok(Some(body));
-        }
-        if body.len() + size > MAX_RESPONSE {
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the response failed: {}", describe(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_RESPONSE {
             return Err(format!("response larger than {MAX_RESPONSE} bytes"));
         }
-        if rest.len() < size + 2 {
-            return Ok(None);
-        }
-        body.extend_from_slice(&rest[..size]);
-        rest = &rest[size + 2..];
+        body.extend_from_slice(&chunk);
     }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A `reqwest` error with its causes on one line, without the URL.
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return "no response in time (timed out)".into();
+    }
+    let mut msg = match e.url() {
+        Some(u) => e.to_string().replace(&format!(" ({u})"), ""),
+        None => e.to_string(),
+    };
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        cause = c.source();
+    }
+    msg
 }
 
 #[cfg(test)]
@@ -456,26 +344,5 @@ mod tests {
         assert!(Url::parse("wss://x:99999").is_err());
         assert!(Url::parse("wss:///p").is_err());
         assert!(Url::parse("nope").is_err());
-    }
-
-    #[test]
-    fn responses() {
-        let full = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-        let r = try_parse(full, false).unwrap().unwrap();
-        assert_eq!((r.status, r.body.as_slice()), (200, &b"{}"[..]));
-        assert!(try_parse(&full[..full.len() - 1], false).unwrap().is_none());
-
-        let chunked = b"HTTP/1.1 401 Unauthorized\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
-        let r = try_parse(chunked, false).unwrap().unwrap();
-        assert_eq!((r.status, r.body.as_slice()), (401, &b"abcde"[..]));
-        assert!(try_parse(&chunked[..60], false).unwrap().is_none());
-
-        let eof = b"HTTP/1.0 500 Oops\r\n\r\nbody";
-        assert!(try_parse(eof, false).unwrap().is_none());
-        assert_eq!(try_parse(eof, true).unwrap().unwrap().body, b"body");
-
-        let cont = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
-        assert_eq!(try_parse(cont, false).unwrap().unwrap().status, 200);
-        assert!(try_parse(b"garbage\r\n\r\n", false).is_err());
     }
 }

@@ -1,5 +1,5 @@
-//! DingTalk Stream frames: decoding the server's pushes and encoding our
-//! acknowledgements ("response" frames).
+//! DingTalk Stream frames (app and personal stream alike): decoding the
+//! server's pushes and encoding our acknowledgements ("response" frames).
 //!
 //! A push is one JSON object per WebSocket text frame:
 //! `{"specVersion"?, "type": "SYSTEM"|"EVENT"|"CALLBACK", "headers": {…},
@@ -25,6 +25,8 @@ pub struct Frame {
     pub headers: BTreeMap<String, String>,
     /// `data` as text (a JSON document for the known frame types).
     pub data: String,
+    /// The optional top-level `time` (ms), when it is a positive integer.
+    pub time: Option<i64>,
 }
 
 impl Frame {
@@ -69,10 +71,17 @@ pub fn parse(text: &str) -> Result<Frame, String> {
         Some(Value::String(s)) => s,
         Some(other) => other.to_string(),
     };
+    let time = match obj.remove("time") {
+        Some(Value::Number(n)) => n.as_i64(),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|t| *t > 0);
     Ok(Frame {
         kind,
         headers,
         data,
+        time,
     })
 }
 
@@ -113,6 +122,7 @@ mod tests {
         assert_eq!(f.header("n"), "5");
         assert!(!f.headers.contains_key("z"));
         assert_eq!(f.data, r#"{"a":1}"#);
+        assert_eq!(f.time, Some(1));
 
         let f = parse(r#"{"type":"SYSTEM","headers":{},"data":{"opaque":"x"}}"#).unwrap();
         assert_eq!(f.data, r#"{"opaque":"x"}"#);
