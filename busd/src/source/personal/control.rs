@@ -9,7 +9,8 @@
 //!
 //! - Create: `POST {base}/subscription/user` with `clientId`, `sourceId`,
 //!   `eventKey`, `filterRule` (the rule parameter as a JSON *string*),
-//!   `deliveryPref: realtime`, `expiresAt` (RFC 3339, now + TTL) and `ext`
+//!   `deliveryPref: realtime`, `expiresAt` (RFC 3339, now + TTL; only when
+//!   the user gave an explicit `--ttl`) and `ext`
 //!   (`ruleType`, the content `filter`, `idempotencyKey`). The id is the
 //!   first element of `result` (or `result.subId`).
 //! - List: `GET {base}/event/sublist?clientId&sourceId&pageSize=100&pageNo=N`,
