@@ -21,11 +21,7 @@ use proto::{
     v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason, ErrorCode},
     CodecError, ServerCodec,
 };
-use tokio::{
-    io::AsyncWriteExt,
-    net::UnixStream,
-    time::Instant,
-};
+use tokio::{io::AsyncWriteExt, net::UnixStream, time::Instant};
 use tokio_util::codec::FramedRead;
 
 use crate::{
@@ -162,12 +158,20 @@ impl Connection {
         }));
     }
 
-    fn bye(&mut self, reason: ByeReason) {
-        // A source that was lost says why before the Bye that follows it.
-        let (state, gen) = self.hub.source_state();
-        if gen != self.source_gen && matches!(self.phase, Phase::Ready) {
+    /// Sends the source state if it changed since this connection last saw it.
+    /// The generation is read without the hub lock: this runs on every wake-up.
+    fn source_state_if_changed(&mut self) {
+        if self.hub.source_gen() != self.source_gen {
+            let (state, gen) = self.hub.source_state();
             self.source_gen = gen;
             self.send(S::SourceState(state));
+        }
+    }
+
+    fn bye(&mut self, reason: ByeReason) {
+        // A source that was lost says why before the Bye that follows it.
+        if matches!(self.phase, Phase::Ready) {
+            self.source_state_if_changed();
         }
         self.send(S::Bye(v1::Bye {
             reason: reason as i32,
@@ -191,11 +195,7 @@ impl Connection {
     /// Moves deliverable events (and gaps, and source-state changes) from the
     /// hub into the outbound buffer, within the high-water mark.
     fn fill(&mut self) {
-        let (state, gen) = self.hub.source_state();
-        if gen != self.source_gen {
-            self.source_gen = gen;
-            self.send(S::SourceState(state));
-        }
+        self.source_state_if_changed();
         while self.out.len() < OUT_HIGH_WATER {
             let Some(d) = self.hub.pull(self.id, PULL_BATCH) else {
                 break;

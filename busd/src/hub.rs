@@ -11,7 +11,10 @@ use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     num::NonZeroUsize,
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -22,10 +25,10 @@ use proto::v1::{self, ByeReason, ErrorCode};
 use tokio::sync::Notify;
 
 use crate::{
-    source::UpstreamControl,
     eventlog::{EventLog, LoggedEvent, Retention},
     pattern::Selector,
     shutdown::ShutdownTrigger,
+    source::UpstreamControl,
 };
 
 pub type ConnId = u64;
@@ -206,6 +209,9 @@ struct Shared {
     state: Mutex<State>,
     /// Wakes the housekeeping task (idle timer, TTL reaper).
     housekeeping: Notify,
+    /// Mirror of `State::source_gen`, so connections can check for a source
+    /// state change on every wake-up without the lock.
+    source_gen: AtomicU64,
     config: HubConfig,
     started_at_ms: i64,
     started: Instant,
@@ -264,6 +270,7 @@ impl Hub {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
                 housekeeping: Notify::new(),
+                source_gen: AtomicU64::new(0),
                 config,
                 started_at_ms: now_ms(),
                 started: Instant::now(),
@@ -342,7 +349,8 @@ impl Hub {
     /// create a new local subscription.
     pub fn upstream_for(&self, req: &v1::Subscribe) -> Option<Arc<dyn UpstreamControl>> {
         let upstream = self.shared.upstream.clone()?;
-        let exists = !req.subscription_id.is_empty() && self.state().subs.contains_key(&req.subscription_id);
+        let exists =
+            !req.subscription_id.is_empty() && self.state().subs.contains_key(&req.subscription_id);
         (!exists && !req.must_exist).then_some(upstream)
     }
 
@@ -690,7 +698,8 @@ impl Hub {
             subs, conns, log, ..
         } = &mut *st;
         for sub in subs.values_mut() {
-            let routed = upstream_sub.is_empty() || sub.upstream_id.as_deref() == Some(upstream_sub.as_str());
+            let routed = upstream_sub.is_empty()
+                || sub.upstream_id.as_deref() == Some(upstream_sub.as_str());
             if routed && sub.selector.matches(&logged.event_type) {
                 sub.pending.push_back(logged.clone());
                 sub.counters.matched += 1;
@@ -806,6 +815,9 @@ impl Hub {
         }
         st.source.state = state;
         st.source_gen += 1;
+        self.shared
+            .source_gen
+            .store(st.source_gen, Ordering::Release);
         let handles: Vec<_> = st
             .conns
             .values()
@@ -824,6 +836,11 @@ impl Hub {
         let mut st = self.state();
         st.source.malformed += 1;
         st.source.last_error = format!("malformed input: {why}");
+    }
+
+    /// The source state's generation, without taking the lock.
+    pub fn source_gen(&self) -> u64 {
+        self.shared.source_gen.load(Ordering::Acquire)
     }
 
     /// The source state and its generation (to detect changes).

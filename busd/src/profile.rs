@@ -391,7 +391,10 @@ pub fn load(
                 .ticket_url
                 .take()
                 .unwrap_or_else(|| format!("{base}/stream/connections/ticket"));
-            let control_base = section.control_base.take().unwrap_or_else(|| format!("{base}/dws"));
+            let control_base = section
+                .control_base
+                .take()
+                .unwrap_or_else(|| format!("{base}/dws"));
             check_url(&ticket_url, "ticket_url")?;
             check_url(&control_base, "control_base")?;
             let access_token = if let Some(t) = &env.access_token {
@@ -400,7 +403,11 @@ pub fn load(
                 check_private(&path, "config file")?;
                 TokenSource::Fixed(Secret::new(t))
             } else if let Some(f) = section.access_token_file.take() {
-                let f = if f.is_relative() { config_root.join(f) } else { f };
+                let f = if f.is_relative() {
+                    config_root.join(f)
+                } else {
+                    f
+                };
                 let source = TokenSource::File(f);
                 source.read()?;
                 source
@@ -415,7 +422,11 @@ pub fn load(
                 ticket_url: ticket_url.trim_end_matches('/').to_owned(),
                 control_base: control_base.trim_end_matches('/').to_owned(),
                 access_token,
-                client_id: env.client_id.clone().or(section.client_id.take()).unwrap_or_default(),
+                client_id: env
+                    .client_id
+                    .clone()
+                    .or(section.client_id.take())
+                    .unwrap_or_default(),
                 source_id: section.source_id.take().unwrap_or_else(|| "open".into()),
                 max_attempts: section.max_attempts.unwrap_or(0),
                 keepalive: duration(
@@ -517,14 +528,27 @@ mod tests {
         let tok = tmp.path().join("tok");
         std::fs::write(&tok, "T0KEN\n").unwrap();
         std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
-        write(tmp.path(), "[profiles.p]\nsource = \"personal\"\naccess_token_file = \"tok\"\n", 0o644);
-        let SourceConfig::Personal(p) = load(tmp.path(), "p", &EnvOverrides::default()).unwrap() else { panic!() };
-        assert_eq!(p.ticket_url, "https://mcp.dingtalk.com/stream/connections/ticket");
+        write(
+            tmp.path(),
+            "[profiles.p]\nsource = \"personal\"\naccess_token_file = \"tok\"\n",
+            0o644,
+        );
+        let SourceConfig::Personal(p) = load(tmp.path(), "p", &EnvOverrides::default()).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            p.ticket_url,
+            "https://mcp.dingtalk.com/stream/connections/ticket"
+        );
         assert_eq!(p.control_base, "https://mcp.dingtalk.com/dws");
         assert_eq!(p.source_id, "open");
         assert_eq!(p.access_token.read().unwrap().expose(), "T0KEN");
         std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(load(tmp.path(), "p", &EnvOverrides::default()), Err(ConfigError::Permission(_))));
+        assert!(matches!(
+            load(tmp.path(), "p", &EnvOverrides::default()),
+            Err(ConfigError::Permission(_))
+        ));
     }
 
     #[test]

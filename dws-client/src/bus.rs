@@ -49,7 +49,10 @@ enum DialError {
 /// skipped while waiting for a reply were not written, so never acked: a
 /// subscription that outlives this run gets them again.
 fn is_unsolicited(kind: &S) -> bool {
-    matches!(kind, S::SourceState(_) | S::Heartbeat(_) | S::Event(_) | S::Gap(_))
+    matches!(
+        kind,
+        S::SourceState(_) | S::Heartbeat(_) | S::Event(_) | S::Gap(_)
+    )
 }
 
 impl BusConn {
@@ -192,6 +195,11 @@ async fn dial(endpoint: &Endpoint) -> std::result::Result<BusConn, DialError> {
         Ok(s) => s,
         Err(e) if matches!(e.kind(), K::NotFound | K::ConnectionRefused) => {
             return Err(DialError::NotRunning)
+        }
+        // The listener closed under us: the bus is exiting. Try again (the
+        // next round finds no socket and starts a successor).
+        Err(e) if matches!(e.kind(), K::ConnectionReset | K::ConnectionAborted) => {
+            return Err(DialError::Gone)
         }
         Err(e) if e.kind() == K::PermissionDenied => {
             return Err(DialError::Fatal(CliError::permission(format!(

@@ -98,7 +98,10 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
             "{key}: a personal-stream subscription needs an exact event key, not a pattern"
         )));
     }
-    let known = PERSONAL_KEYS.iter().find(|(k, _)| k == key).map(|(_, r)| *r);
+    let known = PERSONAL_KEYS
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, r)| *r);
     let rule = match (&args.rule, known) {
         (Some(r), _) if !RULES.contains(&r.as_str()) => {
             return Err(CliError::usage(format!(
@@ -125,11 +128,9 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
                 "rule {rule} needs exactly one of --user or --open-dingtalk-id (and no --group)"
             )))
         }
-        "group" if args.group.is_none() || targets > 0 => {
-            return Err(CliError::usage(
-                "rule group needs --group OPEN_CONVERSATION_ID (and no --user or --open-dingtalk-id)",
-            ))
-        }
+        "group" if args.group.is_none() || targets > 0 => return Err(CliError::usage(
+            "rule group needs --group OPEN_CONVERSATION_ID (and no --user or --open-dingtalk-id)",
+        )),
         "at" | "all" if targets > 0 || args.group.is_some() => {
             return Err(CliError::usage(format!(
                 "rule {rule} takes no --user, --open-dingtalk-id or --group"
@@ -187,17 +188,44 @@ mod tests {
         let keys = |k: &str| vec![k.to_owned()];
         let none = UpstreamArgs::default();
         assert_eq!(upstream(&keys("im.x"), &none).unwrap(), None);
-        let at = upstream(&keys("user_im_message_receive_at"), &none).unwrap().unwrap();
+        let at = upstream(&keys("user_im_message_receive_at"), &none)
+            .unwrap()
+            .unwrap();
         assert_eq!(at.rule_type, "at");
         let err = upstream(&keys("user_im_message_receive_o2o"), &none).unwrap_err();
-        assert!(err.message.contains("exactly one of --user"), "{}", err.message);
-        let o2o = UpstreamArgs { user: Some("u1".into()), ..none.clone() };
-        assert_eq!(upstream(&keys("user_im_message_receive_o2o"), &o2o).unwrap().unwrap().user, "u1");
-        let g = UpstreamArgs { rule: Some("at".into()), ..none.clone() };
-        assert!(upstream(&keys("user_im_group_updated"), &g).unwrap_err().message.contains("takes --rule group"));
-        let bad = UpstreamArgs { filter_json: Some("[1]".into()), ..none.clone() };
+        assert!(
+            err.message.contains("exactly one of --user"),
+            "{}",
+            err.message
+        );
+        let o2o = UpstreamArgs {
+            user: Some("u1".into()),
+            ..none.clone()
+        };
+        assert_eq!(
+            upstream(&keys("user_im_message_receive_o2o"), &o2o)
+                .unwrap()
+                .unwrap()
+                .user,
+            "u1"
+        );
+        let g = UpstreamArgs {
+            rule: Some("at".into()),
+            ..none.clone()
+        };
+        assert!(upstream(&keys("user_im_group_updated"), &g)
+            .unwrap_err()
+            .message
+            .contains("takes --rule group"));
+        let bad = UpstreamArgs {
+            filter_json: Some("[1]".into()),
+            ..none.clone()
+        };
         assert!(upstream(&keys("user_im_message_receive_at"), &bad).is_err());
-        assert!(upstream(&keys("user_unknown"), &none).unwrap_err().message.contains("give its --rule"));
+        assert!(upstream(&keys("user_unknown"), &none)
+            .unwrap_err()
+            .message
+            .contains("give its --rule"));
         assert!(upstream(&["user_im_message_receive_at".into(), "b".into()], &none).is_err());
     }
 

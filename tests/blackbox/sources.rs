@@ -48,13 +48,27 @@ fn exec_source_lines_become_events_and_malformed_lines_are_counted() {
         0o644,
     );
     let out = env
-        .dws(["event", "consume", "feed.*", "--from", "earliest", "--max-events", "3"])
+        .dws([
+            "event",
+            "consume",
+            "feed.*",
+            "--from",
+            "earliest",
+            "--max-events",
+            "3",
+        ])
         .run_with_timeout(EXIT_TIMEOUT);
     out.assert_clean_exit("limit", 3);
     let lines = out.json_lines();
-    let ids: Vec<&str> = lines.iter().map(|l| l["event_id"].as_str().unwrap_or("")).collect();
+    let ids: Vec<&str> = lines
+        .iter()
+        .map(|l| l["event_id"].as_str().unwrap_or(""))
+        .collect();
     assert_eq!(ids, ["f1", "f2", "f3"], "{out}");
-    assert_eq!(lines[0]["data"], "{\"n\":1}", "non-string data is its JSON text");
+    assert_eq!(
+        lines[0]["data"], "{\"n\":1}",
+        "non-string data is its JSON text"
+    );
     assert_eq!(lines[1]["data"], "two");
     assert_eq!(lines[1]["headers"]["h"], "v");
     assert_eq!(lines[0]["source_id"], "exec");
@@ -76,14 +90,25 @@ fn exec_source_restarts_the_command_and_dedups_replayed_ids() {
     // Each run of the command prints the same id once and a fresh id (its
     // pid): restarts bring new events, the replayed id is dropped.
     let out = env
-        .dws(["event", "consume", "r.a", "--from", "earliest", "--max-events", "3"])
+        .dws([
+            "event",
+            "consume",
+            "r.a",
+            "--from",
+            "earliest",
+            "--max-events",
+            "3",
+        ])
         .run_with_timeout(EXIT_TIMEOUT);
     out.assert_clean_exit("limit", 3);
     let lines = out.json_lines();
     let same = lines.iter().filter(|l| l["event_id"] == "same").count();
     assert_eq!(same, 1, "the replayed id is delivered once\n{out}");
     let st = status(&env);
-    assert!(st["source"]["reconnects"].as_u64().unwrap_or(0) >= 1, "{st:#}");
+    assert!(
+        st["source"]["reconnects"].as_u64().unwrap_or(0) >= 1,
+        "{st:#}"
+    );
     let dups = st["event_types"][0]["duplicates"].as_u64().unwrap_or(0);
     assert!(dups >= 1, "replays are counted as duplicates: {st:#}");
 }
@@ -108,7 +133,9 @@ fn config_errors_are_exit_2_with_the_reason_and_start_no_bus() {
     for (body, want) in cases {
         let env = TestEnv::new();
         write_config(&env, body, 0o600);
-        let out = env.dws(["event", "consume", "k"]).run_with_timeout(EXIT_TIMEOUT);
+        let out = env
+            .dws(["event", "consume", "k"])
+            .run_with_timeout(EXIT_TIMEOUT);
         let line = out.assert_error(2);
         assert!(line.contains("cannot start the bus: "), "{out}");
         assert!(line.contains(want), "expected {want:?} in {line:?}\n{out}");
@@ -126,10 +153,15 @@ fn a_secret_in_a_readable_file_is_exit_3_and_never_printed() {
         &format!("[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"i\"\nclient_secret = \"{canary}\"\n"),
         0o644,
     );
-    let out = env.dws(["event", "consume", "k"]).run_with_timeout(EXIT_TIMEOUT);
+    let out = env
+        .dws(["event", "consume", "k"])
+        .run_with_timeout(EXIT_TIMEOUT);
     let line = out.assert_error(3);
     assert!(line.contains("chmod 600"), "{out}");
-    assert!(!out.stderr.contains(canary) && !out.stdout.contains(canary), "{out}");
+    assert!(
+        !out.stderr.contains(canary) && !out.stdout.contains(canary),
+        "{out}"
+    );
     let log = std::fs::read_to_string(env.bus_log_path()).unwrap_or_default();
     assert!(!log.contains(canary), "secret in bus.log:\n{log}");
 
@@ -142,7 +174,9 @@ fn a_secret_in_a_readable_file_is_exit_3_and_never_printed() {
         "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"i\"\nclient_secret_file = \"app.secret\"\n",
         0o644,
     );
-    let out = env.dws(["event", "consume", "k"]).run_with_timeout(EXIT_TIMEOUT);
+    let out = env
+        .dws(["event", "consume", "k"])
+        .run_with_timeout(EXIT_TIMEOUT);
     let line = out.assert_error(3);
     assert!(line.contains("app.secret"), "{out}");
     assert!(!out.stderr.contains(canary), "{out}");

@@ -304,7 +304,8 @@ fn probe_as_nobody(env: &TestEnv, socket: &std::path::Path) -> dws_tests::Output
         probe.to_string_lossy().into_owned(),
         socket.to_string_lossy().into_owned(),
     ];
-    env.command("/usr/bin/setpriv", &argv).run_with_timeout(EXIT_TIMEOUT)
+    env.command("/usr/bin/setpriv", &argv)
+        .run_with_timeout(EXIT_TIMEOUT)
 }
 
 fn running_as_root() -> bool {
@@ -354,7 +355,8 @@ fn the_bus_refuses_a_connection_from_another_uid() {
     ] {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
     }
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod socket");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+        .expect("chmod socket");
     let out = probe_as_nobody(&env, &socket);
     assert_eq!(
         out.stdout.trim(),

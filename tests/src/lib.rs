@@ -365,7 +365,10 @@ fn environ_has(pid: i32, needle: &[u8]) -> bool {
 }
 
 /// `true` while `proc` runs; records its exit status once it has ended.
-fn poll_running(proc: &mut std::process::Child, status: &mut Option<std::process::ExitStatus>) -> bool {
+fn poll_running(
+    proc: &mut std::process::Child,
+    status: &mut Option<std::process::ExitStatus>,
+) -> bool {
     if status.is_some() {
         return false;
     }
