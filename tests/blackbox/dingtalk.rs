@@ -119,14 +119,6 @@ fn event_line(c: &mut Child, id: &str) -> Value {
     serde_json::from_str(lines.last().expect("the matching line")).expect("event line is JSON")
 }
 
-fn status(env: &TestEnv) -> Value {
-    let out = env
-        .dws(["event", "status", "--format", "json"])
-        .run_with_timeout(EXIT_TIMEOUT);
-    out.assert_code(0);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status is not JSON ({e})\n{out}"))
-}
-
 fn ev(id: &str) -> Event {
     Event::new(id, "user_add_org", json!({"userId": [id]}).to_string())
 }
@@ -311,7 +303,7 @@ fn the_client_secret_and_tickets_never_show_up_anywhere() {
     let tickets = fake.tickets();
     assert!(tickets.len() >= 4, "{}", fake.summary());
 
-    let st = status(&env).to_string();
+    let st = env.status().to_string();
     let meta = std::fs::read_to_string(env.work_dir().join("bus.meta")).unwrap_or_default();
     let argvs = dws_tests::all_process_argv();
     let out = finish(c, 2);
@@ -388,7 +380,7 @@ fn open_3_auth_failed_is_retried_with_backoff_and_counted() {
     );
     fake.push_event(&ev("open3"));
     assert_eq!(event_ids(&mut c, 1), ["open3"]);
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["source"]["kind"], "dingtalk");
     assert_eq!(st["source"]["state"], "connected");
     assert!(
@@ -442,7 +434,7 @@ fn open_5_empty_endpoint_or_ticket_is_a_failure() {
     );
     fake.push_event(&ev("open5"));
     assert_eq!(event_ids(&mut c, 1), ["open5"]);
-    let st = status(&env);
+    let st = env.status();
     assert!(
         st["source"]["last_error"]
             .as_str()
@@ -520,7 +512,7 @@ fn frm_1_an_event_gets_exactly_one_success_ack_after_it_reached_the_bus() {
     assert_eq!(ack.content_type, "application/json", "{ack:?}");
     assert_eq!(ack.status.as_deref(), Some("SUCCESS"), "{ack:?}");
     // The event is in the bus log by the time it is acked.
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["log"]["head_seq"], 1, "{st:#}");
     assert_eq!(event_ids(&mut c, 1), ["frm1"]);
     // Later traffic on the same socket: still exactly one ack for it.
@@ -689,7 +681,7 @@ fn frm_6_malformed_frames_are_skipped_counted_not_acked_and_the_connection_stays
     assert_eq!(event_ids(&mut c, 1), ["frm6"]);
     let acks = fake.acks();
     assert_eq!(acks.len(), 1, "only the good event is acked: {acks:?}");
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["source"]["malformed"], bad.len(), "{st:#}");
     assert_eq!(st["source"]["state"], "connected", "{st:#}");
     assert_eq!(fake.handshakes().len(), 1);
@@ -742,7 +734,7 @@ fn ping_2_a_ping_behind_a_burst_of_events_is_still_acked() {
     fake.wait_until("all 500 events acked", T, |s| {
         mids.iter().all(|m| s.acks_for(m).len() == 1)
     });
-    let st = status(&env);
+    let st = env.status();
     let sub = st["subscriptions"]
         .as_array()
         .and_then(|a| a.iter().find(|s| s["id"] == "idle-sub"))
@@ -868,7 +860,7 @@ fn ack_5_a_redelivered_event_is_acked_again_and_delivered_once() {
     );
     fake.push_event(&ev("after-dup"));
     assert_eq!(event_ids(&mut c, 2), ["dup-1", "after-dup"]);
-    let st = status(&env);
+    let st = env.status();
     let t = st["event_types"]
         .as_array()
         .and_then(|a| a.iter().find(|t| t["event_type"] == "user_add_org"))
@@ -975,9 +967,9 @@ fn reco_3_shutdown_during_backoff_exits_promptly() {
     let c = consumer(&env);
     fake.wait_until("the first open", T, |s| !s.opens.is_empty());
     env.wait_until(T, "the source backing off", || {
-        status(&env)["source"]["state"] == "reconnecting"
+        env.status()["source"]["state"] == "reconnecting"
     });
-    let st = status(&env);
+    let st = env.status();
     assert!(
         st["source"]["next_retry_at_unix_ms"].as_i64().is_some(),
         "{st:#}"

@@ -79,17 +79,9 @@ fn failing_consumer(env: &TestEnv, args: &[&str]) -> Output {
     env.dws(argv).stdin_null().run_with_timeout(EXIT_TIMEOUT)
 }
 
-fn status(env: &TestEnv) -> Value {
-    let out = env
-        .dws(["event", "status", "--format", "json"])
-        .run_with_timeout(EXIT_TIMEOUT);
-    out.assert_code(0);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status is not JSON ({e})\n{out}"))
-}
-
 /// The upstream subscription the local subscription `local_id` is bound to.
 fn upstream_of(env: &TestEnv, local_id: &str) -> String {
-    let st = status(env);
+    let st = env.status();
     st["subscriptions"]
         .as_array()
         .and_then(|a| a.iter().find(|s| s["id"] == local_id))
@@ -211,7 +203,7 @@ fn p_tkt_1_ticket_request_then_events_reach_only_their_upstream_subscription() {
     let ma2 = fake.push_personal(&PersonalEvent::new("ev-a2", O2O, &up_a, message("again")));
     fake.wait_ack(&ma2, T);
     assert_eq!(ids(&events(&mut a, 2)), ["ev-a1", "ev-a2"]);
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["source"]["kind"], "personal", "{st:#}");
     assert_eq!(st["source"]["state"], "connected", "{st:#}");
     finish(a, 2);
@@ -359,7 +351,7 @@ fn p_tkt_3_server_errors_and_throttling_are_retried_until_connected() {
         message("x"),
     ));
     assert_eq!(ids(&events(&mut c, 1)), ["tkt3"]);
-    let st = status(&env);
+    let st = env.status();
     assert!(
         st["source"]["last_error"]
             .as_str()
@@ -472,7 +464,7 @@ fn p_frm_1_identity_from_every_header_spelling_and_wrapped_data() {
             .unwrap_or_else(|err| panic!("data not unwrapped to an object ({err}): {e}"));
         assert_eq!(data["payload"]["body"]["content"], format!("m{i}"), "{e}");
     }
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(fake.wait_ack(&nosub_mid, T).code, 400);
     assert_eq!(st["source"]["malformed"], 2, "{st:#}");
     assert_eq!(fake.handshakes().len(), 1);
@@ -659,7 +651,7 @@ fn p_ctl_3_4_5_control_plane_errors_refuse_the_consumer_with_the_right_exit_code
         );
     }
     // Nothing was adopted or left behind locally; the healthy consumer is fine.
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(
         st["subscriptions"].as_array().map(Vec::len),
         Some(1),
@@ -714,7 +706,7 @@ fn the_user_token_never_shows_up_anywhere() {
         "the token is sent upstream"
     );
 
-    let st = status(&env).to_string();
+    let st = env.status().to_string();
     let meta = std::fs::read_to_string(env.work_dir().join("bus.meta")).unwrap_or_default();
     let argvs = dws_tests::all_process_argv();
     let out = finish(c, 1);

@@ -15,14 +15,6 @@ fn write_config(env: &TestEnv, body: &str, mode: u32) {
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod config");
 }
 
-fn status(env: &TestEnv) -> serde_json::Value {
-    let out = env
-        .dws(["event", "status", "--format", "json"])
-        .run_with_timeout(EXIT_TIMEOUT);
-    out.assert_code(0);
-    serde_json::from_str(&out.stdout).expect("status json")
-}
-
 /// A feed script: three good lines, one malformed, one with a bad type, then
 /// it stays alive (so the test controls when it ends).
 const FEED: &str = r#"
@@ -72,7 +64,7 @@ fn exec_source_lines_become_events_and_malformed_lines_are_counted() {
     assert_eq!(lines[1]["data"], "two");
     assert_eq!(lines[1]["headers"]["h"], "v");
     assert_eq!(lines[0]["source_id"], "exec");
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["source"]["kind"], "exec");
     assert_eq!(st["source"]["state"], "connected", "{st:#}");
     assert_eq!(st["source"]["malformed"], 2, "{st:#}");
@@ -104,7 +96,7 @@ fn exec_source_restarts_the_command_and_dedups_replayed_ids() {
     let lines = out.json_lines();
     let same = lines.iter().filter(|l| l["event_id"] == "same").count();
     assert_eq!(same, 1, "the replayed id is delivered once\n{out}");
-    let st = status(&env);
+    let st = env.status();
     assert!(
         st["source"]["reconnects"].as_u64().unwrap_or(0) >= 1,
         "{st:#}"
@@ -193,6 +185,6 @@ fn env_overrides_select_the_source() {
         .run_with_timeout(EXIT_TIMEOUT);
     out.assert_code(0);
     env.publish("k", "x", &[]);
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["source"]["kind"], "exec", "{st:#}");
 }

@@ -20,14 +20,6 @@ use serde_json::Value;
 // ------------------------------------------------------------------ helpers
 
 /// `dws event status --format json`, asserting exit 0 and a JSON document.
-fn status(env: &TestEnv) -> Value {
-    let out = env
-        .dws(["event", "status", "--format", "json"])
-        .run_with_timeout(EXIT_TIMEOUT);
-    out.assert_code(0);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status json: {e}\n{out}"))
-}
-
 /// The subscription `id` in a status document, if listed.
 fn sub<'a>(st: &'a Value, id: &str) -> Option<&'a Value> {
     st["subscriptions"]
@@ -52,7 +44,7 @@ fn wait_status(
 ) -> Value {
     let deadline = Instant::now() + timeout;
     loop {
-        let st = status(env);
+        let st = env.status();
         if cond(&st) {
             return st;
         }
@@ -205,7 +197,7 @@ fn sigterm_of_a_consume_that_created_its_subscription_removes_it() {
     let env = TestEnv::new();
     let mut c = env.dws(["event", "consume", "own.k"]).spawn();
     let id = c.wait_ready().subscribe_id;
-    let st = status(&env);
+    let st = env.status();
     let s = listed(&st, &id);
     assert_eq!(
         s["owned"], true,
@@ -214,7 +206,7 @@ fn sigterm_of_a_consume_that_created_its_subscription_removes_it() {
     assert_eq!(s["attached_pid"], c.pid(), "{st:#}");
     c.signal(Sig::SIGTERM);
     c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("signal", 0);
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["running"], true, "the bus outlives the consumer\n{st:#}");
     assert_eq!(
         st["subscriptions"],
@@ -230,14 +222,14 @@ fn a_subscribed_id_survives_sigterm_of_its_consumer_detached_with_a_ttl() {
     subscribe_ok(&env, &["dur.k", "--id", "X"], "X");
     let mut c = env.dws(["event", "consume", "--subscribe-id", "X"]).spawn();
     assert_eq!(c.wait_ready().subscribe_id, "X");
-    let st = status(&env);
+    let st = env.status();
     let s = listed(&st, "X");
     assert_eq!(s["owned"], false, "{st:#}");
     assert_eq!(s["attached_pid"], c.pid(), "{st:#}");
     let before = now_ms();
     c.signal(Sig::SIGTERM);
     c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("signal", 0);
-    let st = status(&env);
+    let st = env.status();
     let s = listed(&st, "X");
     assert_eq!(
         s["attached_pid"],
@@ -267,10 +259,10 @@ fn ephemeral_consume_on_a_subscribed_id_removes_it_on_sigterm() {
         .dws(["event", "consume", "--subscribe-id", "X", "--ephemeral"])
         .spawn();
     assert_eq!(c.wait_ready().subscribe_id, "X");
-    assert_eq!(listed(&status(&env), "X")["attached_pid"], c.pid());
+    assert_eq!(listed(&env.status(), "X")["attached_pid"], c.pid());
     c.signal(Sig::SIGTERM);
     c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("signal", 0);
-    let st = status(&env);
+    let st = env.status();
     assert!(
         sub(&st, "X").is_none(),
         "--ephemeral removes the subscription on a clean exit\n{st:#}"
@@ -306,7 +298,7 @@ fn kill_9_midway_then_resume_delivers_every_event_at_least_once() {
     assert_ordered_unique(&p1, "run 1");
     assert!(p1.iter().all(|e| e["redelivered"] == false), "{run1}");
 
-    let st = status(&env);
+    let st = env.status();
     let s = listed(&st, "mid");
     assert_eq!(
         s["attached_pid"],
@@ -424,7 +416,7 @@ fn events_unacked_at_kill_9_come_again_marked_redelivered() {
     let p1 = complete_events(&run1);
     assert_ordered_unique(&p1, "run 1");
     assert!(p1.iter().all(|e| e["redelivered"] == false), "{run1}");
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(listed(&st, "red")["attached_pid"], Value::Null, "{st:#}");
 
     let second = items("r", 100..110, 64);
@@ -478,7 +470,7 @@ fn events_unacked_at_kill_9_come_again_marked_redelivered() {
     for (id, _) in first.iter().chain(&second) {
         assert!(all.contains(id), "event {id} never arrived\n{run1}\n{run2}");
     }
-    let st = status(&env);
+    let st = env.status();
     let s = listed(&st, "red");
     assert_eq!(
         s["redelivered"],
@@ -571,7 +563,7 @@ fn takeover_replaces_the_attached_consumer_which_exits_with_bus_shutdown() {
     let out_a = a.wait_exit(EXIT_TIMEOUT);
     out_a.assert_clean_exit("bus_shutdown", 0);
     assert_eq!(
-        listed(&status(&env), "X")["attached_pid"],
+        listed(&env.status(), "X")["attached_pid"],
         b.pid(),
         "X is attached to B now"
     );
@@ -590,7 +582,7 @@ fn takeover_replaces_the_attached_consumer_which_exits_with_bus_shutdown() {
 fn a_detached_subscription_disappears_when_its_ttl_expires() {
     let env = TestEnv::new();
     subscribe_ok(&env, &["ttl.k", "--id", "t", "--ttl", "2s"], "t");
-    let st = status(&env);
+    let st = env.status();
     let s = listed(&st, "t");
     assert_eq!(s["ttl_ms"], 2000, "{st:#}");
     assert_eq!(s["attached_pid"], Value::Null, "{st:#}");
@@ -661,7 +653,7 @@ fn events_evicted_before_delivery_are_reported_as_one_exact_gap_line() {
         (20..30).map(|i| format!("g-{i}")).collect::<Vec<_>>(),
         "{out}"
     );
-    let st = status(&env);
+    let st = env.status();
     let s = listed(&st, "g");
     assert_eq!(s["lost_to_retention"], 20, "{st:#}");
     assert_eq!(s["cursor"], 30, "{st:#}");
@@ -695,7 +687,7 @@ fn a_consumer_whose_stdout_is_never_read_stalls_only_itself() {
 
     let want: BTreeSet<String> = all.iter().map(|(id, _)| id.clone()).collect();
     wait_for_ids(&mut fast, &want, "the fast consumer to receive every event");
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["running"], true, "the bus answers\n{st:#}");
     let s = listed(&st, "slow");
     assert_eq!(s["attached_pid"], slow.pid(), "{st:#}");
@@ -744,7 +736,7 @@ fn unsubscribe_while_attached_ends_the_consumer_with_bus_shutdown() {
         .assert_code(0);
     c.wait_exit(EXIT_TIMEOUT)
         .assert_clean_exit("bus_shutdown", 0);
-    let st = status(&env);
+    let st = env.status();
     assert!(sub(&st, "U").is_none(), "{st:#}");
 }
 
@@ -758,7 +750,7 @@ fn unsubscribe_of_an_unknown_id_fails_with_exit_1_naming_it() {
     let err = out.assert_error(1);
     assert_eq!(err, "Error: subscription(s) not found: nope", "{out}");
     assert!(
-        sub(&status(&env), "known").is_some(),
+        sub(&env.status(), "known").is_some(),
         "nothing else removed"
     );
 }
@@ -790,7 +782,7 @@ fn stop_subscribe_id_closes_only_that_consumer_and_keeps_the_subscription() {
         "Y's consumer is untouched\n{}",
         cy.report()
     );
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(listed(&st, "X")["attached_pid"], Value::Null, "{st:#}");
     assert_eq!(listed(&st, "Y")["attached_pid"], cy.pid(), "{st:#}");
     env.publish("sy.k", "still", &[]);
@@ -812,7 +804,7 @@ fn stop_subscribe_id_dry_run_names_the_consumer_and_stops_nothing() {
         "--dry-run prints the consumer that would be stopped\n{out}"
     );
     assert!(!out.stdout.contains(&cy.pid().to_string()), "{out}");
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(listed(&st, "X")["attached_pid"], cx.pid(), "{st:#}");
     assert!(
         cx.is_running() && cy.is_running(),
@@ -828,7 +820,7 @@ fn stop_subscribe_id_dry_run_names_the_consumer_and_stops_nothing() {
 fn stop_dry_run_stops_nothing_then_stop_ends_the_bus_and_every_consumer() {
     let env = TestEnv::new();
     let (mut cx, mut cy) = two_attached(&env);
-    let bus_pid = status(&env)["bus"]["pid"].as_i64().expect("bus.pid") as i32;
+    let bus_pid = env.status()["bus"]["pid"].as_i64().expect("bus.pid") as i32;
     let dry = env
         .dws(["event", "stop", "--dry-run"])
         .run_with_timeout(EXIT_TIMEOUT);
@@ -843,7 +835,7 @@ fn stop_dry_run_stops_nothing_then_stop_ends_the_bus_and_every_consumer() {
         cx.report(),
         cy.report()
     );
-    assert_eq!(status(&env)["running"], true);
+    assert_eq!(env.status()["running"], true);
 
     env.dws(["event", "stop"])
         .run_with_timeout(EXIT_TIMEOUT)
@@ -853,7 +845,7 @@ fn stop_dry_run_stops_nothing_then_stop_ends_the_bus_and_every_consumer() {
     cy.wait_exit(EXIT_TIMEOUT)
         .assert_clean_exit("bus_shutdown", 0);
     env.wait_no_busd(EXIT_TIMEOUT, "busd to exit after `dws event stop`");
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(st["running"], false, "{st:#}");
 }
 
@@ -872,7 +864,7 @@ fn subscribe_twice_with_the_same_id_and_spec_is_a_no_op() {
         &["id.k", "id.j", "--id", "same", "--filter", "^id"],
         "same",
     );
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(
         st["subscriptions"].as_array().map(Vec::len),
         Some(1),
@@ -898,7 +890,7 @@ fn subscribe_with_an_existing_id_and_different_spec_fails_with_exit_2() {
         out.assert_error(2);
         assert_eq!(out.stdout, "", "{out}");
     }
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(
         listed(&st, "same")["patterns"],
         serde_json::json!(["id.k"]),
@@ -933,7 +925,7 @@ fn subscribe_format_json_prints_id_created_and_patterns() {
     let id = str_of(&v, "id");
     assert!(id != "J" && !id.is_empty(), "a generated id\n{generated}");
     assert_eq!(v["created"], true, "{generated}");
-    assert!(sub(&status(&env), id).is_some(), "listed");
+    assert!(sub(&env.status(), id).is_some(), "listed");
 }
 
 // ------------------------------------------------------------------ consume --subscribe-id validation
@@ -961,7 +953,7 @@ fn consume_subscribe_id_with_matching_keys_attaches() {
     out.assert_clean_exit("limit", 1);
     assert_eq!(out.json_lines()[0]["subscribe_id"], "M", "{out}");
     assert!(
-        sub(&status(&env), "M").is_some(),
+        sub(&env.status(), "M").is_some(),
         "a reused subscription stays"
     );
 }
@@ -983,7 +975,7 @@ fn consume_subscribe_id_with_mismatching_keys_fails_with_exit_2() {
         .run_with_timeout(EXIT_TIMEOUT);
     out.assert_error(2);
     assert_eq!(out.stdout, "", "{out}");
-    let st = status(&env);
+    let st = env.status();
     assert_eq!(
         listed(&st, "M")["patterns"],
         serde_json::json!(["mk.a"]),
@@ -1010,7 +1002,7 @@ fn consume_subscribe_id_with_from_or_ttl_fails_with_exit_2() {
         out.assert_error(2);
         assert_eq!(out.stdout, "", "{out}");
     }
-    assert_eq!(listed(&status(&env), "M")["attached_pid"], Value::Null);
+    assert_eq!(listed(&env.status(), "M")["attached_pid"], Value::Null);
 }
 
 // ------------------------------------------------------------------ status counters
@@ -1020,7 +1012,7 @@ fn status_json_tracks_an_attached_consumer_its_acks_and_event_type_counts() {
     let env = TestEnv::new();
     let mut c = env.dws(["event", "consume", "sc.a"]).spawn();
     let ready = c.wait_ready();
-    let st = status(&env);
+    let st = env.status();
     let consumers = st["consumers"].as_array().expect("consumers array");
     assert_eq!(consumers.len(), 1, "{st:#}");
     assert_eq!(consumers[0]["pid"], c.pid(), "{st:#}");

@@ -315,6 +315,16 @@ impl TestEnv {
         }
     }
 
+    /// `dws event status --format json`, asserting exit 0; the document.
+    pub fn status(&self) -> serde_json::Value {
+        let out = self
+            .dws(["event", "status", "--format", "json"])
+            .run_with_timeout(EXIT_TIMEOUT);
+        out.assert_code(0);
+        serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("status is not JSON ({e})\n{out}"))
+    }
+
     /// `dws event publish <event_type> <data> [extra...]`, asserting exit 0 and
     /// one JSON line on stdout; returns that JSON.
     pub fn publish(&self, event_type: &str, data: &str, extra: &[&str]) -> serde_json::Value {
