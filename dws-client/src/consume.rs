@@ -9,7 +9,7 @@
 //! Bye and prints the exited line.
 
 use std::{
-    io::{self, BufWriter, IsTerminal, Write},
+    io::{self, IsTerminal, Write},
     os::fd::{AsFd, AsRawFd},
     time::Duration,
 };
@@ -30,6 +30,7 @@ use crate::{
     cli::{ConsumeArgs, Format, From},
     exit::{CliError, Result},
     output::EventWriter,
+    pump::{Chunk, Progress, StdoutPump, WriteFailure},
     validate,
 };
 
@@ -262,64 +263,105 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         None
     };
     let deadline = plan.duration.map(|d| started + d);
-    let stdout = io::stdout();
-    let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
-    let mut writer = EventWriter::new(plan.format);
-    let mut acked_seq: u64 = 0;
-    let mut stream = Stream {
+    let mut pump = StdoutPump::start();
+    let mut progress = pump.watch();
+    let mut out = Formatter {
         plan: &plan,
-        writer: &mut writer,
-        out: &mut out,
+        writer: EventWriter::new(plan.format),
+        chunk: Chunk::default(),
         received: 0,
-        written_seq: 0,
-        flushed_seq: 0,
     };
-    let reason: Result<Reason> = async {
-        stream.begin()?;
-        loop {
-            let frame = tokio::select! {
-                biased;
-                _ = sigterm.recv() => break Ok(Reason::Signal),
-                _ = sigint.recv() => break Ok(Reason::Signal),
-                _ = sleep_until_opt(deadline) => break Ok(Reason::Timeout),
-                _ = recv_opt(&mut stdin_eof) => break Ok(Reason::Signal),
-                _ = stdout_closed(stdout_watch.as_ref()) => break Ok(Reason::Signal),
-                f = bus.next() => gone_is_eof(f)?,
-            };
-            if let Some(reason) = stream.handle(frame)? {
-                break Ok(reason);
-            }
-            // Drain what is already readable, then flush once and ack.
-            let mut ended = None;
-            while let Some(f) = bus.next().now_or_never() {
-                if let Some(reason) = stream.handle(gone_is_eof(f)?)? {
-                    ended = Some(reason);
-                    break;
+    out.begin();
+    // A chunk the pump could not take yet: while one waits, the socket is
+    // not read (the bus's credit window bounds what is in flight).
+    let mut waiting: Option<Chunk> = None;
+    let mut acked_seq: u64 = 0;
+    let reason: Result<Reason> = loop {
+        if waiting.is_none() && !out.chunk.bytes.is_empty() {
+            waiting = Some(std::mem::take(&mut out.chunk));
+        }
+        tokio::select! {
+            biased;
+            _ = sigterm.recv() => break Ok(Reason::Signal),
+            _ = sigint.recv() => break Ok(Reason::Signal),
+            _ = sleep_until_opt(deadline) => break Ok(Reason::Timeout),
+            _ = recv_opt(&mut stdin_eof) => break Ok(Reason::Signal),
+            _ = stdout_closed(stdout_watch.as_ref()) => break Ok(Reason::Signal),
+            p = progress.changed() => {
+                if let Some(r) = failure_reason(&p) {
+                    break r;
+                }
+                if p.written_seq > acked_seq {
+                    acked_seq = p.written_seq;
+                    let _ = bus.send(C::Ack(v1::Ack { seq: acked_seq })).await;
                 }
             }
-            if let Some(reason) = ended {
-                break Ok(reason);
-            }
-            if let Some(reason) = stream.flush()? {
-                break Ok(reason);
-            }
-            if stream.flushed_seq > acked_seq {
-                acked_seq = stream.flushed_seq;
-                let _ = bus.send(C::Ack(v1::Ack { seq: acked_seq })).await;
+            permit = pump.reserve(), if waiting.is_some() => match permit {
+                Some(permit) => {
+                    if let Some(chunk) = waiting.take() {
+                        permit.send(chunk);
+                    }
+                }
+                // The writer stopped; its progress says why.
+                None => break failure_reason(&pump.progress()).unwrap_or(Ok(Reason::Signal)),
+            },
+            f = bus.next(), if waiting.is_none() => {
+                // Handle this frame and whatever else is readable right now,
+                // so one burst becomes one chunk (one write to stdout).
+                let mut frame = Some(gone_is_eof(f));
+                let mut ended = None;
+                while let Some(f) = frame.take() {
+                    match f.and_then(|f| out.handle(f)) {
+                        Ok(None) => frame = bus.next().now_or_never().map(gone_is_eof),
+                        Ok(Some(r)) => ended = Some(Ok(r)),
+                        Err(e) => ended = Some(Err(e)),
+                    }
+                }
+                if let Some(r) = ended {
+                    break r;
+                }
             }
         }
-    }
-    .await;
+    };
     let reason = reason?;
 
-    // Clean exit: what reached stdout is acked; an owned subscription goes.
-    stream.end();
-    let received = stream.received;
+    // Clean exit: finish writing (interruptible by a signal, and bounded
+    // when a signal ended the run), ack what reached stdout, remove an owned
+    // subscription, say goodbye.
+    out.end();
+    let mut rest = waiting.into_iter().collect::<Vec<_>>();
+    if !out.chunk.bytes.is_empty() {
+        rest.push(std::mem::take(&mut out.chunk));
+    }
+    let drain = async {
+        for chunk in rest {
+            if pump.send(chunk).await.is_err() {
+                break;
+            }
+        }
+        pump.close();
+        while !pump.progress().done {
+            progress.changed().await;
+        }
+    };
+    let drain_bound = if reason == Reason::Signal {
+        DRAIN_AFTER_SIGNAL
+    } else {
+        Duration::MAX
+    };
+    tokio::select! {
+        _ = drain => {}
+        _ = sigterm.recv() => {}
+        _ = sigint.recv() => {}
+        _ = tokio::time::sleep(drain_bound.min(Duration::from_secs(86_400 * 365))) => {}
+    }
+    let progress = pump.progress();
+    let received = progress.written;
     if !reason.bus_ended() {
-        if stream.flushed_seq > acked_seq {
+        if progress.written_seq > acked_seq {
             let _ = bus
                 .send(C::Ack(v1::Ack {
-                    seq: stream.flushed_seq,
+                    seq: progress.written_seq,
                 }))
                 .await;
         }
@@ -356,6 +398,24 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         ),
     );
     Ok(())
+}
+
+/// After a signal, how long the exit waits for stdout to take what was
+/// already formatted: long enough for a healthy reader, short enough that a
+/// stalled one cannot keep the consumer alive.
+const DRAIN_AFTER_SIGNAL: Duration = Duration::from_secs(2);
+
+/// A failed stdout ends the run: a closed pipe gracefully (reason
+/// `signal`), anything else as a runtime failure.
+fn failure_reason(p: &Progress) -> Option<Result<Reason>> {
+    match &p.failed {
+        Some(WriteFailure::BrokenPipe) => Some(Ok(Reason::Signal)),
+        Some(WriteFailure::Other(e)) => Some(Err(CliError::runtime(format!(
+            "cannot write to stdout: {e}"
+        )))),
+        None if p.done => Some(Ok(Reason::Signal)),
+        None => None,
+    }
 }
 
 /// After the ready line, losing the connection means the bus went away:
@@ -403,48 +463,25 @@ async fn recv_opt(rx: &mut Option<oneshot::Receiver<()>>) {
     }
 }
 
-/// The output side of a run: formats frames onto stdout and counts.
-struct Stream<'a, 'o> {
+/// The output side of a run: formats events into the next chunk for the
+/// stdout pump, prints stderr lines for the other frames, and counts.
+struct Formatter<'a> {
     plan: &'a Plan,
-    writer: &'a mut EventWriter,
-    out: &'a mut BufWriter<io::StdoutLock<'o>>,
+    writer: EventWriter,
+    chunk: Chunk,
+    /// Events taken from the bus (for `--max-events`).
     received: u64,
-    /// Seq of the last event handed to the stdout buffer.
-    written_seq: u64,
-    /// Seq of the last event known to have reached stdout: what may be acked.
-    flushed_seq: u64,
 }
 
-/// stdout failing with a broken pipe means the reader closed it: a graceful
-/// end (reason signal). Any other write error is a runtime failure.
-fn output_result(r: io::Result<()>) -> Result<Option<Reason>> {
-    match r {
-        Ok(()) => Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Some(Reason::Signal)),
-        Err(e) => Err(CliError::runtime(format!("cannot write to stdout: {e}"))),
-    }
-}
-
-impl Stream<'_, '_> {
-    fn begin(&mut self) -> Result<()> {
-        output_result(self.writer.begin(self.out)).map(drop)
+impl Formatter<'_> {
+    fn begin(&mut self) {
+        // Writing into a Vec cannot fail.
+        let _ = self.writer.begin(&mut self.chunk.bytes);
     }
 
-    /// Closes the output (the `json` array) and flushes; errors no longer
-    /// matter here, the run is ending anyway.
+    /// Closes the output (the `json` array).
     fn end(&mut self) {
-        if self.writer.end(self.out).is_ok() && self.out.flush().is_ok() {
-            self.flushed_seq = self.written_seq;
-        }
-    }
-
-    /// Flushes stdout; on success everything written so far may be acked.
-    fn flush(&mut self) -> Result<Option<Reason>> {
-        let r = output_result(self.out.flush())?;
-        if r.is_none() {
-            self.flushed_seq = self.written_seq;
-        }
-        Ok(r)
+        let _ = self.writer.end(&mut self.chunk.bytes);
     }
 
     /// Handles one frame; `Some(reason)` ends the run.
@@ -454,13 +491,14 @@ impl Stream<'_, '_> {
         };
         match frame {
             S::Event(e) => {
-                if let Some(r) = output_result(self.writer.event(self.out, &e))? {
-                    return Ok(Some(r));
+                if let Err(err) = self.writer.event(&mut self.chunk.bytes, &e) {
+                    return Err(CliError::runtime(format!("cannot format an event: {err}")));
                 }
+                self.chunk.last_seq = e.seq;
+                self.chunk.events += 1;
                 self.received += 1;
-                self.written_seq = e.seq;
                 if self.plan.max_events.is_some_and(|max| self.received >= max) {
-                    return Ok(Some(self.flush()?.unwrap_or(Reason::Limit)));
+                    return Ok(Some(Reason::Limit));
                 }
             }
             S::Gap(g) => stderr_line(

@@ -6,7 +6,7 @@
 //! - [`bus`]: discover-or-spawn and request/reply over the socket;
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
-//!   [`output`]: event formats;
+//!   [`output`]: event formats; [`pump`]: the stdout writer thread;
 //! - [`status`], [`commands`]: the other subcommands;
 //! - [`validate`]: flag checks shared by the commands.
 //!
@@ -18,6 +18,7 @@ pub mod commands;
 pub mod consume;
 pub mod exit;
 pub mod output;
+pub mod pump;
 pub mod spawn;
 pub mod status;
 pub mod validate;

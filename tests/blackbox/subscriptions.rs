@@ -1147,3 +1147,29 @@ fn from_latest_is_the_default_and_skips_events_already_in_the_log() {
     out.assert_clean_exit("limit", 1);
     assert_eq!(ids_of(&out.json_lines()), ["new"], "{out}");
 }
+
+/// SIGTERM still ends a consumer whose stdout reader stalled (stopped
+/// reading without closing the pipe): exit 0, reason `signal`, and its owned
+/// subscription is removed — no `kill -9` needed, nothing left behind.
+#[test]
+fn sigterm_ends_a_consumer_whose_stdout_is_stalled() {
+    let env = TestEnv::new();
+    let mut c = env
+        .dws(["event", "consume", "stall.k"])
+        .spawn_stdout_unread();
+    c.wait_ready();
+    // 100 × ~2 KiB: far more than the 64 KiB pipe, so writing blocks.
+    publish_parallel(&env, "stall.k", &items("s", 0..100, 2048), 4);
+    wait_status(&env, EXIT_TIMEOUT, "the consumer to stall", |st| {
+        st["consumers"][0]["in_flight"].as_u64().unwrap_or(0) > 0
+    });
+    c.signal(Sig::SIGTERM);
+    let out = c.wait_exit_then_read_stdout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    assert_eq!(out.exited().reason, "signal", "{out}");
+    assert_eq!(
+        env.status()["subscriptions"],
+        serde_json::json!([]),
+        "owned subscription removed"
+    );
+}
