@@ -374,6 +374,22 @@ fn environ_has(pid: i32, needle: &[u8]) -> bool {
     read_proc(pid, "environ").is_some_and(|e| e.split(|b| *b == 0).any(|kv| kv == needle))
 }
 
+/// Polls until `proc` has exited (`true`) or `timeout` passed (`false`).
+fn wait_exited(
+    proc: &mut std::process::Child,
+    status: &mut Option<std::process::ExitStatus>,
+    timeout: Duration,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    while poll_running(proc, status) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(POLL);
+    }
+    true
+}
+
 /// `true` while `proc` runs; records its exit status once it has ended.
 fn poll_running(
     proc: &mut std::process::Child,
@@ -884,18 +900,14 @@ impl Child {
     /// Panics (after killing it) if it is still running after `timeout`, or
     /// if its pipes stay open after it exited (a descendant holds them).
     pub fn wait_exit(mut self, timeout: Duration) -> Output {
-        let deadline = Instant::now() + timeout;
-        while self.is_running() {
-            if Instant::now() >= deadline {
-                let msg = format!(
-                    "`{}` still running after {timeout:?}\n{}",
-                    self.display,
-                    self.report()
-                );
-                let _ = self.proc.kill();
-                panic!("{msg}");
-            }
-            thread::sleep(POLL);
+        if !wait_exited(&mut self.proc, &mut self.status, timeout) {
+            let msg = format!(
+                "`{}` still running after {timeout:?}\n{}",
+                self.display,
+                self.report()
+            );
+            let _ = self.proc.kill();
+            panic!("{msg}");
         }
         let pipes_deadline = Instant::now() + PIPE_GRACE;
         for (name, cap) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
@@ -1280,18 +1292,14 @@ impl UnreadChild {
     /// then reads what is left in its stdout pipe to EOF (bounded) and
     /// returns everything like [`Child::wait_exit`].
     pub fn wait_exit_then_read_stdout(mut self, timeout: Duration) -> Output {
-        let deadline = Instant::now() + timeout;
-        while self.is_running() {
-            if Instant::now() >= deadline {
-                let msg = format!(
-                    "`{}` still running after {timeout:?}\n{}",
-                    self.display,
-                    self.report()
-                );
-                let _ = self.proc.kill();
-                panic!("{msg}");
-            }
-            thread::sleep(POLL);
+        if !wait_exited(&mut self.proc, &mut self.status, timeout) {
+            let msg = format!(
+                "`{}` still running after {timeout:?}\n{}",
+                self.display,
+                self.report()
+            );
+            let _ = self.proc.kill();
+            panic!("{msg}");
         }
         let stdout = Capture::spawn(self.stdout.take().expect("stdout pipe"), None);
         let pipes_deadline = Instant::now() + PIPE_GRACE;
