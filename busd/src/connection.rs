@@ -12,7 +12,7 @@
 //! `Error` frame where the socket still allows it, then the connection is
 //! closed. Nothing a peer sends can take down the bus or another connection.
 
-use std::time::Duration;
+use std::{collections::VecDeque, time::Duration};
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
@@ -21,11 +21,11 @@ use proto::{
     v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason, ErrorCode},
     CodecError, ServerCodec,
 };
-use tokio::{io::AsyncWriteExt, net::UnixStream, time::Instant};
+use tokio::{io::AsyncWriteExt, net::UnixStream, sync::watch, time::Instant};
 use tokio_util::codec::FramedRead;
 
 use crate::{
-    hub::{ConnId, Hub, NewEvent},
+    hub::{ConnId, Durable, Hub, NewEvent},
     pattern::Pattern,
     shutdown::Shutdown,
 };
@@ -58,6 +58,9 @@ pub struct Connection {
     /// Set once the connection is going away; it then only flushes.
     closing: bool,
     source_gen: u64,
+    /// Publish replies waiting for their event to be durable, in order.
+    awaiting: VecDeque<(u64, v1::PublishAck)>,
+    durable: watch::Receiver<Durable>,
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
@@ -70,6 +73,8 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
         phase: Phase::AwaitHello,
         closing: false,
         source_gen: 0,
+        awaiting: VecDeque::new(),
+        durable: hub.durable(),
     };
     let peer_ok = stream
         .peer_cred()
@@ -95,6 +100,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
     let mut drain_deadline = conn.closing.then(|| Instant::now() + DRAIN_TIMEOUT);
 
     loop {
+        conn.answer_durable();
         if !conn.closing {
             if let Some(reason) = handle.take_kick() {
                 conn.bye(reason);
@@ -104,7 +110,8 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
         }
         if conn.closing {
             drain_deadline.get_or_insert_with(|| Instant::now() + DRAIN_TIMEOUT);
-            if conn.out.is_empty() {
+            // Publishes still waiting for the disk are answered first.
+            if conn.out.is_empty() && conn.awaiting.is_empty() {
                 let _ = wr.shutdown().await;
                 break;
             }
@@ -124,6 +131,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
                 Some(Err(e)) => conn.bad_frame(&e),
             },
             _ = handle.wake.notified() => {}
+            _ = conn.durable.changed(), if !conn.awaiting.is_empty() => {}
             _ = sleep_until_opt(deadline) => {
                 tracing::warn!(conn = id, "drain timed out; dropping connection");
                 break;
@@ -169,6 +177,12 @@ impl Connection {
     }
 
     fn bye(&mut self, reason: ByeReason) {
+        // A bus stopped by its store says so: it is an error, not a goodbye.
+        if let Some(why) = self.hub.store_error() {
+            self.error(0, ErrorCode::Internal, store_failed_message(&why));
+            self.closing = true;
+            return;
+        }
         // A source that was lost says why before the Bye that follows it.
         if matches!(self.phase, Phase::Ready) {
             self.source_state_if_changed();
@@ -203,6 +217,7 @@ impl Connection {
             if let Some(gap) = d.gap {
                 self.send(S::Gap(gap));
             }
+            let damaged = d.damaged;
             let n = d.events.len();
             for (event, redelivered) in d.events {
                 if let Err(e) = encode_event_frame(
@@ -213,6 +228,12 @@ impl Connection {
                 ) {
                     tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
                 }
+            }
+            if let Some(why) = damaged {
+                tracing::error!(conn = self.id, "{why}");
+                self.error(0, ErrorCode::Internal, why);
+                self.closing = true;
+                break;
             }
             if n < PULL_BATCH {
                 break;
@@ -238,7 +259,17 @@ impl Connection {
             C::Hello(_) => self.error(0, ErrorCode::BadRequest, "Hello sent twice"),
             C::Subscribe(req) => self.subscribe(req).await,
             C::Unsubscribe(req) => {
-                let (removed, not_found) = self.hub.unsubscribe(self.id, &req.subscription_ids);
+                let (removed, not_found, save) =
+                    self.hub.unsubscribe(self.id, &req.subscription_ids);
+                if let Some(gen) = save {
+                    if let Err(why) = self.hub.wait_subs_saved(gen).await {
+                        return self.error(
+                            req.request_id,
+                            ErrorCode::Internal,
+                            store_failed_message(&why),
+                        );
+                    }
+                }
                 self.send(S::Unsubscribed(v1::Unsubscribed {
                     request_id: req.request_id,
                     removed,
@@ -306,7 +337,19 @@ impl Connection {
             (None, _) => {}
         }
         match self.hub.subscribe(self.id, &req, upstream_id) {
-            Ok(reply) => self.send(S::Subscribed(reply)),
+            Ok((reply, save)) => {
+                // A named subscription is on disk before anyone is told it exists.
+                if let Some(gen) = save {
+                    if let Err(why) = self.hub.wait_subs_saved(gen).await {
+                        return self.error(
+                            req.request_id,
+                            ErrorCode::Internal,
+                            store_failed_message(&why),
+                        );
+                    }
+                }
+                self.send(S::Subscribed(reply))
+            }
             Err(r) => self.error(req.request_id, r.code, r.message),
         }
     }
@@ -393,11 +436,51 @@ impl Connection {
             event_born_time: crate::hub::now_ms(),
             ..NewEvent::default()
         });
-        self.send(S::PublishAck(v1::PublishAck {
-            request_id: req.request_id,
-            seq: appended.seq,
-            event_id: appended.event_id,
-            duplicate: appended.duplicate,
-        }));
+        // The reply waits until the event is durable (see `answer_durable`);
+        // later requests are not held up meanwhile.
+        self.awaiting.push_back((
+            appended.seq,
+            v1::PublishAck {
+                request_id: req.request_id,
+                seq: appended.seq,
+                event_id: appended.event_id,
+                duplicate: appended.duplicate,
+            },
+        ));
     }
+
+    /// Sends the publish replies whose events are durable now, in order; if
+    /// the store failed, answers every waiting publish with the error.
+    fn answer_durable(&mut self) {
+        if self.awaiting.is_empty() {
+            return;
+        }
+        let d = self.durable.borrow_and_update().clone();
+        while let Some((seq, _)) = self.awaiting.front() {
+            if *seq > d.seq {
+                break;
+            }
+            if let Some((_, ack)) = self.awaiting.pop_front() {
+                self.send(S::PublishAck(ack));
+            }
+        }
+        if let Some(why) = &d.failed {
+            for (_, ack) in std::mem::take(&mut self.awaiting) {
+                self.error(
+                    ack.request_id,
+                    ErrorCode::Internal,
+                    store_failed_message(why),
+                );
+            }
+            self.closing = true;
+        }
+    }
+}
+
+/// What a client is told when the store failed under it.
+fn store_failed_message(why: &str) -> String {
+    format!(
+        "the bus stopped: its store failed ({why}); events acknowledged before are safe on \
+         disk, and the next start recovers them"
+    )
 }

@@ -1,8 +1,9 @@
 //! The bus's event log: every accepted event, in `seq` order, bounded by
 //! count and bytes. Delivery reads from here; retention evicts from the front.
 //!
-//! The first implementation is in memory. A persistent log replaces this type
-//! behind the same methods (append, evict, range reads).
+//! This is the in-memory view of the retained log: what consumers read.
+//! The durable copy is the store's (`crate::store`); only events the store
+//! has made durable are appended here.
 
 use std::{collections::VecDeque, sync::Arc};
 
@@ -10,19 +11,48 @@ use bytes::Bytes;
 
 /// One accepted event. Shared (`Arc`) between the log and the pending queues
 /// of the subscriptions that matched it, so fan-out never copies payloads.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct LoggedEvent {
     pub seq: u64,
     pub event_type: String,
     pub received_at_unix_ms: i64,
     /// `v1::Event` encoded once, without the per-delivery fields.
     pub encoded: Bytes,
+    /// Dedup scope; empty when the event is not deduplicated.
+    pub scope: String,
+    pub event_id: String,
+    /// The upstream subscription the event was routed to; empty: by type only.
+    pub route: String,
+    /// A seq whose record failed its checksum in the store: a placeholder
+    /// that is never delivered (see `store::disk`).
+    pub damaged: bool,
 }
 
 impl LoggedEvent {
     /// Bytes this event counts against the retention bound.
     pub fn size(&self) -> usize {
-        self.encoded.len() + self.event_type.len() + 64
+        self.encoded.len() + self.event_type.len() + self.event_id.len() + self.scope.len() + 64
+    }
+
+    /// The event as the store gave it back.
+    pub fn from_record(r: crate::store::record::EventRecord) -> LoggedEvent {
+        LoggedEvent {
+            seq: r.seq,
+            event_type: r.event_type,
+            received_at_unix_ms: r.received_at_unix_ms,
+            encoded: Bytes::from(r.encoded),
+            scope: r.scope,
+            event_id: r.event_id,
+            route: r.route,
+            damaged: false,
+        }
+    }
+
+    /// Whether a subscription bound to `upstream_id` receives this event:
+    /// an event routed to an upstream subscription goes only to the local
+    /// subscriptions bound to it.
+    pub fn routed_to(&self, upstream_id: Option<&str>) -> bool {
+        self.route.is_empty() || upstream_id == Some(self.route.as_str())
     }
 }
 
@@ -43,10 +73,16 @@ pub struct EventLog {
 
 impl EventLog {
     pub fn new(retention: Retention) -> EventLog {
+        EventLog::with_head(retention, 0)
+    }
+
+    /// An empty log whose next event gets `head_seq + 1` (after a restart
+    /// that found every earlier event released).
+    pub fn with_head(retention: Retention, head_seq: u64) -> EventLog {
         EventLog {
             events: VecDeque::new(),
             bytes: 0,
-            head_seq: 0,
+            head_seq,
             retention,
         }
     }
@@ -82,8 +118,14 @@ impl EventLog {
         self.retention
     }
 
+    /// Moves the head forward without an event (the store's seq counter was
+    /// ahead of its retained events).
+    pub fn advance_head(&mut self, seq: u64) {
+        self.head_seq = self.head_seq.max(seq);
+    }
+
     pub fn append(&mut self, event: Arc<LoggedEvent>) {
-        debug_assert_eq!(event.seq, self.next_seq());
+        debug_assert!(event.seq > self.head_seq);
         self.head_seq = event.seq;
         self.bytes += event.size();
         self.events.push_back(event);
@@ -120,8 +162,8 @@ mod tests {
         Arc::new(LoggedEvent {
             seq,
             event_type: "t".into(),
-            received_at_unix_ms: 0,
             encoded: Bytes::from(vec![0; size]),
+            ..LoggedEvent::default()
         })
     }
 

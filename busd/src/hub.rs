@@ -4,16 +4,24 @@
 //! Locking: one `std::sync::Mutex`. Every critical section is short and
 //! synchronous; no lock is ever held across an `.await`, and wake-ups
 //! (`Notify`) are sent after the guard is dropped. The upstream side
-//! (`append`) never waits for a consumer: it pushes into the log and the
-//! matching subscriptions' pending queues and wakes their connections.
+//! (`append`) never waits for a consumer.
+//!
+//! Durability: [`Hub::append`] only *stages* an event (dedup, seq). The
+//! committer thread (`crate::commit`) takes every staged event as one batch,
+//! makes it durable through the store, and hands it back to
+//! [`Hub::committed`], which appends it to the in-memory log and fans it out.
+//! So consumers only ever see durable events, and whoever must acknowledge an
+//! event upstream waits for [`Hub::wait_durable`] first. Subscription changes
+//! mark the subscriptions dirty; the committer saves them lazily, or at once
+//! when a reply waits for them ([`Hub::wait_subs_saved`]).
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap},
     num::NonZeroUsize,
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard,
+        Arc, Condvar, Mutex, MutexGuard,
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -22,16 +30,18 @@ use bytes::Bytes;
 use lru::LruCache;
 use prost::Message;
 use proto::v1::{self, ByeReason, ErrorCode};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::{
     eventlog::{EventLog, LoggedEvent, Retention},
     pattern::Selector,
     shutdown::ShutdownTrigger,
     source::UpstreamControl,
+    store::{Recovered, Snapshot, StoreInfo, SNAPSHOT_FORMAT},
+    subscription::Subscription,
 };
 
-pub type ConnId = u64;
+pub use crate::subscription::ConnId;
 
 /// Settings the hub needs; resolved by `config`.
 #[derive(Debug, Clone)]
@@ -82,7 +92,41 @@ pub struct Delivery {
     pub subscription_id: String,
     pub gap: Option<v1::Gap>,
     pub events: Vec<(Arc<LoggedEvent>, bool)>,
+    /// Delivery stopped at an event the store found damaged: why.
+    pub damaged: Option<String>,
 }
+
+/// How far the store has come, published by the committer.
+#[derive(Debug, Clone, Default)]
+pub struct Durable {
+    /// Every event up to this seq is durable (and fanned out).
+    pub seq: u64,
+    /// Every subscription change up to this generation is saved.
+    pub subs_gen: u64,
+    /// The store failed: nothing more will become durable.
+    pub failed: Option<Arc<str>>,
+}
+
+/// One round of work for the committer (see [`Hub::next_commit_work`]).
+pub enum CommitWork {
+    /// Make these staged events durable, then call [`Hub::committed`].
+    Append(Vec<Arc<LoggedEvent>>),
+    /// Save the subscriptions; then events below `keep_from` may be
+    /// released; then call [`Hub::saved`] with `gen`.
+    Save {
+        snapshot: Snapshot,
+        keep_from: u64,
+        gen: u64,
+    },
+    /// The bus is closing and everything is flushed: save this last
+    /// snapshot (marked clean) and stop.
+    Final(Snapshot),
+    /// Stop now (the store failed).
+    Stop,
+}
+
+/// Subscription state is saved at most this often while only cursors move.
+pub const SAVE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The per-connection end of the hub: how the hub wakes a connection task and
 /// tells it to leave.
@@ -120,50 +164,6 @@ impl Refusal {
     }
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-struct SubCounters {
-    matched: u64,
-    delivered: u64,
-    acked: u64,
-    redelivered: u64,
-    lost: u64,
-}
-
-#[derive(Debug)]
-struct Subscription {
-    id: String,
-    selector: Selector,
-    owned: bool,
-    ttl: Duration,
-    created_at_ms: i64,
-    /// Matched and not yet acked, oldest first. `pending[..sent]` are in
-    /// flight to the attached consumer; they are pinned against retention
-    /// (at most `window` of them) so they can be redelivered.
-    pending: VecDeque<Arc<LoggedEvent>>,
-    sent: usize,
-    /// Highest seq ever sent to any consumer: anything at or below it that is
-    /// sent again is marked redelivered.
-    max_sent_seq: u64,
-    consumer: Option<ConnId>,
-    window: usize,
-    /// When it was last left without a consumer: (for the TTL, for status).
-    detached_at: Option<(Instant, i64)>,
-    /// Unsent events evicted by retention since the last Gap frame.
-    gap_lost: u64,
-    /// The upstream subscription this one is bound to (personal stream).
-    upstream_id: Option<String>,
-    counters: SubCounters,
-}
-
-impl Subscription {
-    fn expires_at(&self) -> Option<Instant> {
-        match (self.consumer, self.detached_at) {
-            (None, Some((at, _))) => Some(at + self.ttl),
-            _ => None,
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Conn {
     pid: u32,
@@ -192,7 +192,12 @@ pub struct SourceInfo {
 }
 
 struct State {
+    /// The durable, retained log: what consumers read.
     log: EventLog,
+    /// The seq the next staged event gets.
+    next_seq: u64,
+    /// Accepted but not yet durable, in seq order.
+    staged: Vec<Arc<LoggedEvent>>,
     dedup: LruCache<(String, String), u64>,
     subs: BTreeMap<String, Subscription>,
     conns: HashMap<ConnId, Conn>,
@@ -203,10 +208,23 @@ struct State {
     source_gen: u64,
     /// Bumped on every change that matters to the idle and TTL timers.
     activity_gen: u64,
+    /// Named subscriptions changed since the last save.
+    subs_dirty: bool,
+    /// Bumped by a change a reply must not precede on disk (create, remove).
+    subs_gen: u64,
+    subs_saved_gen: u64,
+    store: StoreInfo,
+    /// Set once the store failed; the bus is stopping.
+    store_error: Option<Arc<str>>,
+    /// The committer flushes what is left and stops.
+    closing: bool,
 }
 
 struct Shared {
     state: Mutex<State>,
+    /// Wakes the committer: something staged, dirty, or closing.
+    commit_wake: Condvar,
+    durable: watch::Sender<Durable>,
     /// Wakes the housekeeping task (idle timer, TTL reaper).
     housekeeping: Notify,
     /// Mirror of `State::source_gen`, so connections can check for a source
@@ -241,16 +259,79 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Hub {
+    /// A hub over what the store recovered: the retained log, the dedup
+    /// window, the named subscriptions and the seq counter. What recovery
+    /// had to repair is logged.
     pub fn new(
         config: HubConfig,
         shutdown: ShutdownTrigger,
         upstream: Option<Arc<dyn UpstreamControl>>,
+        recovered: Recovered,
+        store: StoreInfo,
     ) -> Hub {
+        for note in &recovered.notes {
+            tracing::warn!("store recovery: {note}");
+        }
         let cap = NonZeroUsize::new(config.dedup_capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let mut dedup = LruCache::new(cap);
+        let events = recovered.events;
+        let (floor, snap_head, clean) = recovered
+            .snapshot
+            .as_ref()
+            .map_or((0, 0, true), |s| (s.log_floor, s.head_seq, s.clean));
+        let last_seq = events.last().map_or(0, |e| e.seq);
+        let head = last_seq.max(snap_head);
+        let first_kept = events.iter().find(|e| e.seq >= floor).map(|e| e.seq);
+        let mut log = EventLog::with_head(config.retention, first_kept.map_or(head, |f| f - 1));
+        for e in &events {
+            if !e.scope.is_empty() && !e.damaged {
+                dedup.put((e.scope.clone(), e.event_id.clone()), e.seq);
+            }
+            if e.seq >= floor {
+                log.append(e.clone());
+            }
+        }
+        log.advance_head(head);
+        let now = (Instant::now(), now_ms());
+        let mut subs = BTreeMap::new();
+        for rec in recovered.snapshot.iter().flat_map(|s| &s.subscriptions) {
+            match Selector::new(&rec.patterns, &rec.filter) {
+                Ok(sel) => {
+                    let sub = Subscription::restore(
+                        rec,
+                        sel,
+                        &events,
+                        (floor, snap_head, clean),
+                        now,
+                        config.default_window as usize,
+                    );
+                    subs.insert(rec.id.clone(), sub);
+                }
+                Err(e) => {
+                    tracing::error!(subscription = %rec.id, cause = %e, "stored subscription not restored")
+                }
+            }
+        }
+        while let Some(old) = log.evict_one() {
+            for sub in subs.values_mut() {
+                sub.evicted(old.seq);
+            }
+        }
+        if !subs.is_empty() || head > 0 {
+            tracing::info!(
+                subscriptions = subs.len(),
+                head_seq = head,
+                events = log.len(),
+                clean,
+                "state restored from the store"
+            );
+        }
         let state = State {
-            log: EventLog::new(config.retention),
-            dedup: LruCache::new(cap),
-            subs: BTreeMap::new(),
+            log,
+            next_seq: head + 1,
+            staged: vec![],
+            dedup,
+            subs,
             conns: HashMap::new(),
             next_conn: 1,
             next_generated: 1,
@@ -265,10 +346,22 @@ impl Hub {
             },
             source_gen: 0,
             activity_gen: 0,
+            subs_dirty: true,
+            subs_gen: 0,
+            subs_saved_gen: 0,
+            store,
+            store_error: None,
+            closing: false,
         };
+        let (durable, _) = watch::channel(Durable {
+            seq: head,
+            ..Durable::default()
+        });
         Hub {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
+                commit_wake: Condvar::new(),
+                durable,
                 housekeeping: Notify::new(),
                 source_gen: AtomicU64::new(0),
                 config,
@@ -361,15 +454,17 @@ impl Hub {
     /// Creates or attaches a subscription. `upstream_id` binds a newly
     /// created one to an upstream subscription (see [`Hub::upstream_for`]);
     /// if the subscription is not created after all, the binding is released.
+    /// With the reply comes the subscription generation that must be saved
+    /// before it is sent (a named subscription was created).
     pub fn subscribe(
         &self,
         conn: ConnId,
         req: &v1::Subscribe,
         upstream_id: Option<String>,
-    ) -> Result<v1::Subscribed, Refusal> {
+    ) -> Result<(v1::Subscribed, Option<u64>), Refusal> {
         let result = self.subscribe_locked(conn, req, upstream_id.clone());
         if let (Some(up), Some(ctl)) = (&upstream_id, &self.shared.upstream) {
-            if !result.as_ref().is_ok_and(|r| r.created) {
+            if !result.as_ref().is_ok_and(|(r, _)| r.created) {
                 ctl.release(up);
             }
         }
@@ -381,7 +476,7 @@ impl Hub {
         conn: ConnId,
         req: &v1::Subscribe,
         upstream_id: Option<String>,
-    ) -> Result<v1::Subscribed, Refusal> {
+    ) -> Result<(v1::Subscribed, Option<u64>), Refusal> {
         let cfg = &self.shared.config;
         if !req.subscription_id.is_empty() && !proto::is_valid_id(&req.subscription_id) {
             return Err(Refusal::new(
@@ -402,6 +497,7 @@ impl Hub {
             None
         };
         let mut kicked = None;
+        let mut save_gen = None;
         let mut st = self.state();
         let head = st.log.head_seq();
         let exists = st.subs.contains_key(&req.subscription_id);
@@ -453,43 +549,32 @@ impl Hub {
                 v1::StartPosition::StartEarliest => 0,
                 v1::StartPosition::StartSeq => req.start_seq,
             };
-            let pending: VecDeque<_> = st
-                .log
-                .since(start_from)
-                .filter(|e| selector.matches(&e.event_type))
-                .cloned()
-                .collect();
             let ttl = if req.ttl_ms == 0 {
                 cfg.default_ttl
             } else {
                 Duration::from_millis(req.ttl_ms)
             };
-            let now = now_ms();
-            st.subs.insert(
+            let mut sub = Subscription::new(
                 id.clone(),
-                Subscription {
-                    id: id.clone(),
-                    counters: SubCounters {
-                        matched: pending.len() as u64,
-                        ..Default::default()
-                    },
-                    selector,
-                    owned: req.owned,
-                    ttl,
-                    created_at_ms: now,
-                    pending,
-                    sent: 0,
-                    max_sent_seq: 0,
-                    consumer: None,
-                    window: cfg.default_window as usize,
-                    detached_at: Some((Instant::now(), now)),
-                    gap_lost: 0,
-                    upstream_id,
-                },
+                selector,
+                req.owned,
+                ttl,
+                upstream_id,
+                start_from.saturating_sub(1),
+                (Instant::now(), now_ms()),
+                cfg.default_window as usize,
             );
+            for e in st.log.since(start_from) {
+                sub.offer(e);
+            }
+            st.subs.insert(id.clone(), sub);
+            if !req.owned {
+                st.subs_gen += 1;
+                save_gen = Some(st.subs_gen);
+            }
         }
         if req.attach {
-            let holder = st.subs[&id].consumer.filter(|c| *c != conn);
+            let holder = st.subs[&id].consumer().filter(|c| *c != conn);
             if let Some(holder) = holder {
                 if !req.takeover {
                     let pid = st.conns.get(&holder).map_or(0, |c| c.pid);
@@ -517,10 +602,7 @@ impl Hub {
                 .subs
                 .get_mut(&id)
                 .ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
-            sub.consumer = Some(conn);
-            sub.detached_at = None;
-            sub.sent = 0;
-            sub.window = window.max(1) as usize;
+            sub.attach(conn, window as usize);
             if let Some(c) = st.conns.get_mut(&conn) {
                 c.attached = Some(id.clone());
             }
@@ -532,7 +614,7 @@ impl Hub {
             created,
             patterns: sub.selector.pattern_strings(),
             filter: sub.selector.filter_str().to_owned(),
-            cursor: cursor(sub, head),
+            cursor: sub.cursor(head),
             head_seq: head,
             attached: req.attach,
             upstream_subscription_id: sub.upstream_id.clone().unwrap_or_default(),
@@ -541,21 +623,32 @@ impl Hub {
             .attach
             .then(|| st.conns.get(&conn).map(|c| c.handle.clone()))
             .flatten();
+        st.subs_dirty = true;
         self.touch(&mut st);
         drop(st);
+        if save_gen.is_some() {
+            self.shared.commit_wake.notify_one();
+        }
         if let Some(k) = kicked {
             k.kick(ByeReason::TakenOver);
         }
         if let Some(w) = wake {
             w.wake.notify_one();
         }
-        Ok(reply)
+        Ok((reply, save_gen))
     }
 
     /// Removes subscriptions. A consumer attached to one (other than the
     /// requester itself) gets `Bye{UNSUBSCRIBED}`.
-    pub fn unsubscribe(&self, requester: ConnId, ids: &[String]) -> (Vec<String>, Vec<String>) {
+    /// Returns the removed and unknown ids, and the subscription generation
+    /// to save before replying (a named subscription was removed).
+    pub fn unsubscribe(
+        &self,
+        requester: ConnId,
+        ids: &[String],
+    ) -> (Vec<String>, Vec<String>, Option<u64>) {
         let mut removed = vec![];
+        let mut save_gen = None;
         let mut not_found = vec![];
         let mut kicks = vec![];
         let mut released = vec![];
@@ -563,8 +656,13 @@ impl Hub {
         for id in ids {
             match st.subs.remove(id) {
                 Some(sub) => {
-                    released.extend(sub.upstream_id);
-                    if let Some(c) = sub.consumer {
+                    if !sub.owned {
+                        st.subs_gen += 1;
+                        save_gen = Some(st.subs_gen);
+                        st.subs_dirty = true;
+                    }
+                    released.extend(sub.upstream_id.clone());
+                    if let Some(c) = sub.consumer() {
                         if let Some(conn) = st.conns.get_mut(&c) {
                             conn.attached = None;
                             if c != requester {
@@ -579,11 +677,14 @@ impl Hub {
         }
         self.touch(&mut st);
         drop(st);
+        if save_gen.is_some() {
+            self.shared.commit_wake.notify_one();
+        }
         for k in kicks {
             k.kick(ByeReason::Unsubscribed);
         }
         self.release_upstream(released);
-        (removed, not_found)
+        (removed, not_found, save_gen)
     }
 
     fn release_upstream(&self, ids: Vec<String>) {
@@ -601,7 +702,7 @@ impl Hub {
         let mut kicks = vec![];
         let mut st = self.state();
         for id in ids {
-            let Some(holder) = st.subs.get(id).map(|s| s.consumer) else {
+            let Some(holder) = st.subs.get(id).map(Subscription::consumer) else {
                 reply.not_found.push(id.clone());
                 continue;
             };
@@ -640,10 +741,12 @@ impl Hub {
 
     // ------------------------------------------------------------ delivery
 
-    /// Appends an event unless its id is in the dedup window, and wakes the
-    /// consumers of the subscriptions it matches. Never waits for anyone.
+    /// Accepts an event unless its id is in the dedup window: gives it the
+    /// next seq and stages it for the committer. Never waits for anyone. The
+    /// event is durable (and delivered) once [`Hub::wait_durable`] for its
+    /// seq returns; a duplicate's seq is the original's, which may itself be
+    /// still staged, so callers wait on duplicates too.
     pub fn append(&self, ev: NewEvent) -> Appended {
-        let mut wake = vec![];
         let mut st = self.state();
         let counters = st.types.entry(ev.event_type.clone()).or_default();
         counters.received += 1;
@@ -660,14 +763,14 @@ impl Hub {
                 };
             }
         }
-        let seq = st.log.next_seq();
+        let seq = st.next_seq;
+        st.next_seq += 1;
         let event_id = if ev.event_id.is_empty() {
             format!("{}-{seq}", self.shared.started_at_ms)
         } else {
             ev.event_id.clone()
         };
         let received_at_unix_ms = now_ms();
-        let upstream_sub = ev.upstream_subscription;
         let encoded = v1::Event {
             seq,
             event_id: event_id.clone(),
@@ -684,44 +787,24 @@ impl Hub {
             redelivered: false,
         }
         .encode_to_vec();
-        let logged = Arc::new(LoggedEvent {
+        let (scope, key_id) = dedup_key.clone().unwrap_or_default();
+        st.staged.push(Arc::new(LoggedEvent {
             seq,
             event_type: ev.event_type,
             received_at_unix_ms,
             encoded: Bytes::from(encoded),
-        });
-        st.log.append(logged.clone());
+            scope,
+            event_id: key_id,
+            route: ev.upstream_subscription,
+            damaged: false,
+        }));
         if let Some(key) = dedup_key {
             st.dedup.put(key, seq);
         }
-        let State {
-            subs, conns, log, ..
-        } = &mut *st;
-        for sub in subs.values_mut() {
-            let routed = upstream_sub.is_empty()
-                || sub.upstream_id.as_deref() == Some(upstream_sub.as_str());
-            if routed && sub.selector.matches(&logged.event_type) {
-                sub.pending.push_back(logged.clone());
-                sub.counters.matched += 1;
-                if let Some(c) = sub.consumer.and_then(|c| conns.get(&c)) {
-                    wake.push(c.handle.clone());
-                }
-            }
-        }
-        // Retention: evict from the front; a subscription loses an evicted
-        // event only if it had not been sent yet, and is told with a Gap.
-        while let Some(old) = log.evict_one() {
-            for sub in subs.values_mut() {
-                if sub.pending.get(sub.sent).is_some_and(|p| p.seq == old.seq) {
-                    sub.pending.remove(sub.sent);
-                    sub.gap_lost += 1;
-                    sub.counters.lost += 1;
-                }
-            }
-        }
+        let first = st.staged.len() == 1;
         drop(st);
-        for w in wake {
-            w.wake.notify_one();
+        if first {
+            self.shared.commit_wake.notify_one();
         }
         Appended {
             seq,
@@ -730,47 +813,231 @@ impl Hub {
         }
     }
 
+    /// Waits until every event up to `seq` is durable. Fails when the store
+    /// failed (the bus is stopping), with the cause.
+    pub async fn wait_durable(&self, seq: u64) -> Result<(), Arc<str>> {
+        let mut rx = self.shared.durable.subscribe();
+        let d = rx
+            .wait_for(|d| d.seq >= seq || d.failed.is_some())
+            .await
+            .map_err(|_| Arc::<str>::from("the bus is stopping"))?;
+        match (&d.failed, d.seq >= seq) {
+            (_, true) => Ok(()),
+            (Some(e), false) => Err(e.clone()),
+            (None, false) => Err("the bus is stopping".into()),
+        }
+    }
+
+    /// Waits until the subscription changes up to `gen` are saved.
+    pub async fn wait_subs_saved(&self, gen: u64) -> Result<(), Arc<str>> {
+        let mut rx = self.shared.durable.subscribe();
+        let d = rx
+            .wait_for(|d| d.subs_gen >= gen || d.failed.is_some())
+            .await
+            .map_err(|_| Arc::<str>::from("the bus is stopping"))?;
+        match &d.failed {
+            Some(e) if d.subs_gen < gen => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// A receiver of the committer's progress (connections wait on it for
+    /// their pipelined publish replies).
+    pub fn durable(&self) -> watch::Receiver<Durable> {
+        self.shared.durable.subscribe()
+    }
+
+    /// Why the store failed, once it did.
+    pub fn store_error(&self) -> Option<Arc<str>> {
+        self.state().store_error.clone()
+    }
+
+    // ------------------------------------------------------------ committer
+
+    /// The committer's next round: blocks (on a condvar, in the committer's
+    /// own thread) until there is something to do. Staged events first, so
+    /// the next batch forms while the previous one is being synced.
+    pub fn next_commit_work(&self, last_save: Instant) -> CommitWork {
+        let mut st = self.state();
+        loop {
+            if st.store_error.is_some() {
+                return CommitWork::Stop;
+            }
+            if !st.staged.is_empty() {
+                return CommitWork::Append(std::mem::take(&mut st.staged));
+            }
+            let urgent = st.subs_gen > st.subs_saved_gen;
+            if st.closing {
+                return CommitWork::Final(self.snapshot_locked(&st, true).0);
+            }
+            let due = last_save + SAVE_INTERVAL;
+            if st.subs_dirty && (urgent || Instant::now() >= due) {
+                st.subs_dirty = false;
+                let (snapshot, keep_from) = self.snapshot_locked(&st, false);
+                return CommitWork::Save {
+                    snapshot,
+                    keep_from,
+                    gen: st.subs_gen,
+                };
+            }
+            st = if st.subs_dirty {
+                let wait = due.saturating_duration_since(Instant::now());
+                self.shared
+                    .commit_wake
+                    .wait_timeout(st, wait)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0)
+            } else {
+                self.shared
+                    .commit_wake
+                    .wait(st)
+                    .unwrap_or_else(|p| p.into_inner())
+            };
+        }
+    }
+
+    /// The subscriptions as they are now, and the lowest seq the store must
+    /// keep: the log's oldest retained event, the events pinned in flight,
+    /// and the dedup window.
+    fn snapshot_locked(&self, st: &State, clean: bool) -> (Snapshot, u64) {
+        let head = st.log.head_seq();
+        let log_floor = st.log.oldest_seq().unwrap_or(head + 1);
+        let subscriptions: Vec<_> = st
+            .subs
+            .values()
+            .filter(|s| !s.owned)
+            .map(|s| s.record(log_floor, head))
+            .collect();
+        let pinned_floor = subscriptions
+            .iter()
+            .filter_map(|r| r.pinned.first().copied())
+            .min()
+            .unwrap_or(u64::MAX);
+        let dedup_floor = (head + 1).saturating_sub(self.shared.config.dedup_capacity as u64);
+        let keep_from = log_floor.min(pinned_floor).min(dedup_floor);
+        let snapshot = Snapshot {
+            format: SNAPSHOT_FORMAT,
+            clean,
+            head_seq: head,
+            log_floor,
+            saved_at_unix_ms: now_ms(),
+            subscriptions,
+        };
+        (snapshot, keep_from)
+    }
+
+    /// The snapshot written at start-up, before anything is served: marks
+    /// the store as in use (not clean) until the next clean exit.
+    pub fn startup_snapshot(&self) -> Snapshot {
+        self.snapshot_locked(&self.state(), false).0
+    }
+
+    /// A batch is durable: append it to the log, fan it out, apply
+    /// retention, and tell the waiters.
+    pub fn committed(&self, batch: Vec<Arc<LoggedEvent>>, info: StoreInfo) {
+        let mut wake = vec![];
+        let mut st = self.state();
+        st.store = info;
+        let State {
+            subs, conns, log, ..
+        } = &mut *st;
+        for e in batch {
+            for sub in subs.values_mut() {
+                if sub.offer(&e) {
+                    if let Some(c) = sub.consumer().and_then(|c| conns.get(&c)) {
+                        wake.push(c.handle.clone());
+                    }
+                }
+            }
+            log.append(e);
+        }
+        // Retention: evict from the front; a subscription loses an evicted
+        // event only if it had not been sent yet, and is told with a Gap.
+        let mut evicted = false;
+        while let Some(old) = log.evict_one() {
+            evicted = true;
+            for sub in subs.values_mut() {
+                sub.evicted(old.seq);
+            }
+        }
+        let head = log.head_seq();
+        // Cursors of named subscriptions and the log floor moved.
+        st.subs_dirty |= evicted || st.subs.values().any(|s| !s.owned);
+        drop(st);
+        self.shared.durable.send_modify(|d| d.seq = head);
+        wake.sort_by_key(|h| Arc::as_ptr(h));
+        wake.dedup_by_key(|h| Arc::as_ptr(h));
+        for w in wake {
+            w.wake.notify_one();
+        }
+    }
+
+    /// The subscriptions of generation `gen` are saved.
+    pub fn saved(&self, gen: u64, info: StoreInfo) {
+        let mut st = self.state();
+        st.store = info;
+        st.subs_saved_gen = st.subs_saved_gen.max(gen);
+        drop(st);
+        self.shared
+            .durable
+            .send_modify(|d| d.subs_gen = d.subs_gen.max(gen));
+    }
+
+    /// The store failed: nothing more can be made durable. Fatal — the bus
+    /// stops, and every consumer and waiting publisher is told why. Never
+    /// retried: after a failed fsync the kernel may have dropped the pages.
+    pub fn store_failed(&self, why: String) {
+        tracing::error!(cause = %why, "the store failed; the bus stops (the next start recovers what is on disk)");
+        let why: Arc<str> = why.into();
+        self.state().store_error = Some(why.clone());
+        self.shared
+            .durable
+            .send_modify(|d| d.failed = Some(why.clone()));
+        self.shared.shutdown.trigger(ByeReason::Shutdown);
+    }
+
+    /// Asks the committer to flush what is staged, save the subscriptions
+    /// marked clean, and stop.
+    pub fn close_store(&self) {
+        self.state().closing = true;
+        self.shared.commit_wake.notify_one();
+    }
+
     /// Takes what `conn` may send now: a pending Gap and up to its credit of
     /// events. Marks them in flight.
     pub fn pull(&self, conn: ConnId, max_events: usize) -> Option<Delivery> {
         let mut st = self.state();
         let head = st.log.head_seq();
-        let State { subs, conns, .. } = &mut *st;
+        let State {
+            subs, conns, store, ..
+        } = &mut *st;
         let c = conns.get_mut(&conn)?;
         let sub = subs.get_mut(c.attached.as_ref()?)?;
-        let mut d = Delivery {
-            subscription_id: sub.id.clone(),
-            ..Delivery::default()
-        };
-        if sub.gap_lost > 0 {
-            let resume_seq = sub.pending.get(sub.sent).map_or(head + 1, |e| e.seq);
-            d.gap = Some(v1::Gap {
-                subscription_id: sub.id.clone(),
-                lost: sub.gap_lost,
-                resume_seq,
-            });
-            sub.gap_lost = 0;
-        }
-        let credit = sub.window.saturating_sub(sub.sent).min(max_events);
-        let end = (sub.sent + credit).min(sub.pending.len());
-        for e in sub.pending.range(sub.sent..end) {
-            let redelivered = e.seq <= sub.max_sent_seq;
-            if redelivered {
-                sub.counters.redelivered += 1;
-            }
-            d.events.push((e.clone(), redelivered));
-        }
-        let n = end - sub.sent;
-        sub.sent = end;
-        if let Some((last, _)) = d.events.last() {
-            sub.max_sent_seq = sub.max_sent_seq.max(last.seq);
-        }
-        sub.counters.delivered += n as u64;
-        c.delivered += n as u64;
-        if d.gap.is_none() && d.events.is_empty() {
+        let pulled = sub.pull(max_events, head);
+        c.delivered += pulled.events.len() as u64;
+        let damaged = pulled.damaged_at.map(|seq| {
+            let at = store
+                .damaged
+                .iter()
+                .find(|d| (d.from_seq..=d.to_seq).contains(&seq))
+                .map(|d| format!(" ({} at offset {})", d.file, d.offset))
+                .unwrap_or_default();
+            format!(
+                "the bus's store is damaged: event seq {seq} of subscription {} failed its \
+                 checksum{at}; it is never delivered, and this subscription cannot read past it \
+                 (see `dws event status`)",
+                sub.id
+            )
+        });
+        if pulled.gap.is_none() && pulled.events.is_empty() && damaged.is_none() {
             return None;
         }
-        Some(d)
+        Some(Delivery {
+            subscription_id: sub.id.clone(),
+            gap: pulled.gap,
+            events: pulled.events,
+            damaged,
+        })
     }
 
     /// Cumulative ack from `conn`: everything in flight with seq <= `seq` is done.
@@ -783,16 +1050,12 @@ impl Hub {
         let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
             return;
         };
-        let mut n = 0;
-        while sub.sent > 0 && sub.pending.front().is_some_and(|e| e.seq <= seq) {
-            sub.pending.pop_front();
-            sub.sent -= 1;
-            n += 1;
-        }
-        sub.counters.acked += n;
+        let n = sub.ack(seq);
         c.acked += n;
-        let more = sub.pending.len() > sub.sent;
+        let more = sub.has_unsent();
+        let named = !sub.owned;
         let handle = c.handle.clone();
+        st.subs_dirty |= named && n > 0;
         drop(st);
         if more {
             handle.wake.notify_one();
@@ -876,6 +1139,7 @@ impl Hub {
                 }
                 if !expired.is_empty() {
                     st.activity_gen += 1;
+                    st.subs_dirty = true;
                 }
                 let next = st.subs.values().filter_map(Subscription::expires_at).min();
                 (
@@ -931,7 +1195,7 @@ impl Hub {
             .values()
             .filter_map(|c| {
                 let sub = c.attached.as_ref()?;
-                let in_flight = st.subs.get(sub).map_or(0, |s| s.sent);
+                let in_flight = st.subs.get(sub).map_or(0, Subscription::in_flight);
                 Some(json!({
                     "pid": c.pid,
                     "client": c.name,
@@ -948,15 +1212,15 @@ impl Hub {
             .subs
             .values()
             .map(|s| {
-                let attached_pid = s.consumer.and_then(|c| st.conns.get(&c)).map(|c| c.pid);
-                let oldest = s.pending.front();
+                let attached_pid = s.consumer().and_then(|c| st.conns.get(&c)).map(|c| c.pid);
+                let oldest = s.oldest_pending();
                 if let Some(o) = oldest {
                     if holder.is_none_or(|(seq, _)| o.seq < seq) {
                         holder = Some((o.seq, &s.id));
                     }
                 }
-                let expires = s.detached_at.filter(|_| s.consumer.is_none()).map(|(_, ms)| ms + s.ttl.as_millis() as i64);
-                let cur = cursor(s, head);
+                let expires = s.detached_since_ms().map(|ms| ms + s.ttl.as_millis() as i64);
+                let cur = s.cursor(head);
                 json!({
                     "id": s.id,
                     "patterns": s.selector.pattern_strings(),
@@ -964,15 +1228,15 @@ impl Hub {
                     "owned": s.owned,
                     "upstream_subscription_id": s.upstream_id,
                     "attached_pid": attached_pid,
-                    "detached_since_unix_ms": s.detached_at.filter(|_| s.consumer.is_none()).map(|(_, ms)| ms),
+                    "detached_since_unix_ms": s.detached_since_ms(),
                     "expires_at_unix_ms": expires,
                     "ttl_ms": s.ttl.as_millis() as u64,
                     "created_at_unix_ms": s.created_at_ms,
                     "cursor": cur,
                     "head_seq": head,
                     "lag": head - cur,
-                    "pending": s.pending.len(),
-                    "in_flight": s.sent,
+                    "pending": s.pending_len(),
+                    "in_flight": s.in_flight(),
                     "oldest_unacked_age_ms": oldest.map(|e| (now - e.received_at_unix_ms).max(0)),
                     "matched": s.counters.matched,
                     "delivered": s.counters.delivered,
@@ -1028,14 +1292,19 @@ impl Hub {
                 "max_bytes": st.log.retention().max_bytes,
                 "retention_held_by": retention_held_by,
             },
+            "store": {
+                "kind": st.store.kind,
+                "durability": st.store.durability,
+                "path": st.store.path,
+                "durable_seq": head,
+                "staged": st.staged.len(),
+                "segments": st.store.segments,
+                "bytes": st.store.bytes,
+                "damaged": st.store.damaged,
+                "last_error": st.store_error.as_deref(),
+            },
         })
     }
-}
-
-/// Every matching event at or below the cursor has been acked: the seq just
-/// before the oldest unacked one, or the head when nothing is pending.
-fn cursor(sub: &Subscription, head: u64) -> u64 {
-    sub.pending.front().map_or(head, |e| e.seq - 1)
 }
 
 fn detach_locked(st: &mut State, conn: ConnId) {
@@ -1044,10 +1313,9 @@ fn detach_locked(st: &mut State, conn: ConnId) {
     };
     let Some(id) = c.attached.take() else { return };
     if let Some(sub) = st.subs.get_mut(&id) {
-        if sub.consumer == Some(conn) {
-            sub.consumer = None;
-            sub.sent = 0;
-            sub.detached_at = Some((Instant::now(), now_ms()));
+        if sub.consumer() == Some(conn) {
+            sub.detach((Instant::now(), now_ms()));
+            st.subs_dirty |= !sub.owned;
         }
     }
 }

@@ -6,11 +6,15 @@
 //! - [`lock`], [`socket`], [`ready`], [`logfile`]: start-up pieces, in the
 //!   order [`run`] uses them.
 //! - [`server`]: the accept loop; [`connection`]: one client connection.
-//! - [`hub`]: all shared state; [`eventlog`]: the bounded event log;
+//! - [`hub`]: all shared state; [`subscription`]: one subscription's
+//!   delivery state machine; [`eventlog`]: the bounded in-memory log;
 //!   [`pattern`]: what a subscription selects.
+//! - [`store`]: the storage boundary (disk, memory); [`commit`]: the one
+//!   thread that writes to it.
 //! - [`source`]: upstream sources behind one trait.
 //! - [`shutdown`]: the one shutdown signal and its reason.
 
+pub mod commit;
 pub mod config;
 pub mod connection;
 pub mod eventlog;
@@ -24,6 +28,8 @@ pub mod server;
 pub mod shutdown;
 pub mod socket;
 pub mod source;
+pub mod store;
+pub mod subscription;
 
 use std::{
     fs,
@@ -76,7 +82,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     let env = proto::paths::Env::from_process(uid);
     let endpoint =
         proto::paths::resolve(args.profile.as_deref(), &env).map_err(|e| e.to_string())?;
-    let source_config = profile::load(
+    let profile = profile::load_profile(
         &endpoint.config_root,
         &endpoint.profile,
         &profile::EnvOverrides::from_process(),
@@ -98,16 +104,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
             ready.already_running();
             return Ok(());
         };
-        serve(
-            args,
-            endpoint,
-            source_config,
-            lock,
-            trigger,
-            shutdown,
-            ready,
-        )
-        .await
+        serve(args, endpoint, profile, lock, trigger, shutdown, ready).await
     })
 }
 
@@ -202,7 +199,7 @@ fn write_meta(endpoint: &Endpoint) -> Result<(), String> {
 async fn serve(
     args: Args,
     endpoint: Endpoint,
-    source_config: profile::SourceConfig,
+    profile: profile::Profile,
     lock: BusLock,
     trigger: shutdown::ShutdownTrigger,
     shutdown: shutdown::Shutdown,
@@ -214,7 +211,15 @@ async fn serve(
     let listener = tokio::net::UnixListener::from_std(std_listener)
         .map_err(|e| format!("cannot listen on {}: {e}", endpoint.socket_path.display()))?;
 
-    let source = source::from_config(&source_config);
+    // The store before the socket: a bus that cannot recover its state
+    // serves nobody (and says why on the ready pipe).
+    let store_dir = endpoint.work_dir.join("store");
+    let mut store = store::open(&profile.store, store_dir);
+    let recovered = store
+        .recover()
+        .map_err(|e| format!("cannot open the store: {e}"))?;
+
+    let source = source::from_config(&profile.source);
     let hub = Hub::new(
         HubConfig {
             profile: endpoint.profile.clone(),
@@ -232,7 +237,16 @@ async fn serve(
         },
         trigger,
         source.upstream_control(),
+        recovered,
+        store.info(),
     );
+    // Mark the store in use: until the clean snapshot at exit, a restart
+    // treats every pending event as possibly delivered.
+    store
+        .save(&hub.startup_snapshot())
+        .map_err(|e| format!("cannot write the store: {e}"))?;
+    let committer = commit::spawn(hub.clone(), store)
+        .map_err(|e| format!("cannot start the committer thread: {e}"))?;
     tracing::info!(
         pid = std::process::id(),
         profile = %endpoint.profile,
@@ -248,7 +262,7 @@ async fn serve(
         hub: hub.clone(),
         shutdown: shutdown.clone(),
     }));
-    let reason = server::run(listener, hub, shutdown, &tracker).await;
+    let reason = server::run(listener, hub.clone(), shutdown, &tracker).await;
     tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
 
     // No new client may reach this bus: remove the socket first, so a client
@@ -266,8 +280,16 @@ async fn serve(
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), source_task).await;
     housekeeping.abort();
+    // Flush what is staged and save the subscriptions, marked clean.
+    hub.close_store();
+    let _ = tokio::task::spawn_blocking(move || committer.join()).await;
+    let store_error = hub.store_error();
     let _ = fs::remove_file(endpoint.meta_path());
     drop(lock);
+    if let Some(e) = store_error {
+        tracing::info!("bus exited after a store failure");
+        return Err(format!("the store failed: {e}").into());
+    }
     tracing::info!("bus exited");
     Ok(())
 }

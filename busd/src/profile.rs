@@ -27,6 +27,8 @@ use std::{
 
 use serde::Deserialize;
 
+use crate::store::{Durability, StoreConfig, StoreKind};
+
 /// A credential. Redacted everywhere it could be printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -152,6 +154,9 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct ProfileSection {
     source: Option<String>,
+    // storage (every source)
+    store: Option<String>,
+    durability: Option<String>,
     // exec
     command: Option<Vec<String>>,
     restart_min: Option<String>,
@@ -199,6 +204,8 @@ pub struct EnvOverrides {
     pub open_api: Option<String>,
     pub access_token: Option<String>,
     pub mcp_base: Option<String>,
+    pub store: Option<String>,
+    pub durability: Option<String>,
 }
 
 impl EnvOverrides {
@@ -212,6 +219,8 @@ impl EnvOverrides {
             open_api: get("DWS_DINGTALK_OPENAPI_URL"),
             access_token: get("DWS_USER_ACCESS_TOKEN"),
             mcp_base: get("DWS_MCP_URL"),
+            store: get("DWS_EVENT_BUS_STORE"),
+            durability: get("DWS_EVENT_BUS_DURABILITY"),
         }
     }
 }
@@ -253,6 +262,13 @@ fn duration(field: &str, v: Option<&str>, default: Duration) -> Result<Duration,
     }
 }
 
+/// A profile: its source and where its state is kept.
+#[derive(Debug)]
+pub struct Profile {
+    pub source: SourceConfig,
+    pub store: StoreConfig,
+}
+
 /// Loads the profile's source configuration from `<root>/config.toml` (if
 /// present) and the env overrides.
 pub fn load(
@@ -260,6 +276,43 @@ pub fn load(
     profile: &str,
     env: &EnvOverrides,
 ) -> Result<SourceConfig, ConfigError> {
+    load_profile(config_root, profile, env).map(|p| p.source)
+}
+
+/// `store` and `durability` (env `DWS_EVENT_BUS_STORE`,
+/// `DWS_EVENT_BUS_DURABILITY`); defaults: a disk store, fsynced.
+fn store_config(
+    section: &mut ProfileSection,
+    env: &EnvOverrides,
+    in_file: &dyn Fn(&str) -> String,
+) -> Result<StoreConfig, ConfigError> {
+    let kind = match (&env.store, section.store.take()) {
+        (Some(v), _) => StoreKind::parse(v)
+            .ok_or_else(|| invalid(format!("DWS_EVENT_BUS_STORE={v:?}: use disk or memory")))?,
+        (None, Some(v)) => StoreKind::parse(&v)
+            .ok_or_else(|| invalid(format!("{} = {v:?}: use disk or memory", in_file("store"))))?,
+        (None, None) => StoreKind::Disk,
+    };
+    let durability = match (&env.durability, section.durability.take()) {
+        (Some(v), _) => Durability::parse(v)
+            .ok_or_else(|| invalid(format!("DWS_EVENT_BUS_DURABILITY={v:?}: use fsync or none")))?,
+        (None, Some(v)) => Durability::parse(&v).ok_or_else(|| {
+            invalid(format!(
+                "{} = {v:?}: use fsync or none",
+                in_file("durability")
+            ))
+        })?,
+        (None, None) => Durability::Fsync,
+    };
+    Ok(StoreConfig { kind, durability })
+}
+
+/// Loads the whole profile: source and store.
+pub fn load_profile(
+    config_root: &Path,
+    profile: &str,
+    env: &EnvOverrides,
+) -> Result<Profile, ConfigError> {
     let path = config_root.join("config.toml");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
@@ -288,7 +341,20 @@ pub fn load(
         .map(|(_, v)| v)
         .unwrap_or_default();
     let in_file = |field: &str| format!("profiles.{profile}.{field} in {}", path.display());
+    let store = store_config(&mut section, env, &in_file)?;
+    let source = load_source(config_root, profile, env, &path, section, &in_file)?;
+    Ok(Profile { source, store })
+}
 
+/// The source part of a profile section.
+fn load_source(
+    config_root: &Path,
+    profile: &str,
+    env: &EnvOverrides,
+    path: &Path,
+    mut section: ProfileSection,
+    in_file: &dyn Fn(&str) -> String,
+) -> Result<SourceConfig, ConfigError> {
     let kind = env
         .source
         .clone()
@@ -342,7 +408,7 @@ pub fn load(
             let client_secret = if let Some(s) = &env.client_secret {
                 Secret::new(s.clone())
             } else if let Some(s) = section.client_secret.take() {
-                check_private(&path, "config file")?;
+                check_private(path, "config file")?;
                 Secret::new(s)
             } else if let Some(f) = section.client_secret_file.take() {
                 let f = if f.is_relative() {
@@ -400,7 +466,7 @@ pub fn load(
             let access_token = if let Some(t) = &env.access_token {
                 TokenSource::Fixed(Secret::new(t.clone()))
             } else if let Some(t) = section.access_token.take() {
-                check_private(&path, "config file")?;
+                check_private(path, "config file")?;
                 TokenSource::Fixed(Secret::new(t))
             } else if let Some(f) = section.access_token_file.take() {
                 let f = if f.is_relative() {

@@ -13,11 +13,15 @@
 //!   shutdown, idle shutdown, `stop`.
 //! - [`spawn`]: on-demand daemon start: one daemon for many clients, stale
 //!   lock/socket recovery, socket permissions, `--dry-run`, `busd --foreground`.
+//! - [`durability`]: the on-disk store: its files and status, restart after
+//!   `stop` and `kill -9`, torn tails, flipped bytes, format versions, a
+//!   failed write, and `kill -9` chaos (local publish and DingTalk).
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
 //!   keeps receiving.
 
 mod cli_contract;
 mod dingtalk;
+mod durability;
 mod lifecycle;
 mod personal;
 mod sources;

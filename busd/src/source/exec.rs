@@ -141,6 +141,7 @@ async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
     let mut lines = BufReader::with_capacity(64 * 1024, stdout);
     let mut buf = Vec::new();
     let mut line_no: u64 = 0;
+    let mut not_yet_durable = 0;
     loop {
         buf.clear();
         match read_bounded_line(&mut lines, &mut buf).await {
@@ -160,7 +161,16 @@ async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
         }
         match parse_line(text) {
             Ok(ev) => {
-                hub.append(ev);
+                // Nothing is acked to a command, but a fast one must not
+                // outrun the disk without bound: wait now and then.
+                let seq = hub.append(ev).seq;
+                not_yet_durable += 1;
+                if not_yet_durable >= DURABLE_EVERY {
+                    not_yet_durable = 0;
+                    if let Err(e) = hub.wait_durable(seq).await {
+                        return format!("the store failed: {e}");
+                    }
+                }
             }
             Err(why) => hub.source_malformed(&format!("line {line_no}: {why}")),
         }
@@ -170,6 +180,9 @@ async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
         Err(e) => format!("command wait failed: {e}"),
     }
 }
+
+/// Lines read between two waits for the disk (bounds what is staged).
+const DURABLE_EVERY: u32 = 4096;
 
 /// Reads one line, keeping at most `MAX_LINE + 1` bytes of it (the rest of a
 /// longer line is consumed and dropped), so a runaway line cannot grow memory.

@@ -632,6 +632,23 @@ impl<U: Upstream> Runner<U> {
                     match handle_text(&self.hub, &self.upstream, &self.policy, text.as_str(), conn)
                     {
                         Outcome::Nothing => {}
+                        Outcome::ReplyWhenDurable(ack, seq) => {
+                            if let Err(e) = self.hub.wait_durable(seq).await {
+                                // The store failed: the bus is stopping, and
+                                // this event stays unacked (the upstream
+                                // redelivers it to the next bus).
+                                tracing::warn!(source = self.name(), conn, cause = %e, "event left unacked: the store failed");
+                                return ConnEnd::Shutdown;
+                            }
+                            if let Err(e) = send(&mut sink, Message::text(ack), write_timeout).await
+                            {
+                                return ConnEnd::Lost {
+                                    why: scrub.clean(&format!("sending an ack failed: {e}")),
+                                    healthy: healthy(received, acked),
+                                };
+                            }
+                            acked += 1;
+                        }
                         Outcome::Reply(ack) => {
                             if let Err(e) = send(&mut sink, Message::text(ack), write_timeout).await
                             {
@@ -698,6 +715,9 @@ impl<U: Upstream> Runner<U> {
 enum Outcome {
     Nothing,
     Reply(String),
+    /// Send this ack once the event (seq) is durable: an upstream ack is a
+    /// promise the event will not be lost.
+    ReplyWhenDurable(String, u64),
     Disconnect {
         reply: Option<String>,
         reason: String,
@@ -749,7 +769,10 @@ fn handle_text<U: Upstream>(
             };
             let a = hub.append(ev);
             tracing::debug!(source = name, conn, message_id = %mid, event_id = %a.event_id, seq = a.seq, duplicate = a.duplicate, "event");
-            reply(frame::event_success(&mid))
+            match reply(frame::event_success(&mid)) {
+                Outcome::Reply(ack) => Outcome::ReplyWhenDurable(ack, a.seq),
+                other => other,
+            }
         }
         "SYSTEM" => match f.topic() {
             "disconnect" => {

@@ -1,0 +1,59 @@
+//! The committer: the one thread that owns the [`Store`]. It takes every
+//! event the hub staged as one batch, makes it durable (one write, one
+//! `fdatasync`), and hands it back to the hub for fan-out; meanwhile the next
+//! batch forms (group commit). Between batches it saves the named
+//! subscriptions — at once when a reply waits for it, else at most every
+//! [`crate::hub::SAVE_INTERVAL`] — and then releases the log space nobody
+//! needs. A failed write or fsync is fatal and never retried.
+//!
+//! It is a plain thread, not a task: every call here blocks on the disk, and
+//! the hub wakes it with a condvar.
+
+use std::{thread, time::Instant};
+
+use crate::{
+    hub::{CommitWork, Hub},
+    store::Store,
+};
+
+/// Starts the committer. It returns after [`Hub::close_store`] (having
+/// flushed everything and saved a clean snapshot) or after a store failure.
+pub fn spawn(hub: Hub, store: Box<dyn Store>) -> std::io::Result<thread::JoinHandle<()>> {
+    thread::Builder::new()
+        .name("committer".into())
+        .spawn(move || run(&hub, store))
+}
+
+fn run(hub: &Hub, mut store: Box<dyn Store>) {
+    let mut last_save = Instant::now();
+    loop {
+        match hub.next_commit_work(last_save) {
+            CommitWork::Append(batch) => match store.append(&batch) {
+                Ok(()) => hub.committed(batch, store.info()),
+                Err(e) => return hub.store_failed(e.to_string()),
+            },
+            CommitWork::Save {
+                snapshot,
+                keep_from,
+                gen,
+            } => {
+                if let Err(e) = store.save(&snapshot) {
+                    return hub.store_failed(e.to_string());
+                }
+                last_save = Instant::now();
+                // Losing an unlink only costs space; the next save retries.
+                if let Err(e) = store.release_below(keep_from) {
+                    tracing::warn!(cause = %e, "cannot release old log segments");
+                }
+                hub.saved(gen, store.info());
+            }
+            CommitWork::Final(snapshot) => {
+                if let Err(e) = store.save(&snapshot) {
+                    hub.store_failed(e.to_string());
+                }
+                return;
+            }
+            CommitWork::Stop => return,
+        }
+    }
+}

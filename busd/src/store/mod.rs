@@ -1,0 +1,208 @@
+//! The storage boundary: everything the bus must not lose — the event log,
+//! the dedup keys that travel with it, and the named subscriptions with their
+//! cursors — goes through the [`Store`] trait. The hub never touches a file.
+//!
+//! One thread, the committer (`crate::commit`), owns the store and is the
+//! only caller of its methods; the trait is therefore `&mut self` and
+//! synchronous. Implementations:
+//! - [`disk::DiskStore`] (the default): a segmented, checksummed append-only
+//!   log plus an atomically replaced subscriptions file, under
+//!   `events/<profile>/store/`.
+//! - [`memory::MemoryStore`]: keeps nothing; the bus's state dies with it
+//!   (tests, and users who ask for it with `store = "memory"`).
+//!
+//! The durability contract the committer builds on these methods (see the
+//! README): `append` returns only once the batch is on disk (fsynced when
+//! `durability = "fsync"`); only then are the events fanned out to consumers
+//! and acknowledged upstream or to the publisher.
+
+pub mod disk;
+pub mod memory;
+pub mod record;
+
+use std::{path::PathBuf, sync::Arc};
+
+use serde::{Deserialize, Serialize};
+
+use crate::eventlog::LoggedEvent;
+
+/// Which store a profile uses (`store = "disk" | "memory"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Disk,
+    Memory,
+}
+
+/// Whether an append waits for the disk (`durability = "fsync" | "none"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// `fdatasync` each batch before it is acknowledged.
+    Fsync,
+    /// Write, but let the kernel flush when it likes: survives a crash of the
+    /// bus, not a power cut.
+    None,
+}
+
+impl StoreKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Disk => "disk",
+            StoreKind::Memory => "memory",
+        }
+    }
+    pub fn parse(s: &str) -> Option<StoreKind> {
+        match s {
+            "disk" => Some(StoreKind::Disk),
+            "memory" => Some(StoreKind::Memory),
+            _ => None,
+        }
+    }
+}
+
+impl Durability {
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Fsync => "fsync",
+            Durability::None => "none",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Durability> {
+        match s {
+            "fsync" => Some(Durability::Fsync),
+            "none" => Some(Durability::None),
+            _ => None,
+        }
+    }
+}
+
+/// A profile's storage settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    pub durability: Durability,
+}
+
+/// Delivery counters of a subscription, kept across restarts.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubCounters {
+    pub matched: u64,
+    pub delivered: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    pub lost: u64,
+}
+
+/// A named subscription as it is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubRecord {
+    pub id: String,
+    pub patterns: Vec<String>,
+    #[serde(default)]
+    pub filter: String,
+    pub ttl_ms: u64,
+    pub created_at_unix_ms: i64,
+    #[serde(default)]
+    pub upstream_id: Option<String>,
+    /// Every matching event at or below it was acked (or reported lost).
+    pub cursor: u64,
+    /// Unacked events below the snapshot's `log_floor`, kept only because
+    /// they were in flight (at most one window).
+    #[serde(default)]
+    pub pinned: Vec<u64>,
+    pub max_sent_seq: u64,
+    /// Evicted before delivery and not yet reported in a gap line.
+    pub gap_lost: u64,
+    /// `None` while a consumer was attached.
+    pub detached_since_unix_ms: Option<i64>,
+    pub counters: SubCounters,
+}
+
+/// The subscriptions file: the named subscriptions at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub format: u32,
+    /// Written by a clean exit: the cursors and sent marks are exact.
+    pub clean: bool,
+    pub head_seq: u64,
+    /// Every event below it had already left the log's retention (its
+    /// losses are counted in the records); only `pinned` seqs below it are
+    /// still wanted.
+    pub log_floor: u64,
+    pub saved_at_unix_ms: i64,
+    pub subscriptions: Vec<SubRecord>,
+}
+
+/// The current version of [`Snapshot::format`].
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
+/// A stretch of the log that failed its checksum: never delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Damage {
+    pub from_seq: u64,
+    pub to_seq: u64,
+    pub file: String,
+    pub offset: u64,
+}
+
+/// What a store holds after a start.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Every recovered event in seq order; a damaged seq is a placeholder
+    /// ([`LoggedEvent::damaged`]).
+    pub events: Vec<Arc<LoggedEvent>>,
+    pub snapshot: Option<Snapshot>,
+    /// What recovery had to repair, for `bus.log`.
+    pub notes: Vec<String>,
+}
+
+/// For `status`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StoreInfo {
+    pub kind: &'static str,
+    pub durability: &'static str,
+    pub path: Option<PathBuf>,
+    pub segments: usize,
+    pub bytes: u64,
+    pub damaged: Vec<Damage>,
+}
+
+/// Why the store failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The store cannot be used as it is (unknown format, unreadable
+    /// subscriptions file): the bus refuses to start and touches nothing.
+    Refused(String),
+    /// A read, write or fsync failed.
+    Io(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Refused(m) | StoreError::Io(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The storage boundary. Called from one thread only.
+pub trait Store: Send {
+    /// Opens the store and returns what it holds. Repairs a torn tail; reports
+    /// corruption as damaged ranges; refuses what it does not understand.
+    fn recover(&mut self) -> Result<Recovered, StoreError>;
+    /// Appends a batch (consecutive seqs) and returns once it is durable.
+    fn append(&mut self, events: &[Arc<LoggedEvent>]) -> Result<(), StoreError>;
+    /// Replaces the stored subscriptions with `snapshot`, atomically.
+    fn save(&mut self, snapshot: &Snapshot) -> Result<(), StoreError>;
+    /// Events below `seq` are no longer needed (retention, dedup and every
+    /// subscription's snapshot are past them): their space may be reclaimed.
+    fn release_below(&mut self, seq: u64) -> Result<(), StoreError>;
+    fn info(&self) -> StoreInfo;
+}
+
+/// Opens the configured store at `dir` (not touched for `memory`).
+pub fn open(config: &StoreConfig, dir: PathBuf) -> Box<dyn Store> {
+    match config.kind {
+        StoreKind::Disk => Box::new(disk::DiskStore::new(dir, config.durability)),
+        StoreKind::Memory => Box::new(memory::MemoryStore),
+    }
+}
