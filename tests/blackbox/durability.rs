@@ -1293,8 +1293,9 @@ fn pending_stays_bounded_after_kill_9_of_a_consumer_with_events_in_flight() {
         .dws(["event", "consume", "--subscribe-id", "s1"])
         .spawn_stdout_unread();
     c.wait_ready();
-    // 16 KB events: the 64 KiB pipe holds 4, then the window fills.
-    publish_parallel(&env, "rg.big", &items("big", "BIG", 0..30, 16_000), 2);
+    // 16 KB events: the 64 KiB pipe holds 4, then the window fills; 120 of
+    // them push the in-flight ones out of the 100-event log while attached.
+    publish_parallel(&env, "rg.big", &items("big", "BIG", 0..120, 16_000), 2);
     let mut last = None;
     let mut stable = 0;
     wait_status(
@@ -1335,7 +1336,7 @@ fn pending_stays_bounded_after_kill_9_of_a_consumer_with_events_in_flight() {
     );
     assert!(
         lost > 0,
-        "1,030 events through a 100-event log: some are lost to retention\n{st:#}"
+        "1,120 events through a 100-event log: some are lost to retention\n{st:#}"
     );
     assert!(
         u64_of(&st["log"], "events") <= RETENTION + WINDOW,
