@@ -11,23 +11,38 @@
 //! A bad frame (oversized, undecodable, truncated, wrong version) gets an
 //! `Error` frame where the socket still allows it, then the connection is
 //! closed. Nothing a peer sends can take down the bus or another connection.
+//!
+//! Every resource a client can make a connection spend is bounded: requests
+//! are not read while [`OUT_READ_PAUSE`] bytes of replies wait unread (a
+//! client that never reads stalls itself); input is buffered as it arrives,
+//! never by the length a frame announces, and what all connections hold
+//! beyond their first 64 KiB is charged to one global bound; a client must
+//! say Hello within [`HELLO_DEADLINE`] and finish a started frame within
+//! [`FRAME_DEADLINE`].
 
 use std::{collections::VecDeque, time::Duration};
 
 use bytes::BytesMut;
-use futures_util::StreamExt;
 use proto::{
     codec::{encode_event_frame, encode_frame},
+    limits::MAX_EVENT_ID_LEN,
     v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason, ErrorCode},
     CodecError, ServerCodec,
 };
-use tokio::{io::AsyncWriteExt, net::UnixStream, sync::watch, time::Instant};
-use tokio_util::codec::FramedRead;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::UnixStream,
+    sync::watch,
+    time::Instant,
+};
+use tokio_util::codec::Decoder;
 
 use crate::{
-    hub::{ConnId, Durable, Hub, NewEvent},
+    hub::{ConnId, Durable, Hub, NewEvent, RefusedKind},
     pattern::Pattern,
+    ratelimit::LogLimit,
     shutdown::Shutdown,
+    warn_limited,
 };
 
 /// How long a closing connection may take to flush its final frames (Bye)
@@ -45,6 +60,42 @@ const READ_CAPACITY: usize = 64 * 1024;
 /// Events pulled from the hub per wake-up.
 const PULL_BATCH: usize = 256;
 
+/// Requests are not read while this many bytes of output wait unread.
+pub const OUT_READ_PAUSE: usize = 1 << 20;
+/// Requests are not read while this many publishes wait for the disk.
+const MAX_AWAITING: usize = 65_536;
+/// A client must send Hello within this.
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+/// A frame, once its first byte arrived, must be complete within this.
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
+
+/// One `bus.log` line per interval for clients refused or dropped.
+static CLIENT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
+
+/// A reply that may only be sent once the store has caught up with the
+/// change it answers: a published event is durable, or a subscription change
+/// is saved. Waiting here, instead of in the request handler, keeps the
+/// connection reading, so pipelined requests share one fsync.
+struct Awaited {
+    request_id: u64,
+    until: Until,
+    reply: S,
+}
+
+enum Until {
+    Seq(u64),
+    SubsGen(u64),
+}
+
+impl Until {
+    fn reached(&self, d: &Durable) -> bool {
+        match *self {
+            Until::Seq(seq) => d.seq >= seq,
+            Until::SubsGen(gen) => d.subs_gen >= gen,
+        }
+    }
+}
+
 enum Phase {
     AwaitHello,
     Ready,
@@ -58,8 +109,8 @@ pub struct Connection {
     /// Set once the connection is going away; it then only flushes.
     closing: bool,
     source_gen: u64,
-    /// Publish replies waiting for their event to be durable, in order.
-    awaiting: VecDeque<(u64, v1::PublishAck)>,
+    /// Replies waiting for the store, in request order (see [`Awaited`]).
+    awaiting: VecDeque<Awaited>,
     durable: watch::Receiver<Durable>,
 }
 
@@ -95,8 +146,12 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
             conn.closing = true;
         }
     }
-    let (rd, mut wr) = stream.into_split();
-    let mut reader = FramedRead::with_capacity(rd, ServerCodec::new(), READ_CAPACITY);
+    let (mut rd, mut wr) = stream.into_split();
+    let mut codec = ServerCodec::new();
+    let mut input = BytesMut::with_capacity(READ_CAPACITY);
+    let mut charged = 0;
+    let mut frame_started: Option<Instant> = None;
+    let hello_deadline = Instant::now() + HELLO_DEADLINE;
     let mut drain_deadline = conn.closing.then(|| Instant::now() + DRAIN_TIMEOUT);
 
     loop {
@@ -113,10 +168,27 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
             // Publishes still waiting for the disk are answered first.
             if conn.out.is_empty() && conn.awaiting.is_empty() {
                 let _ = wr.shutdown().await;
+                // Close with nothing unread: a socket closed with unread
+                // input resets the peer, which could lose our last frames.
+                let mut scratch = [0u8; 16 * 1024];
+                for _ in 0..16 {
+                    if !matches!(rd.try_read(&mut scratch), Ok(n) if n > 0) {
+                        break;
+                    }
+                }
                 break;
             }
         }
-        let deadline = drain_deadline;
+        let can_read =
+            !conn.closing && conn.out.len() < OUT_READ_PAUSE && conn.awaiting.len() < MAX_AWAITING;
+        let client_deadline = if conn.closing {
+            None
+        } else {
+            let hello = matches!(conn.phase, Phase::AwaitHello).then_some(hello_deadline);
+            let frame = frame_started.map(|t| t + FRAME_DEADLINE);
+            hello.into_iter().chain(frame).min()
+        };
+        let deadline = drain_deadline.into_iter().chain(client_deadline).min();
         tokio::select! {
             reason = shutdown.recv(), if !conn.closing => conn.bye(reason),
             res = wr.write_buf(&mut conn.out), if !conn.out.is_empty() => {
@@ -125,19 +197,80 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
                     break;
                 }
             }
-            frame = reader.next(), if !conn.closing => match frame {
-                None => break,
-                Some(Ok(frame)) => conn.handle(frame).await,
-                Some(Err(e)) => conn.bad_frame(&e),
+            res = rd.read_buf(&mut input), if can_read => match res {
+                Ok(0) => {
+                    // The client is done sending; answer what it asked, then close.
+                    if !input.is_empty() {
+                        conn.bad_frame(&CodecError::Truncated);
+                    }
+                    conn.closing = true;
+                }
+                Ok(_) => {
+                    let mut decoded = false;
+                    while !conn.closing {
+                        match codec.decode(&mut input) {
+                            Ok(Some(frame)) => {
+                                decoded = true;
+                                conn.handle(frame).await;
+                            }
+                            Ok(None) => break,
+                            Err(e) => conn.bad_frame(&e),
+                        }
+                    }
+                    frame_started = match (input.is_empty(), frame_started) {
+                        (true, _) => None,
+                        (false, Some(t)) if !decoded => Some(t),
+                        (false, _) => Some(Instant::now()),
+                    };
+                    if input.is_empty() && input.capacity() > READ_CAPACITY {
+                        input = BytesMut::with_capacity(READ_CAPACITY);
+                    } else if input.capacity() - input.len() < READ_CAPACITY / 4 {
+                        input.reserve(READ_CAPACITY);
+                    }
+                    let over = input.capacity().saturating_sub(READ_CAPACITY);
+                    if !hub.charge_input(&mut charged, over) {
+                        warn_limited!(CLIENT_WARNINGS, conn = id, "input bound reached; client refused");
+                        hub.count_refused(RefusedKind::InputBudget);
+                        conn.error(
+                            0,
+                            ErrorCode::ResourceExhausted,
+                            format!(
+                                "the bus holds too much partially received input ({} MiB across \
+                                 all connections); this connection is closed, try again later",
+                                crate::hub::MAX_BUFFERED_INPUT >> 20
+                            ),
+                        );
+                        conn.closing = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(conn = id, cause = %e, "read failed");
+                    break;
+                }
             },
             _ = handle.wake.notified() => {}
             _ = conn.durable.changed(), if !conn.awaiting.is_empty() => {}
             _ = sleep_until_opt(deadline) => {
-                tracing::warn!(conn = id, "drain timed out; dropping connection");
-                break;
+                if conn.closing {
+                    warn_limited!(CLIENT_WARNINGS, conn = id, "drain timed out; dropping connection");
+                    break;
+                }
+                hub.count_refused(RefusedKind::SlowClient);
+                let message = if matches!(conn.phase, Phase::AwaitHello) {
+                    format!("no Hello within {}s; closing", HELLO_DEADLINE.as_secs())
+                } else {
+                    format!(
+                        "a frame was started but not completed within {}s; closing",
+                        FRAME_DEADLINE.as_secs()
+                    )
+                };
+                warn_limited!(CLIENT_WARNINGS, conn = id, "slow client: {message}");
+                conn.error(0, ErrorCode::BadRequest, message);
+                conn.closing = true;
             }
         }
     }
+    hub.charge_input(&mut charged, 0);
     drop(wr);
     hub.unregister_conn(id);
 }
@@ -195,7 +328,8 @@ impl Connection {
     }
 
     fn bad_frame(&mut self, e: &CodecError) {
-        tracing::warn!(conn = self.id, cause = %e, "bad frame; closing connection");
+        warn_limited!(CLIENT_WARNINGS, conn = self.id, cause = %e, "bad frame; closing connection");
+        self.hub.count_refused(RefusedKind::BadFrame);
         match e {
             CodecError::TooLarge => self.error(0, ErrorCode::FrameTooLarge, e.to_string()),
             CodecError::Decode(_) | CodecError::Truncated => {
@@ -261,20 +395,12 @@ impl Connection {
             C::Unsubscribe(req) => {
                 let (removed, not_found, save) =
                     self.hub.unsubscribe(self.id, &req.subscription_ids);
-                if let Some(gen) = save {
-                    if let Err(why) = self.hub.wait_subs_saved(gen).await {
-                        return self.error(
-                            req.request_id,
-                            ErrorCode::Internal,
-                            store_failed_message(&why),
-                        );
-                    }
-                }
-                self.send(S::Unsubscribed(v1::Unsubscribed {
+                let reply = S::Unsubscribed(v1::Unsubscribed {
                     request_id: req.request_id,
                     removed,
                     not_found,
-                }));
+                });
+                self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
             }
             C::Ack(ack) => self.hub.ack(self.id, ack.seq),
             C::Bye(_) => {
@@ -282,7 +408,7 @@ impl Connection {
                 self.closing = true;
             }
             C::StatusRequest(req) => {
-                let json = self.hub.status_json().to_string();
+                let json = self.status_that_fits();
                 self.send(S::StatusReply(v1::StatusReply {
                     request_id: req.request_id,
                     json,
@@ -337,19 +463,12 @@ impl Connection {
             (None, _) => {}
         }
         match self.hub.subscribe(self.id, &req, upstream_id) {
-            Ok((reply, save)) => {
-                // A named subscription is on disk before anyone is told it exists.
-                if let Some(gen) = save {
-                    if let Err(why) = self.hub.wait_subs_saved(gen).await {
-                        return self.error(
-                            req.request_id,
-                            ErrorCode::Internal,
-                            store_failed_message(&why),
-                        );
-                    }
-                }
-                self.send(S::Subscribed(reply))
-            }
+            // A named subscription is on disk before anyone is told it exists.
+            Ok((reply, save)) => self.reply_after(
+                req.request_id,
+                save.map(Until::SubsGen),
+                S::Subscribed(reply),
+            ),
             Err(r) => self.error(req.request_id, r.code, r.message),
         }
     }
@@ -405,6 +524,23 @@ impl Connection {
         }
     }
 
+    /// The status document, with its lists cut until it fits in one frame.
+    fn status_that_fits(&self) -> String {
+        let mut listed = usize::MAX;
+        loop {
+            let json = self.hub.status_json(listed).to_string();
+            if json.len() + 64 <= proto::MAX_FRAME_LEN || listed == 0 {
+                return json;
+            }
+            let doc = self.hub.status_json(usize::MAX);
+            let n = doc["subscriptions"]
+                .as_array()
+                .map_or(0, Vec::len)
+                .max(doc["consumers"].as_array().map_or(0, Vec::len));
+            listed = listed.min(n) / 2;
+        }
+    }
+
     fn publish(&mut self, req: v1::Publish) {
         if let Err(m) = Pattern::parse(&req.event_type).and_then(|p| match p {
             Pattern::Exact(_) => Ok(()),
@@ -419,11 +555,11 @@ impl Connection {
                 m.replace("event key", "event type"),
             );
         }
-        if req.event_id.len() > 256 {
+        if req.event_id.len() > MAX_EVENT_ID_LEN {
             return self.error(
                 req.request_id,
                 ErrorCode::BadRequest,
-                "event id longer than 256 bytes",
+                format!("event id longer than {MAX_EVENT_ID_LEN} bytes"),
             );
         }
         let appended = self.hub.append(NewEvent {
@@ -436,41 +572,50 @@ impl Connection {
             event_born_time: crate::hub::now_ms(),
             ..NewEvent::default()
         });
-        // The reply waits until the event is durable (see `answer_durable`);
-        // later requests are not held up meanwhile.
-        self.awaiting.push_back((
-            appended.seq,
-            v1::PublishAck {
-                request_id: req.request_id,
-                seq: appended.seq,
-                event_id: appended.event_id,
-                duplicate: appended.duplicate,
-            },
-        ));
+        let appended = match appended {
+            Ok(a) => a,
+            Err(r) => return self.error(req.request_id, r.code, r.message),
+        };
+        // The reply waits until the event is durable; later requests are not
+        // held up meanwhile.
+        let reply = S::PublishAck(v1::PublishAck {
+            request_id: req.request_id,
+            seq: appended.seq,
+            event_id: appended.event_id,
+            duplicate: appended.duplicate,
+        });
+        self.reply_after(req.request_id, Some(Until::Seq(appended.seq)), reply);
     }
 
-    /// Sends the publish replies whose events are durable now, in order; if
-    /// the store failed, answers every waiting publish with the error.
+    /// Sends `reply` now, or queues it until the store reaches `until`
+    /// (replies leave in request order).
+    fn reply_after(&mut self, request_id: u64, until: Option<Until>, reply: S) {
+        if until.is_none() && self.awaiting.is_empty() {
+            return self.send(reply);
+        }
+        self.awaiting.push_back(Awaited {
+            request_id,
+            until: until.unwrap_or(Until::Seq(0)),
+            reply,
+        });
+        self.answer_durable();
+    }
+
+    /// Sends the replies the store has caught up with, in order; if the store
+    /// failed, answers every waiting request with the error.
     fn answer_durable(&mut self) {
         if self.awaiting.is_empty() {
             return;
         }
         let d = self.durable.borrow_and_update().clone();
-        while let Some((seq, _)) = self.awaiting.front() {
-            if *seq > d.seq {
-                break;
-            }
-            if let Some((_, ack)) = self.awaiting.pop_front() {
-                self.send(S::PublishAck(ack));
+        while self.awaiting.front().is_some_and(|a| a.until.reached(&d)) {
+            if let Some(a) = self.awaiting.pop_front() {
+                self.send(a.reply);
             }
         }
         if let Some(why) = &d.failed {
-            for (_, ack) in std::mem::take(&mut self.awaiting) {
-                self.error(
-                    ack.request_id,
-                    ErrorCode::Internal,
-                    store_failed_message(why),
-                );
+            for a in std::mem::take(&mut self.awaiting) {
+                self.error(a.request_id, ErrorCode::Internal, store_failed_message(why));
             }
             self.closing = true;
         }

@@ -13,14 +13,14 @@
 //! So consumers only ever see durable events, and whoever must acknowledge an
 //! event upstream waits for [`Hub::wait_durable`] first. Subscription changes
 //! mark the subscriptions dirty; the committer saves them lazily, or at once
-//! when a reply waits for them ([`Hub::wait_subs_saved`]).
+//! when a reply waits for them (`connection::reply_after`).
 
 use std::{
     collections::{BTreeMap, HashMap},
     num::NonZeroUsize,
     path::PathBuf,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Condvar, Mutex, MutexGuard,
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -29,7 +29,10 @@ use std::{
 use bytes::Bytes;
 use lru::LruCache;
 use prost::Message;
-use proto::v1::{self, ByeReason, ErrorCode};
+use proto::{
+    limits::{MAX_EVENT_ENCODED, MAX_SUBSCRIPTIONS},
+    v1::{self, ByeReason, ErrorCode},
+};
 use tokio::sync::{watch, Notify};
 
 use crate::{
@@ -218,7 +221,38 @@ struct State {
     store_error: Option<Arc<str>>,
     /// The committer flushes what is left and stops.
     closing: bool,
+    refused: Refused,
 }
+
+/// Clients refused because they hit a bound (see README "Limits").
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Refused {
+    /// Connections over [`crate::server::MAX_CONNECTIONS`].
+    pub connections: u64,
+    /// Connections closed because all connections together held too much
+    /// partially received input.
+    pub input_budget: u64,
+    /// Connections that sent no Hello, or did not finish a frame, in time.
+    pub slow_clients: u64,
+    /// Bad frames (oversized, undecodable, truncated, wrong version).
+    pub bad_frames: u64,
+    /// Events refused at the door for their size.
+    pub too_large_events: u64,
+}
+
+/// Which bound a client hit.
+#[derive(Debug, Clone, Copy)]
+pub enum RefusedKind {
+    Connections,
+    InputBudget,
+    SlowClient,
+    BadFrame,
+    TooLargeEvent,
+}
+
+/// Most bytes of partially received input all connections together may
+/// hold beyond their first 64 KiB each (see [`Hub::charge_input`]).
+pub const MAX_BUFFERED_INPUT: usize = 256 << 20;
 
 struct Shared {
     state: Mutex<State>,
@@ -236,6 +270,8 @@ struct Shared {
     shutdown: ShutdownTrigger,
     /// The source's upstream subscription control plane, if it has one.
     upstream: Option<Arc<dyn UpstreamControl>>,
+    /// Bytes charged by connections against [`MAX_BUFFERED_INPUT`].
+    input_buffered: AtomicUsize,
 }
 
 /// Cloneable handle to the bus state.
@@ -352,6 +388,7 @@ impl Hub {
             store,
             store_error: None,
             closing: false,
+            refused: Refused::default(),
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,
@@ -369,7 +406,40 @@ impl Hub {
                 started: Instant::now(),
                 shutdown,
                 upstream,
+                input_buffered: AtomicUsize::new(0),
             }),
+        }
+    }
+
+    /// Sets a connection's charge against the global input bound to `want`
+    /// bytes (`charged` is what it holds now). `false` when the bound would
+    /// be passed: the connection must refuse its client.
+    pub fn charge_input(&self, charged: &mut usize, want: usize) -> bool {
+        let total = &self.shared.input_buffered;
+        if want <= *charged {
+            total.fetch_sub(*charged - want, Ordering::Relaxed);
+            *charged = want;
+            return true;
+        }
+        let more = want - *charged;
+        let before = total.fetch_add(more, Ordering::Relaxed);
+        if before + more > MAX_BUFFERED_INPUT {
+            total.fetch_sub(more, Ordering::Relaxed);
+            return false;
+        }
+        *charged = want;
+        true
+    }
+
+    /// Counts a client refused for hitting a bound.
+    pub fn count_refused(&self, kind: RefusedKind) {
+        let r = &mut self.state().refused;
+        match kind {
+            RefusedKind::Connections => r.connections += 1,
+            RefusedKind::InputBudget => r.input_budget += 1,
+            RefusedKind::SlowClient => r.slow_clients += 1,
+            RefusedKind::BadFrame => r.bad_frames += 1,
+            RefusedKind::TooLargeEvent => r.too_large_events += 1,
         }
     }
 
@@ -537,6 +607,12 @@ impl Hub {
         } else {
             req.subscription_id.clone()
         };
+        if created && st.subs.len() >= MAX_SUBSCRIPTIONS {
+            return Err(Refusal::new(
+                ErrorCode::ResourceExhausted,
+                format!("too many subscriptions ({MAX_SUBSCRIPTIONS}); unsubscribe some first"),
+            ));
+        }
         if created {
             let Some(selector) = selector else {
                 return Err(Refusal::new(
@@ -746,25 +822,24 @@ impl Hub {
     /// event is durable (and delivered) once [`Hub::wait_durable`] for its
     /// seq returns; a duplicate's seq is the original's, which may itself be
     /// still staged, so callers wait on duplicates too.
-    pub fn append(&self, ev: NewEvent) -> Appended {
+    ///
+    /// An event whose deliveries would not fit in a frame is refused here,
+    /// at the door, so nothing is ever acked that cannot be delivered.
+    pub fn append(&self, ev: NewEvent) -> Result<Appended, Refusal> {
         let mut st = self.state();
-        let counters = st.types.entry(ev.event_type.clone()).or_default();
-        counters.received += 1;
+        count_type(&mut st.types, &ev.event_type).received += 1;
         let dedup_key = (!ev.event_id.is_empty()).then(|| (ev.scope.clone(), ev.event_id.clone()));
         if let Some(key) = &dedup_key {
             if let Some(&seq) = st.dedup.get(key) {
-                if let Some(c) = st.types.get_mut(&ev.event_type) {
-                    c.duplicates += 1;
-                }
-                return Appended {
+                count_type(&mut st.types, &ev.event_type).duplicates += 1;
+                return Ok(Appended {
                     seq,
                     event_id: ev.event_id,
                     duplicate: true,
-                };
+                });
             }
         }
         let seq = st.next_seq;
-        st.next_seq += 1;
         let event_id = if ev.event_id.is_empty() {
             format!("{}-{seq}", self.shared.started_at_ms)
         } else {
@@ -787,6 +862,18 @@ impl Hub {
             redelivered: false,
         }
         .encode_to_vec();
+        if encoded.len() > MAX_EVENT_ENCODED {
+            st.refused.too_large_events += 1;
+            return Err(Refusal::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "event too large: {} bytes encoded (data, headers and ids together); the most \
+                     is {MAX_EVENT_ENCODED}, so that every delivery fits in one frame",
+                    encoded.len()
+                ),
+            ));
+        }
+        st.next_seq += 1;
         let (scope, key_id) = dedup_key.clone().unwrap_or_default();
         st.staged.push(Arc::new(LoggedEvent {
             seq,
@@ -806,11 +893,11 @@ impl Hub {
         if first {
             self.shared.commit_wake.notify_one();
         }
-        Appended {
+        Ok(Appended {
             seq,
             event_id,
             duplicate: false,
-        }
+        })
     }
 
     /// Waits until every event up to `seq` is durable. Fails when the store
@@ -825,19 +912,6 @@ impl Hub {
             (_, true) => Ok(()),
             (Some(e), false) => Err(e.clone()),
             (None, false) => Err("the bus is stopping".into()),
-        }
-    }
-
-    /// Waits until the subscription changes up to `gen` are saved.
-    pub async fn wait_subs_saved(&self, gen: u64) -> Result<(), Arc<str>> {
-        let mut rx = self.shared.durable.subscribe();
-        let d = rx
-            .wait_for(|d| d.subs_gen >= gen || d.failed.is_some())
-            .await
-            .map_err(|_| Arc::<str>::from("the bus is stopping"))?;
-        match &d.failed {
-            Some(e) if d.subs_gen < gen => Err(e.clone()),
-            _ => Ok(()),
         }
     }
 
@@ -965,7 +1039,7 @@ impl Hub {
         st.subs_dirty |= evicted || st.subs.values().any(|s| !s.owned);
         drop(st);
         self.shared.durable.send_modify(|d| d.seq = head);
-        wake.sort_by_key(|h| Arc::as_ptr(h));
+        wake.sort_by_key(Arc::as_ptr);
         wake.dedup_by_key(|h| Arc::as_ptr(h));
         for w in wake {
             w.wake.notify_one();
@@ -1182,7 +1256,10 @@ impl Hub {
 
     // ------------------------------------------------------------ status
 
-    pub fn status_json(&self) -> serde_json::Value {
+    /// The status document, listing at most `max_listed` consumers and
+    /// subscriptions (the connection lowers it until the reply fits in a
+    /// frame; `truncated` then says how many there are).
+    pub fn status_json(&self, max_listed: usize) -> serde_json::Value {
         use serde_json::json;
         let cfg = &self.shared.config;
         let st = self.state();
@@ -1206,19 +1283,24 @@ impl Hub {
                     "in_flight": in_flight,
                 }))
             })
+            .take(max_listed)
             .collect();
+        let consumers_total = st.conns.values().filter(|c| c.attached.is_some()).count();
         let mut holder: Option<(u64, &str)> = None;
+        for s in st.subs.values() {
+            if let Some(o) = s.oldest_pending() {
+                if holder.is_none_or(|(seq, _)| o.seq < seq) {
+                    holder = Some((o.seq, &s.id));
+                }
+            }
+        }
         let subs: Vec<_> = st
             .subs
             .values()
+            .take(max_listed)
             .map(|s| {
                 let attached_pid = s.consumer().and_then(|c| st.conns.get(&c)).map(|c| c.pid);
                 let oldest = s.oldest_pending();
-                if let Some(o) = oldest {
-                    if holder.is_none_or(|(seq, _)| o.seq < seq) {
-                        holder = Some((o.seq, &s.id));
-                    }
-                }
                 let expires = s.detached_since_ms().map(|ms| ms + s.ttl.as_millis() as i64);
                 let cur = s.cursor(head);
                 json!({
@@ -1267,6 +1349,7 @@ impl Hub {
                 "socket": cfg.socket,
                 "work_dir": cfg.work_dir,
                 "connections": st.conns.len(),
+                "refused": st.refused,
             },
             "source": {
                 "kind": cfg.source_kind,
@@ -1280,6 +1363,10 @@ impl Hub {
                 "reason": (!st.source.state.reason.is_empty()).then(|| st.source.state.reason.clone()),
                 "last_error": (!st.source.last_error.is_empty()).then(|| st.source.last_error.clone()),
             },
+            "truncated": (consumers.len() < consumers_total || subs.len() < st.subs.len()).then(|| json!({
+                "consumers_total": consumers_total,
+                "subscriptions_total": st.subs.len(),
+            })),
             "consumers": consumers,
             "subscriptions": subs,
             "event_types": types,
@@ -1318,4 +1405,23 @@ fn detach_locked(st: &mut State, conn: ConnId) {
             st.subs_dirty |= !sub.owned;
         }
     }
+}
+
+/// Most distinct event types counted one by one in status; the rest are
+/// counted together under [`OTHER_TYPES`], so an exec feed that invents
+/// types cannot grow the map for the bus's life.
+pub const MAX_EVENT_TYPES: usize = 1000;
+/// The status row that counts every event type past [`MAX_EVENT_TYPES`].
+pub const OTHER_TYPES: &str = "(other)";
+
+fn count_type<'a>(
+    types: &'a mut BTreeMap<String, TypeCounters>,
+    event_type: &str,
+) -> &'a mut TypeCounters {
+    let key = if types.contains_key(event_type) || types.len() < MAX_EVENT_TYPES {
+        event_type
+    } else {
+        OTHER_TYPES
+    };
+    types.entry(key.to_owned()).or_default()
 }

@@ -23,6 +23,7 @@ pub mod lock;
 pub mod logfile;
 pub mod pattern;
 pub mod profile;
+pub mod ratelimit;
 pub mod ready;
 pub mod server;
 pub mod shutdown;
@@ -90,6 +91,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     make_private_dir(&endpoint.work_dir)?;
     init_logging(&endpoint.log_path(), args.foreground)?;
 
+    server::raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -108,17 +110,29 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     })
 }
 
-fn make_private_dir(dir: &Path) -> Result<(), String> {
-    fs::create_dir_all(dir)
-        .map_err(|e| format!("cannot create work dir {}: {e}", dir.display()))?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("cannot chmod 700 {}: {e}", dir.display()))
+/// Creates the work dir `<config root>/events/<profile>` (0700) and checks
+/// it and `events/` with the same rule as the socket dir
+/// ([`socket::prepare_private_dir`]): a real directory, ours, not group or
+/// world writable. The config root itself is created if missing, not checked.
+fn make_private_dir(work_dir: &Path) -> Result<(), StartError> {
+    let events = work_dir
+        .parent()
+        .ok_or_else(|| format!("work dir {} has no parent", work_dir.display()))?;
+    if let Some(root) = events.parent() {
+        fs::create_dir_all(root).map_err(|e| {
+            StartError::from_io(
+                format!("cannot create config root {}: {e}", root.display()),
+                &e,
+            )
+        })?;
+    }
+    socket::prepare_private_dir(events, "events directory")?;
+    socket::prepare_private_dir(work_dir, "work directory")
 }
 
-fn init_logging(path: &Path, foreground: bool) -> Result<(), String> {
+fn init_logging(path: &Path, foreground: bool) -> Result<(), StartError> {
     use tracing_subscriber::{fmt::writer::MakeWriterExt, EnvFilter};
-    let file = logfile::RotatingLog::open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let file = logfile::RotatingLog::open(path)?;
     let filter = EnvFilter::try_from_env("DWS_BUS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_ansi(false)
@@ -128,7 +142,7 @@ fn init_logging(path: &Path, foreground: bool) -> Result<(), String> {
     } else {
         builder.with_writer(file).try_init()
     };
-    result.map_err(|e| format!("cannot set up logging: {e}"))
+    result.map_err(|e| format!("cannot set up logging: {e}").into())
 }
 
 fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), String> {
@@ -149,7 +163,7 @@ fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), String> {
 /// Takes `bus.lock`, or returns `None` if a live bus already answers on the
 /// socket. A busy lock whose holder does not answer is a bus that is starting
 /// or exiting: wait for it, up to [`LOCK_WAIT`].
-async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, String> {
+async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, StartError> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match lock::try_lock(&endpoint.lock_path())? {
@@ -167,7 +181,8 @@ async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, String> {
                         endpoint.lock_path().display(),
                         pid.map_or("?".to_owned(), |p| p.to_string()),
                         endpoint.socket_path.display()
-                    ));
+                    )
+                    .into());
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -175,7 +190,11 @@ async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, String> {
     }
 }
 
-fn write_meta(endpoint: &Endpoint) -> Result<(), String> {
+/// Writes `bus.meta` atomically: `bus.meta.tmp` is created exclusively with
+/// `O_NOFOLLOW` (a stale regular file is removed first; anything else there
+/// is refused), then renamed over `bus.meta`.
+fn write_meta(endpoint: &Endpoint) -> Result<(), StartError> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
     let now = std::time::SystemTime::now();
     let meta = serde_json::json!({
         "pid": std::process::id(),
@@ -190,10 +209,23 @@ fn write_meta(endpoint: &Endpoint) -> Result<(), String> {
     });
     let path = endpoint.meta_path();
     let tmp = path.with_extension("meta.tmp");
-    fs::write(&tmp, format!("{meta:#}\n"))
-        .and_then(|()| fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)))
+    // rename replaces whatever is at bus.meta without following it; a planted
+    // non-file there is refused all the same, as everywhere in the work dir.
+    if let Ok(m) = fs::symlink_metadata(&path) {
+        socket::refuse_unless_regular(&path, m.file_type())?;
+    }
+    socket::remove_stale_file(&tmp)?;
+    let mut file = socket::open_private_file(
+        &tmp,
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600),
+    )?;
+    file.set_permissions(fs::Permissions::from_mode(0o600))
+        .and_then(|()| file.write_all(format!("{meta:#}\n").as_bytes()))
         .and_then(|()| fs::rename(&tmp, &path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|e| StartError::from_io(format!("cannot write {}: {e}", path.display()), &e))
 }
 
 async fn serve(

@@ -2,16 +2,28 @@
 //! ([`proto::pattern::Pattern`]), then an optional regex filter on the event
 //! type. Validated when the subscription is created, so a bad pattern or
 //! regex never reaches the log.
+//!
+//! Matching is indexed, not a scan over the patterns: exact keys sit in a
+//! hash set, prefixes in another, and an event type is looked up once for
+//! itself and once per `.`-separated prefix of it. So the cost of a match
+//! grows with the depth of the event type, not with the number of patterns
+//! (which is bounded too: [`proto::limits::MAX_PATTERNS`]).
 
-use regex::Regex;
+use std::collections::HashSet;
+
+use proto::limits::{clip, clip_to, MAX_FILTER_COMPILED, MAX_FILTER_LEN, MAX_PATTERNS};
+use regex::{Regex, RegexBuilder};
 
 pub use proto::pattern::Pattern;
 
 /// What a subscription selects: any of its patterns, then the optional filter.
 #[derive(Debug, Clone)]
 pub struct Selector {
-    pub patterns: Vec<Pattern>,
-    pub filter: Option<Regex>,
+    patterns: Vec<Pattern>,
+    all: bool,
+    exact: HashSet<String>,
+    prefixes: HashSet<String>,
+    filter: Option<Regex>,
 }
 
 impl Selector {
@@ -19,24 +31,75 @@ impl Selector {
         if patterns.is_empty() {
             return Err("at least one event key is required".into());
         }
+        if patterns.len() > MAX_PATTERNS {
+            return Err(format!(
+                "{} event keys in one subscription; the most is {MAX_PATTERNS}",
+                patterns.len()
+            ));
+        }
         let patterns = patterns
             .iter()
-            .map(|p| Pattern::parse(p))
+            .map(|p| Pattern::parse(p).map_err(|_| invalid_key(p)))
             .collect::<Result<Vec<_>, _>>()?;
+        if filter.len() > MAX_FILTER_LEN {
+            return Err(format!(
+                "--filter regex of {} bytes; the most is {MAX_FILTER_LEN}",
+                filter.len()
+            ));
+        }
         let filter = if filter.is_empty() {
             None
         } else {
-            Some(Regex::new(filter).map_err(|e| format!("invalid --filter regex: {e}"))?)
+            Some(
+                RegexBuilder::new(filter)
+                    .size_limit(MAX_FILTER_COMPILED)
+                    .build()
+                    .map_err(|e| {
+                        format!("invalid --filter regex: {}", clip_to(&e.to_string(), 300))
+                    })?,
+            )
         };
-        Ok(Selector { patterns, filter })
+        let mut sel = Selector {
+            all: false,
+            exact: HashSet::new(),
+            prefixes: HashSet::new(),
+            patterns,
+            filter,
+        };
+        for p in &sel.patterns {
+            match p {
+                Pattern::All => sel.all = true,
+                Pattern::Exact(k) => {
+                    sel.exact.insert(k.clone());
+                }
+                Pattern::Prefix(k) => {
+                    sel.prefixes.insert(k.clone());
+                }
+            }
+        }
+        Ok(sel)
     }
 
     pub fn matches(&self, event_type: &str) -> bool {
-        self.patterns.iter().any(|p| p.matches(event_type))
+        self.keys_match(event_type)
             && self
                 .filter
                 .as_ref()
                 .is_none_or(|re| re.is_match(event_type))
+    }
+
+    fn keys_match(&self, t: &str) -> bool {
+        if self.all || self.exact.contains(t) {
+            return true;
+        }
+        if self.prefixes.is_empty() {
+            return false;
+        }
+        // `a.*` matches `a` and everything below it: look up `t` itself and
+        // every prefix of it that ends before a `.`.
+        self.prefixes.contains(t)
+            || t.match_indices('.')
+                .any(|(i, _)| self.prefixes.contains(&t[..i]))
     }
 
     pub fn pattern_strings(&self) -> Vec<String> {
@@ -60,6 +123,13 @@ impl Selector {
     }
 }
 
+fn invalid_key(p: &str) -> String {
+    format!(
+        "invalid event key {:?}: use an exact key (im.message), a prefix (im.*) or *",
+        clip(p)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +144,32 @@ mod tests {
         let a = Selector::new(&["a".into(), "b.*".into()], "").unwrap();
         let b = Selector::new(&["b.*".into(), "a".into()], "").unwrap();
         assert!(a.same_spec(&b));
+    }
+
+    #[test]
+    fn the_index_agrees_with_the_patterns() {
+        let keys: Vec<String> = ["a.b", "c.*", "d.e.*", "x"].map(String::from).to_vec();
+        let s = Selector::new(&keys, "").unwrap();
+        let pats: Vec<Pattern> = keys.iter().map(|k| Pattern::parse(k).unwrap()).collect();
+        for t in [
+            "a.b", "a.bc", "a", "c", "c.x", "c.x.y", "cx", "d", "d.e", "d.e.f", "d.ef", "x", "x.y",
+            "y",
+        ] {
+            assert_eq!(s.matches(t), pats.iter().any(|p| p.matches(t)), "{t}");
+        }
+    }
+
+    #[test]
+    fn bounds_are_enforced_with_short_messages() {
+        let many: Vec<String> = (0..=MAX_PATTERNS).map(|i| format!("k{i}")).collect();
+        assert!(Selector::new(&many, "")
+            .unwrap_err()
+            .contains("the most is"));
+        let long = "a".repeat(MAX_FILTER_LEN + 1);
+        assert!(Selector::new(&["*".into()], &long).is_err());
+        let huge_key = "é".repeat(1 << 18);
+        assert!(Selector::new(&[huge_key], "").unwrap_err().len() < 400);
+        // A regex whose compiled form is over the limit.
+        assert!(Selector::new(&["*".into()], "\\w{1000}\\w{1000}").is_err());
     }
 }

@@ -78,6 +78,29 @@ pub struct StartError {
     pub message: String,
 }
 
+impl StartError {
+    /// A permission or ownership problem (ready pipe `P`, exit 3 for `dws`).
+    pub fn permission(message: impl Into<String>) -> StartError {
+        StartError {
+            kind: FailureKind::Permission,
+            message: message.into(),
+        }
+    }
+
+    /// A failed system call on `message`'s subject: a permission failure when
+    /// the kernel said so (`EACCES`, `EPERM`), a runtime failure otherwise.
+    pub fn from_io(message: impl Into<String>, e: &std::io::Error) -> StartError {
+        let kind = match e.kind() {
+            std::io::ErrorKind::PermissionDenied => FailureKind::Permission,
+            _ => FailureKind::Runtime,
+        };
+        StartError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
 impl From<String> for StartError {
     fn from(message: String) -> StartError {
         StartError {

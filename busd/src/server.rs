@@ -1,17 +1,35 @@
 //! The accept loop. Each accepted connection runs in its own task, tracked so
 //! shutdown can wait for the drain; a connection's errors never reach here.
+//!
+//! Over [`MAX_CONNECTIONS`] a new client is not left hanging: it is accepted,
+//! told `Error{RESOURCE_EXHAUSTED}` with one non-blocking write, and closed,
+//! while everyone already connected is served. A failing `accept` (out of
+//! file descriptors) backs off, doubling up to a second, and is logged at
+//! most once per interval.
 
 use std::{sync::Arc, time::Duration};
 
-use proto::v1::ByeReason;
-use tokio::{net::UnixListener, sync::Semaphore};
+use bytes::BytesMut;
+use proto::v1::{self, server_frame::Kind as S, ByeReason, ErrorCode};
+use tokio::{
+    net::{UnixListener, UnixStream},
+    sync::Semaphore,
+};
 use tokio_util::task::TaskTracker;
 
-use crate::{connection, hub::Hub, shutdown::Shutdown};
+use crate::{
+    connection,
+    hub::{Hub, RefusedKind},
+    ratelimit::LogLimit,
+    shutdown::Shutdown,
+    warn_limited,
+};
 
 /// Most simultaneous connections. Each costs a task and two small buffers;
 /// far more than any number of local agents, small enough to bound memory.
 pub const MAX_CONNECTIONS: usize = 1024;
+
+static ACCEPT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
 
 /// Accepts until the shutdown fires; returns its reason.
 pub async fn run(
@@ -21,31 +39,73 @@ pub async fn run(
     tracker: &TaskTracker,
 ) -> ByeReason {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = Duration::ZERO;
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return ByeReason::Shutdown,
-            },
-            r = shutdown.recv() => return r,
-        };
         tokio::select! {
             res = listener.accept() => match res {
                 Ok((stream, _)) => {
-                    let hub = hub.clone();
-                    let sd = shutdown.clone();
-                    tracker.spawn(async move {
-                        connection::serve(stream, hub, sd).await;
-                        drop(permit);
-                    });
+                    backoff = Duration::ZERO;
+                    match permits.clone().try_acquire_owned() {
+                        Ok(permit) => {
+                            let hub = hub.clone();
+                            let sd = shutdown.clone();
+                            tracker.spawn(async move {
+                                connection::serve(stream, hub, sd).await;
+                                drop(permit);
+                            });
+                        }
+                        Err(_) => refuse(&stream, &hub),
+                    }
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(cause = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    warn_limited!(ACCEPT_WARNINGS, cause = %e, retry_in = ?backoff, "accept failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        r = shutdown.recv() => return r,
+                    }
                 }
             },
             r = shutdown.recv() => return r,
         }
+    }
+}
+
+/// Tells a client over the connection limit why, without waiting for it.
+fn refuse(stream: &UnixStream, hub: &Hub) {
+    hub.count_refused(RefusedKind::Connections);
+    warn_limited!(
+        ACCEPT_WARNINGS,
+        limit = MAX_CONNECTIONS,
+        "connection refused: too many connections"
+    );
+    let frame = v1::ServerFrame {
+        kind: Some(S::Error(v1::Error {
+            request_id: 0,
+            code: ErrorCode::ResourceExhausted as i32,
+            message: format!("too many connections ({MAX_CONNECTIONS} open); try again later"),
+        })),
+    };
+    let mut buf = BytesMut::new();
+    if proto::encode_frame(&frame, &mut buf).is_ok() {
+        // A fresh socket's buffer takes this small frame whole; if not, the
+        // client sees the connection close, which is still not a hang.
+        let _ = stream.try_write(&buf);
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit, so the connection
+/// limit, not the fd limit, is what clients meet.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(cause = %e, soft, hard, "cannot raise the open-files limit");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(cause = %e, "cannot read the open-files limit"),
     }
 }

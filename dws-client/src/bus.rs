@@ -24,8 +24,14 @@ use crate::{
 };
 
 /// How long discover-or-spawn keeps trying before it gives up. Covers a bus
-/// that is exiting (its successor waits for the lock) and a slow start.
+/// that is exiting (its successor waits for the lock) and a slow start. It
+/// bounds every dial as a whole (connect, Hello, HelloAck): a listener that
+/// accepts but never answers fails the command instead of hanging it.
 pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// However little of [`CONNECT_DEADLINE`] is left, one dial gets at least
+/// this long (a bus spawned at the end of the budget still gets to answer).
+const DIAL_FLOOR: Duration = Duration::from_secs(2);
 
 /// An open, greeted connection to the bus.
 pub struct BusConn {
@@ -60,7 +66,7 @@ impl BusConn {
     pub async fn open(endpoint: &Endpoint) -> Result<Option<BusConn>> {
         let deadline = Instant::now() + CONNECT_DEADLINE;
         loop {
-            match dial(endpoint).await {
+            match dial(endpoint, deadline).await {
                 Ok(c) => return Ok(Some(c)),
                 Err(DialError::NotRunning) => return Ok(None),
                 Err(DialError::Gone) if Instant::now() < deadline => {
@@ -79,7 +85,7 @@ impl BusConn {
         let deadline = Instant::now() + CONNECT_DEADLINE;
         let mut last_err = String::from("no bus answered");
         loop {
-            match dial(endpoint).await {
+            match dial(endpoint, deadline).await {
                 Ok(c) => return Ok(c),
                 Err(DialError::Fatal(e)) => return Err(e),
                 Err(DialError::NotRunning) | Err(DialError::Gone) => {}
@@ -133,7 +139,9 @@ impl BusConn {
             .map_err(|e| CliError::bus_gone(format!("lost the connection to the bus: {e}")))
     }
 
-    /// The next frame; `Ok(None)` when the bus closed the connection.
+    /// The next frame; `Ok(None)` when the bus closed the connection. A
+    /// connection that failed (reset) or ended in the middle of a frame (the
+    /// bus died while writing) is an error with `bus_gone` set.
     pub async fn next(&mut self) -> Result<Option<S>> {
         loop {
             match self.reader.next().await {
@@ -142,6 +150,11 @@ impl BusConn {
                     return Err(CliError::bus_gone(format!(
                         "lost the connection to the bus: {e}"
                     )))
+                }
+                Some(Err(proto::CodecError::Truncated)) => {
+                    return Err(CliError::bus_gone(
+                        "lost the connection to the bus in the middle of a frame",
+                    ))
                 }
                 Some(Err(e)) => {
                     return Err(CliError::runtime(format!("bad frame from the bus: {e}")))
@@ -189,28 +202,37 @@ impl BusConn {
     }
 }
 
-async fn dial(endpoint: &Endpoint) -> std::result::Result<BusConn, DialError> {
+/// Connects and greets, all within `deadline` (but at least [`DIAL_FLOOR`]).
+async fn dial(endpoint: &Endpoint, deadline: Instant) -> std::result::Result<BusConn, DialError> {
     use std::io::ErrorKind as K;
-    let stream = match UnixStream::connect(&endpoint.socket_path).await {
-        Ok(s) => s,
-        Err(e) if matches!(e.kind(), K::NotFound | K::ConnectionRefused) => {
+    let deadline = deadline.max(Instant::now() + DIAL_FLOOR);
+    let socket = endpoint.socket_path.display();
+    let connected =
+        tokio::time::timeout_at(deadline, UnixStream::connect(&endpoint.socket_path)).await;
+    let stream = match connected {
+        Ok(Ok(s)) => s,
+        Err(_) => {
+            return Err(DialError::Fatal(CliError::runtime(format!(
+                "the bus at {socket} did not accept the connection within {}s",
+                CONNECT_DEADLINE.as_secs()
+            ))))
+        }
+        Ok(Err(e)) if matches!(e.kind(), K::NotFound | K::ConnectionRefused) => {
             return Err(DialError::NotRunning)
         }
         // The listener closed under us: the bus is exiting. Try again (the
         // next round finds no socket and starts a successor).
-        Err(e) if matches!(e.kind(), K::ConnectionReset | K::ConnectionAborted) => {
+        Ok(Err(e)) if matches!(e.kind(), K::ConnectionReset | K::ConnectionAborted) => {
             return Err(DialError::Gone)
         }
-        Err(e) if e.kind() == K::PermissionDenied => {
+        Ok(Err(e)) if e.kind() == K::PermissionDenied => {
             return Err(DialError::Fatal(CliError::permission(format!(
-                "permission denied connecting to {}",
-                endpoint.socket_path.display()
+                "permission denied connecting to {socket}"
             ))))
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             return Err(DialError::Fatal(CliError::runtime(format!(
-                "cannot connect to {}: {e}",
-                endpoint.socket_path.display()
+                "cannot connect to {socket}: {e}"
             ))))
         }
     };
@@ -218,12 +240,24 @@ async fn dial(endpoint: &Endpoint) -> std::result::Result<BusConn, DialError> {
         let me = nix::unistd::geteuid().as_raw();
         if cred.uid() != me {
             return Err(DialError::Fatal(CliError::permission(format!(
-                "the process on {} runs as uid {}, not as uid {me}; refusing it",
-                endpoint.socket_path.display(),
+                "the process on {socket} runs as uid {}, not as uid {me}; refusing it",
                 cred.uid()
             ))));
         }
     }
+    match tokio::time::timeout_at(deadline, handshake(stream)).await {
+        Ok(greeted) => greeted,
+        Err(_) => Err(DialError::Fatal(CliError::runtime(format!(
+            "the bus at {socket} accepted the connection but did not answer within {}s",
+            CONNECT_DEADLINE.as_secs()
+        )))),
+    }
+}
+
+/// Hello, then the bus's first answer: HelloAck (greeted), Bye (it is
+/// exiting: try again) or Error (a refusal, e.g. a full connection table:
+/// fatal, another bus would not help).
+async fn handshake(stream: UnixStream) -> std::result::Result<BusConn, DialError> {
     let (rd, wr) = stream.into_split();
     let mut conn = BusConn {
         reader: FramedRead::with_capacity(rd, ClientCodec::new(), 64 * 1024),
@@ -237,9 +271,10 @@ async fn dial(endpoint: &Endpoint) -> std::result::Result<BusConn, DialError> {
         client_name: "dws".into(),
         build: proto::BUILD.into(),
     });
-    if conn.send(hello).await.is_err() {
-        return Err(DialError::Gone);
-    }
+    // A failed send is not the verdict yet: a bus that refuses us may have
+    // written its Error and closed before our Hello arrived (EPIPE). What it
+    // sent is still readable.
+    let _ = conn.send(hello).await;
     loop {
         match conn.reader.next().await {
             None | Some(Err(_)) => return Err(DialError::Gone),
@@ -255,5 +290,67 @@ async fn dial(endpoint: &Endpoint) -> std::result::Result<BusConn, DialError> {
                 _ => continue,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::{v1::ErrorCode, ServerCodec};
+
+    fn frame(kind: S) -> v1::ServerFrame {
+        v1::ServerFrame { kind: Some(kind) }
+    }
+
+    async fn handshake_against(
+        frames: Vec<v1::ServerFrame>,
+    ) -> std::result::Result<BusConn, DialError> {
+        let (client, server) = UnixStream::pair().expect("socketpair");
+        let mut w = FramedWrite::new(server, ServerCodec::new());
+        for f in frames {
+            w.send(f).await.expect("write frame");
+        }
+        // Closed before the client's Hello: its send fails with EPIPE.
+        drop(w);
+        handshake(client).await
+    }
+
+    #[tokio::test]
+    async fn an_error_sent_before_closing_is_reported_even_if_hello_could_not_be_sent() {
+        let refused = handshake_against(vec![frame(S::Error(v1::Error {
+            request_id: 0,
+            code: ErrorCode::ResourceExhausted as i32,
+            message: "too many connections (1024 open); try again later".into(),
+        }))])
+        .await;
+        match refused {
+            Err(DialError::Fatal(e)) => {
+                assert_eq!(e.code, crate::exit::RUNTIME);
+                assert!(!e.bus_gone);
+                assert_eq!(
+                    e.message,
+                    "too many connections (1024 open); try again later"
+                );
+            }
+            Err(DialError::Gone) => panic!("an Error frame was taken for a bus that went away"),
+            Err(DialError::NotRunning) => panic!("NotRunning"),
+            Ok(_) => panic!("greeted"),
+        }
+    }
+
+    #[tokio::test]
+    async fn hello_ack_greets_and_a_silent_close_is_gone() {
+        let ack = v1::HelloAck {
+            bus_pid: 42,
+            ..v1::HelloAck::default()
+        };
+        match handshake_against(vec![frame(S::HelloAck(ack))]).await {
+            Ok(conn) => assert_eq!(conn.hello.bus_pid, 42),
+            Err(_) => panic!("a HelloAck must greet"),
+        }
+        assert!(matches!(
+            handshake_against(Vec::new()).await,
+            Err(DialError::Gone)
+        ));
     }
 }

@@ -38,7 +38,9 @@ pub enum EventCmd {
 /// stderr carries exactly a ready line, after the subscription is confirmed
 /// and before any event, and an exited line with the reason (limit, timeout,
 /// signal, bus_shutdown, source_lost); on failure it carries one `Error:` line
-/// instead, with exit code 1 (runtime), 2 (usage) or 3 (permission).
+/// instead, with exit code 1 (runtime), 2 (usage) or 3 (permission). A bus
+/// that vanished without saying goodbye (crash, kill -9) adds the line
+/// `[event] bus connection lost without goodbye` before the exited line.
 ///
 /// Stop a consumer with SIGTERM, SIGINT or by closing its stdin (when stdin is
 /// a pipe and the run is unbounded). Do not use `kill -9`: the run cannot
@@ -172,6 +174,13 @@ pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s.trim()) {
         Ok(d) if d.is_zero() => Err("must be more than 0".into()),
         Ok(d) => Ok(d),
+        // humantime's message repeats the unit it did not know, whole.
+        Err(humantime::DurationError::UnknownUnit { unit, .. }) if !unit.is_empty() => {
+            Err(format!(
+                "unknown time unit {} (expected a duration like 30s, 5m, 1h)",
+                crate::exit::quoted(&unit)
+            ))
+        }
         Err(e) => Err(format!("{e} (expected a duration like 30s, 5m, 1h)")),
     }
 }

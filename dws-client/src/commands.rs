@@ -10,7 +10,7 @@ use proto::{
 use crate::{
     bus::BusConn,
     cli::{PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
-    exit::{CliError, Result},
+    exit::{clip, quoted, CliError, Result},
     print_stdout, validate,
 };
 
@@ -21,8 +21,8 @@ fn unexpected(what: &str) -> CliError {
 pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
     if !proto::pattern::is_valid_event_type(&args.event_type) {
         return Err(CliError::usage(format!(
-            "invalid event type {:?}: use letters, digits and . _ - : / (no wildcards)",
-            args.event_type
+            "invalid event type {}: use letters, digits and . _ - : / (no wildcards)",
+            quoted(&args.event_type)
         )));
     }
     if let Some(id) = &args.id {
@@ -129,7 +129,7 @@ pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
             print_stdout(&text)?;
             return Err(CliError::runtime(format!(
                 "subscription(s) not found: {}",
-                r.not_found.join(",")
+                clip(&r.not_found.join(","))
             )));
         }
     }
@@ -190,7 +190,7 @@ pub async fn unsubscribe(args: UnsubscribeArgs, endpoint: &Endpoint) -> Result<(
     let Some(mut bus) = BusConn::open(endpoint).await? else {
         return Err(CliError::runtime(format!(
             "subscription(s) not found: {} (bus not running)",
-            args.ids.join(",")
+            clip(&args.ids.join(","))
         )));
     };
     let reply = bus
@@ -211,7 +211,7 @@ pub async fn unsubscribe(args: UnsubscribeArgs, endpoint: &Endpoint) -> Result<(
     if !r.not_found.is_empty() {
         return Err(CliError::runtime(format!(
             "subscription(s) not found: {}",
-            r.not_found.join(",")
+            clip(&r.not_found.join(","))
         )));
     }
     Ok(())

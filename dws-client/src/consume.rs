@@ -400,6 +400,11 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     Ok(())
 }
 
+/// Printed before the exited line when the connection ended without a Bye
+/// frame (EOF, reset, a frame cut short): the bus crashed or was killed,
+/// rather than stopped. The reason stays `bus_shutdown`.
+pub const LOST_WITHOUT_BYE: &str = "[event] bus connection lost without goodbye";
+
 /// After a signal, how long the exit waits for stdout to take what was
 /// already formatted: long enough for a healthy reader, short enough that a
 /// stalled one cannot keep the consumer alive.
@@ -419,7 +424,8 @@ fn failure_reason(p: &Progress) -> Option<Result<Reason>> {
 }
 
 /// After the ready line, losing the connection means the bus went away:
-/// the run ends with reason `bus_shutdown`, like a clean close.
+/// the run ends with reason `bus_shutdown`, like a clean close (but see
+/// [`LOST_WITHOUT_BYE`]).
 fn gone_is_eof(frame: Result<Option<S>>) -> Result<Option<S>> {
     match frame {
         Err(e) if e.bus_gone => Ok(None),
@@ -487,6 +493,9 @@ impl Formatter<'_> {
     /// Handles one frame; `Some(reason)` ends the run.
     fn handle(&mut self, frame: Option<S>) -> Result<Option<Reason>> {
         let Some(frame) = frame else {
+            // A bus that stops says Bye first (handled below); this one
+            // vanished.
+            stderr_line(self.plan.quiet, LOST_WITHOUT_BYE);
             return Ok(Some(Reason::BusShutdown));
         };
         match frame {

@@ -23,13 +23,13 @@ pub mod spawn;
 pub mod status;
 pub mod validate;
 
-use std::{io::Write, process::ExitCode};
+use std::{ffi::OsString, io::Write, process::ExitCode};
 
 use clap::Parser;
 
 use crate::{
     cli::{Cli, EventCmd, Top},
-    exit::{CliError, Result},
+    exit::{clip, quoted, CliError, Result},
 };
 
 /// Writes to stdout; a reader that went away is not an error for these
@@ -43,6 +43,32 @@ pub fn print_stdout(text: &str) -> Result<()> {
     }
 }
 
+/// The process's argv as text. Every argument must be UTF-8 (a usage
+/// error, exit 2, naming the first one that is not); the program name
+/// (argument 0) is only used for display and is converted lossily.
+pub fn utf8_args(argv: impl IntoIterator<Item = OsString>) -> Result<Vec<String>> {
+    argv.into_iter()
+        .enumerate()
+        .map(|(i, arg)| match arg.into_string() {
+            Ok(s) => Ok(s),
+            Err(arg) if i == 0 => Ok(arg.to_string_lossy().into_owned()),
+            Err(arg) => Err(CliError::usage(format!(
+                "argument {i} is not valid UTF-8: {}",
+                quoted(&arg.to_string_lossy())
+            ))),
+        })
+        .collect()
+}
+
+/// Entry point of the binary: [`main_with_args`] after checking that argv
+/// is UTF-8.
+pub fn main_with_os_args(argv: impl IntoIterator<Item = OsString>) -> ExitCode {
+    match utf8_args(argv) {
+        Ok(argv) => main_with_args(argv),
+        Err(e) => fail(&e),
+    }
+}
+
 /// Parses argv, runs the command, prints the one `Error:` line on failure.
 pub fn main_with_args(argv: Vec<String>) -> ExitCode {
     let cli = match Cli::try_parse_from(argv) {
@@ -53,7 +79,7 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            let rendered = e.render().to_string();
+            let rendered = clip_clap_context(e).render().to_string();
             let first = rendered.lines().next().unwrap_or("invalid command line");
             return fail(&CliError::usage(first.trim_start_matches("error: ").trim()));
         }
@@ -64,18 +90,55 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
     }
 }
 
+/// Shortens the user input a clap error repeats (the invalid value, the
+/// unknown argument, …) before it is rendered.
+fn clip_clap_context(mut e: clap::Error) -> clap::Error {
+    use clap::error::ContextValue as V;
+    let long: Vec<_> = e
+        .context()
+        .filter_map(|(kind, value)| match value {
+            V::String(s) if s.len() > exit::ECHO_CHARS => Some((kind, V::String(clip(s)))),
+            V::Strings(v) if v.iter().any(|s| s.len() > exit::ECHO_CHARS) => {
+                Some((kind, V::Strings(v.iter().map(|s| clip(s)).collect())))
+            }
+            _ => None,
+        })
+        .collect();
+    for (kind, value) in long {
+        e.insert(kind, value);
+    }
+    e
+}
+
+/// Prints the one `Error:` line (a single line, at most
+/// [`exit::MESSAGE_CHARS`] characters) and returns the exit code.
 fn fail(e: &CliError) -> ExitCode {
     let mut err = std::io::stderr().lock();
-    let one_line = e.message.replace('\n', " ");
-    let _ = writeln!(err, "Error: {one_line}");
+    let _ = writeln!(err, "Error: {}", error_line(&e.message));
     ExitCode::from(e.code)
+}
+
+/// A message as the one line `fail` prints: line breaks become spaces and
+/// the length is capped, whatever the message echoes.
+fn error_line(message: &str) -> String {
+    let one_line = message.replace(['\n', '\r'], " ");
+    exit::clip_to(&one_line, exit::MESSAGE_CHARS)
 }
 
 fn run(cli: Cli) -> Result<()> {
     let uid = nix::unistd::geteuid().as_raw();
     let env = proto::paths::Env::from_process(uid);
     let endpoint = proto::paths::resolve(cli.profile.as_deref(), &env).map_err(|e| match e {
-        proto::paths::PathError::InvalidProfile(_) => CliError::usage(e.to_string()),
+        proto::paths::PathError::InvalidProfile(p) => CliError::usage(format!(
+            "invalid profile {}: use 1-64 characters from A-Z a-z 0-9 . _ -",
+            quoted(&p)
+        )),
+        proto::paths::PathError::SocketPathTooLong { shortest } => CliError::runtime(format!(
+            "socket path {} is longer than the {}-byte limit of a unix socket: \
+             set XDG_RUNTIME_DIR or TMPDIR to a shorter directory",
+            clip(&shortest.to_string_lossy()),
+            proto::paths::MAX_SOCKET_PATH
+        )),
         _ => CliError::runtime(e.to_string()),
     })?;
     let Top::Event(cmd) = cli.command;

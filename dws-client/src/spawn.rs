@@ -17,7 +17,7 @@ use std::{
 use nix::fcntl::OFlag;
 use tokio::io::AsyncReadExt;
 
-use crate::exit::{CliError, Result};
+use crate::exit::{clip, CliError, Result};
 
 /// What the spawned bus reported.
 #[derive(Debug, PartialEq, Eq)]
@@ -81,9 +81,12 @@ pub async fn spawn_bus(profile: &str, timeout: Duration) -> Result<Spawned> {
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| CliError::runtime(format!("cannot start {}: {e}", busd.display())))?;
+    let mut child = cmd.spawn().map_err(|e| {
+        CliError::runtime(format!(
+            "cannot start {}: {e}",
+            clip(&busd.to_string_lossy())
+        ))
+    })?;
     drop(wr);
 
     let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(rd)

@@ -1,5 +1,6 @@
 //! Flag validation shared by the commands: every check runs before anything
-//! is sent to the bus, and every failure is a usage error (exit 2).
+//! is sent to the bus, and every failure is a usage error (exit 2). A
+//! message repeats at most the start of an invalid value ([`quoted`]).
 
 use proto::{
     pattern::Pattern,
@@ -8,7 +9,7 @@ use proto::{
 
 use crate::{
     cli::{From, UpstreamArgs},
-    exit::{CliError, Result},
+    exit::{clip, quoted, CliError, Result},
 };
 
 /// Event keys from the command line (each may hold several, joined by `,`),
@@ -21,7 +22,13 @@ pub fn event_keys(args: &[String]) -> Result<Vec<String>> {
         .map(str::to_owned)
         .collect();
     for k in &keys {
-        Pattern::parse(k).map_err(CliError::usage)?;
+        // Our own message: the pattern's repeats the whole key.
+        Pattern::parse(k).map_err(|_| {
+            CliError::usage(format!(
+                "invalid event key {}: use an exact key (im.message), a prefix (im.*) or *",
+                quoted(k)
+            ))
+        })?;
     }
     Ok(keys)
 }
@@ -32,7 +39,8 @@ pub fn subscription_id(flag: &str, id: &str) -> Result<()> {
         Ok(())
     } else {
         Err(CliError::usage(format!(
-            "invalid {flag} {id:?}: use 1-64 characters from A-Z a-z 0-9 . _ -"
+            "invalid {flag} {}: use 1-64 characters from A-Z a-z 0-9 . _ -",
+            quoted(id)
         )))
     }
 }
@@ -45,7 +53,11 @@ pub fn filter(filter: Option<String>) -> Result<String> {
             let text = e.to_string();
             let detail = text.lines().last().unwrap_or_default().trim();
             let detail = detail.strip_prefix("error: ").unwrap_or(detail);
-            CliError::usage(format!("invalid --filter regex {filter:?}: {detail}"))
+            CliError::usage(format!(
+                "invalid --filter regex {}: {}",
+                quoted(&filter),
+                clip(detail)
+            ))
         })?;
     }
     Ok(filter)
@@ -95,7 +107,8 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
     };
     if matches!(Pattern::parse(key), Ok(Pattern::Prefix(_) | Pattern::All)) {
         return Err(CliError::usage(format!(
-            "{key}: a personal-stream subscription needs an exact event key, not a pattern"
+            "{}: a personal-stream subscription needs an exact event key, not a pattern",
+            clip(key)
         )));
     }
     let known = PERSONAL_KEYS
@@ -105,18 +118,24 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
     let rule = match (&args.rule, known) {
         (Some(r), _) if !RULES.contains(&r.as_str()) => {
             return Err(CliError::usage(format!(
-                "invalid --rule {r:?}: use one of {}",
+                "invalid --rule {}: use one of {}",
+                quoted(r),
                 RULES.join(", ")
             )))
         }
         (Some(r), Some(k)) if r != k => {
-            return Err(CliError::usage(format!("{key} takes --rule {k}, not {r}")))
+            return Err(CliError::usage(format!(
+                "{} takes --rule {k}, not {}",
+                clip(key),
+                clip(r)
+            )))
         }
         (Some(r), _) => r.clone(),
         (None, Some(k)) => k.to_owned(),
         (None, None) => {
             return Err(CliError::usage(format!(
-                "{key} is not a known personal event key: give its --rule ({})",
+                "{} is not a known personal event key: give its --rule ({})",
+                clip(key),
                 RULES.join(", ")
             )))
         }
@@ -234,5 +253,47 @@ mod tests {
         let e = filter(Some("(".into())).unwrap_err();
         assert_eq!(e.message, "invalid --filter regex \"(\": unclosed group");
         assert_eq!(filter(None).unwrap(), "");
+    }
+
+    #[test]
+    fn messages_repeat_only_the_start_of_long_input() {
+        let long = format!("({}", "a".repeat(200_000));
+        let e = filter(Some(long)).unwrap_err();
+        assert!(e.message.len() < 300, "{}", e.message);
+        assert!(
+            e.message.starts_with("invalid --filter regex \"(aaa"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.ends_with("…(200001 bytes): unclosed group"),
+            "{}",
+            e.message
+        );
+
+        let key = format!("a b{}", "c".repeat(200_000));
+        let e = event_keys(&[key]).unwrap_err();
+        assert!(e.message.len() < 300, "{}", e.message);
+        assert!(
+            e.message.starts_with("invalid event key \"a bccc"),
+            "{}",
+            e.message
+        );
+
+        let e = subscription_id("--id", &"x".repeat(100_000)).unwrap_err();
+        assert!(e.message.len() < 300, "{}", e.message);
+
+        let args = UpstreamArgs {
+            rule: Some("r".repeat(100_000)),
+            ..UpstreamArgs::default()
+        };
+        let e = upstream(&["user_im_message_receive_at".into()], &args).unwrap_err();
+        assert!(e.message.len() < 300, "{}", e.message);
+        let e = upstream(
+            &[format!("user_{}", "k".repeat(100_000))],
+            &UpstreamArgs::default(),
+        )
+        .unwrap_err();
+        assert!(e.message.len() < 300, "{}", e.message);
     }
 }

@@ -1,5 +1,10 @@
 //! [`FrameCodec`]: a 4-byte big-endian length prefix followed by one protobuf
-//! message, over tokio-util's `LengthDelimitedCodec`.
+//! message.
+//!
+//! The decoder never reserves the length a peer *announces*: a buffer grows
+//! only with the bytes that actually arrived, so a thousand peers that each
+//! announce a 4 MiB frame and send one byte cost a thousand small buffers,
+//! not 4 GiB.
 //!
 //! Decoding distinguishes "not enough bytes yet" (`Ok(None)`, handled by the
 //! framed reader) from real violations: an oversized frame, a frame cut off by
@@ -9,9 +14,9 @@
 
 use std::{fmt, io, marker::PhantomData};
 
-use bytes::{BufMut, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use prost::Message;
-use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec, LengthDelimitedCodecError};
+use tokio_util::codec::{Decoder, Encoder};
 
 /// Largest frame body either side accepts or sends: 4 MiB. Large enough for
 /// any event payload DingTalk sends (its clients cap at 1 MiB) and for a
@@ -47,20 +52,15 @@ impl std::error::Error for CodecError {}
 
 impl From<io::Error> for CodecError {
     fn from(e: io::Error) -> Self {
-        let too_large = e
-            .get_ref()
-            .is_some_and(|inner| inner.is::<LengthDelimitedCodecError>());
-        if too_large {
-            CodecError::TooLarge
-        } else {
-            CodecError::Io(e)
-        }
+        CodecError::Io(e)
     }
 }
 
+/// Bytes of the length prefix.
+pub const PREFIX_LEN: usize = 4;
+
 /// Decodes `In` frames and encodes `Out` frames.
 pub struct FrameCodec<In, Out> {
-    inner: LengthDelimitedCodec,
     _types: PhantomData<fn(Out) -> In>,
 }
 
@@ -72,13 +72,7 @@ impl<In, Out> Default for FrameCodec<In, Out> {
 
 impl<In, Out> FrameCodec<In, Out> {
     pub fn new() -> Self {
-        let inner = LengthDelimitedCodec::builder()
-            .length_field_length(4)
-            .big_endian()
-            .max_frame_length(MAX_FRAME_LEN)
-            .new_codec();
         FrameCodec {
-            inner,
             _types: PhantomData,
         }
     }
@@ -89,10 +83,22 @@ impl<In: Message + Default, Out> Decoder for FrameCodec<In, Out> {
     type Error = CodecError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, CodecError> {
-        match self.inner.decode(src)? {
-            Some(body) => In::decode(body).map(Some).map_err(CodecError::Decode),
-            None => Ok(None),
+        let Some(head) = src.get(..PREFIX_LEN) else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if len > MAX_FRAME_LEN {
+            return Err(CodecError::TooLarge);
         }
+        if src.len() < PREFIX_LEN + len {
+            // Deliberately no `reserve(len)`: see the module doc.
+            return Ok(None);
+        }
+        src.advance(PREFIX_LEN);
+        let body = src.split_to(len);
+        In::decode(body.freeze())
+            .map(Some)
+            .map_err(CodecError::Decode)
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<In>, CodecError> {

@@ -5,11 +5,13 @@
 //! - [`codec`]: [`FrameCodec`], the only place that knows the length prefix and
 //!   calls `prost::Message::decode`.
 //! - [`pattern`]: event-key patterns (`a.b`, `a.*`, `*`).
+//! - [`limits`]: the bounds both sides enforce.
 //! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
 //!
 //! This crate does no socket I/O.
 
 pub mod codec;
+pub mod limits;
 pub mod paths;
 pub mod pattern;
 

@@ -24,6 +24,7 @@
 //! Every wait is bounded; the only sleeps are the chaos pauses and the TTL
 //! test, whose behaviour is about time.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::{
     collections::{BTreeMap, BTreeSet},
     os::unix::fs::PermissionsExt,
@@ -1187,7 +1188,13 @@ fn a_failed_store_write_stops_the_bus_and_what_was_written_is_recovered() {
     }
     let env = TestEnv::new();
     let store = store_dir(&env);
-    std::fs::create_dir_all(&store).expect("mkdir store");
+    // 0700 like busd makes them: under umask 002 a default mode would be
+    // group-writable, which busd refuses.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&store)
+        .expect("mkdir store");
     let mut mnt = match Tmpfs::mount(&store, "256k") {
         Ok(m) => m,
         Err(e) => {

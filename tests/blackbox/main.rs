@@ -18,13 +18,25 @@
 //!   failed write, and `kill -9` chaos (local publish and DingTalk).
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
 //!   keeps receiving.
+//! - [`limits`]: every bound a client can hit (connections, unread replies,
+//!   slow and partial frames, event size, status size, event types,
+//!   subscriptions, patterns) refuses only that client; gaps reach the next
+//!   consumer.
+//! - [`client_abuse`]: `dws` under hostile or careless use: a bus killed
+//!   under a consumer, non-UTF-8 argv, huge invalid input, a socket that
+//!   never answers or refuses with an `Error` frame.
+//! - [`workdir`]: the work dir, socket dir and bus files against planted
+//!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
 
 mod cli_contract;
+mod client_abuse;
 mod dingtalk;
 mod durability;
 mod lifecycle;
+mod limits;
 mod personal;
 mod sources;
 mod spawn;
 mod subscriptions;
 mod wire;
+mod workdir;

@@ -28,6 +28,7 @@
 //!   race with the build that is running the test; see [`bin_dir`].
 
 pub mod fake_dingtalk;
+pub mod wire;
 
 use std::{
     ffi::{OsStr, OsString},

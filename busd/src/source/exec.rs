@@ -163,7 +163,13 @@ async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
             Ok(ev) => {
                 // Nothing is acked to a command, but a fast one must not
                 // outrun the disk without bound: wait now and then.
-                let seq = hub.append(ev).seq;
+                let seq = match hub.append(ev) {
+                    Ok(a) => a.seq,
+                    Err(r) => {
+                        hub.source_malformed(&format!("line {line_no}: {}", r.message));
+                        continue;
+                    }
+                };
                 not_yet_durable += 1;
                 if not_yet_durable >= DURABLE_EVERY {
                     not_yet_durable = 0;

@@ -351,13 +351,15 @@ impl Store for DiskStore {
         for e in events {
             record::put_event(
                 &mut self.buf,
-                e.seq,
-                e.received_at_unix_ms,
-                &e.scope,
-                &e.event_id,
-                &e.event_type,
-                &e.route,
-                &e.encoded,
+                &record::EventFields {
+                    seq: e.seq,
+                    received_at_unix_ms: e.received_at_unix_ms,
+                    scope: &e.scope,
+                    event_id: &e.event_id,
+                    event_type: &e.event_type,
+                    route: &e.route,
+                    encoded: &e.encoded,
+                },
             );
         }
         record::put_commit(&mut self.buf, first.seq, last.seq);

@@ -44,7 +44,7 @@ fn put_str(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(s);
 }
 
-fn frame(out: &mut Vec<u8>, payload_start: usize) {
+fn frame(out: &mut [u8], payload_start: usize) {
     let payload = &out[payload_start + HEADER..];
     let len = payload.len() as u32;
     let crc = crc32fast::hash(payload);
@@ -52,26 +52,28 @@ fn frame(out: &mut Vec<u8>, payload_start: usize) {
     out[payload_start + 4..payload_start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The fields of one event record, borrowed from wherever the event lives.
+pub struct EventFields<'a> {
+    pub seq: u64,
+    pub received_at_unix_ms: i64,
+    pub scope: &'a str,
+    pub event_id: &'a str,
+    pub event_type: &'a str,
+    pub route: &'a str,
+    pub encoded: &'a [u8],
+}
+
 /// Appends one event record to `out`.
-pub fn put_event(
-    out: &mut Vec<u8>,
-    seq: u64,
-    received_at_unix_ms: i64,
-    scope: &str,
-    event_id: &str,
-    event_type: &str,
-    route: &str,
-    encoded: &[u8],
-) {
+pub fn put_event(out: &mut Vec<u8>, e: &EventFields<'_>) {
     let start = out.len();
     out.extend_from_slice(&[0; HEADER]);
     out.push(KIND_EVENT);
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&received_at_unix_ms.to_le_bytes());
-    for s in [scope, event_id, event_type, route] {
+    out.extend_from_slice(&e.seq.to_le_bytes());
+    out.extend_from_slice(&e.received_at_unix_ms.to_le_bytes());
+    for s in [e.scope, e.event_id, e.event_type, e.route] {
         put_str(out, s.as_bytes());
     }
-    put_str(out, encoded);
+    put_str(out, e.encoded);
     frame(out, start);
 }
 
@@ -225,13 +227,15 @@ mod tests {
         for s in seqs.clone() {
             put_event(
                 out,
-                s,
-                7,
-                "local",
-                &format!("id-{s}"),
-                "a.b",
-                "",
-                &[s as u8; 40],
+                &EventFields {
+                    seq: s,
+                    received_at_unix_ms: 7,
+                    scope: "local",
+                    event_id: &format!("id-{s}"),
+                    event_type: "a.b",
+                    route: "",
+                    encoded: &[s as u8; 40],
+                },
             );
         }
         put_commit(out, *seqs.start(), *seqs.end());

@@ -22,6 +22,21 @@
 //!   stdout pipe is never read, 200 000 × 256 B events, retention 20 000
 //!   events. Reported: busd's peak RSS (VmHWM), that the fast consumer got
 //!   everything, and the stalled subscription's `lost_to_retention`.
+//! - **Durable publish** (no consumers): P publisher connections (1, 8), each
+//!   flooding its share of the events with at most `--inflight` unacked, on a
+//!   disk store with `DWS_EVENT_BUS_DURABILITY` fsync and none, 256 B / 4 KiB.
+//!   A PublishAck comes only once the event is written (and fdatasync'ed), so
+//!   this measures the group commit. Reported: acked publishes/s (events /
+//!   (last ack − first send)) and publish→ack latency; median of
+//!   `--durable-runs` runs. Then publish→ack latency of 1 publisher at a
+//!   fixed rate (`--durable-rate`, default 1000/s), fsync and none.
+//! - **Fan-out, disk store vs memory store**: the flood fan-out with 4
+//!   consumers and 256 B events on `DWS_EVENT_BUS_STORE=memory` and on the
+//!   default disk store (fsync), and the ratio of their deliveries/s.
+//!
+//! The fan-out table runs on the store chosen with `--store` / `--durability`
+//! (default: disk, fsync, the bus's own default); the fixed-rate latency and
+//! memory runs always use the bus defaults.
 //!
 //! Every payload is `"<send unix nanos> <index> "` padded with `x` to the
 //! size, so a reader also checks that it got every event once, in order, at
@@ -30,6 +45,7 @@
 //! traffic stays on the Unix socket. Exit 0 when every scenario passed.
 
 use std::{
+    collections::VecDeque,
     ffi::OsString,
     io::{BufReader, Read, Write},
     net::Shutdown,
@@ -38,7 +54,7 @@ use std::{
     process::{Child, ChildStdout, Command, ExitStatus, Stdio},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        mpsc, Arc, Condvar, Mutex,
+        mpsc, Arc, Barrier, Condvar, Mutex,
     },
     thread,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -109,27 +125,114 @@ struct Opts {
     runs: usize,
     skip_latency: bool,
     skip_memory: bool,
+    /// The store of the main fan-out table.
+    store: StoreSel,
+    skip_durable: bool,
+    skip_store_compare: bool,
+    /// Set by `--only-durable` / `--only-store-compare`: skip the fan-out
+    /// table, the fixed-rate latency and the memory runs.
+    only: bool,
+    durable_events_small: u64,
+    durable_events_large: u64,
+    durable_publishers: Vec<usize>,
+    durable_runs: usize,
+    durable_rate: u64,
+    compare_consumers: usize,
+}
+
+/// Which store a bus runs on (env `DWS_EVENT_BUS_STORE` and
+/// `DWS_EVENT_BUS_DURABILITY`, always set explicitly).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StoreSel {
+    /// "disk" or "memory".
+    kind: &'static str,
+    /// "fsync" or "none" (ignored by the memory store, which reports "none").
+    durability: &'static str,
+}
+
+impl StoreSel {
+    const DISK_FSYNC: StoreSel = StoreSel {
+        kind: "disk",
+        durability: "fsync",
+    };
+    const DISK_NONE: StoreSel = StoreSel {
+        kind: "disk",
+        durability: "none",
+    };
+    const MEMORY: StoreSel = StoreSel {
+        kind: "memory",
+        durability: "none",
+    };
+
+    fn env(&self) -> [(&'static str, &'static str); 2] {
+        [
+            ("DWS_EVENT_BUS_STORE", self.kind),
+            ("DWS_EVENT_BUS_DURABILITY", self.durability),
+        ]
+    }
+
+    fn describe(&self) -> String {
+        match self.kind {
+            "memory" => "memory store (DWS_EVENT_BUS_STORE=memory)".into(),
+            k => format!(
+                "{k} store, durability {} (DWS_EVENT_BUS_STORE={k}, DWS_EVENT_BUS_DURABILITY={})",
+                self.durability, self.durability
+            ),
+        }
+    }
+
+    /// Fails unless `status` shows a bus running on this store.
+    fn check(&self, status: &Value) -> Res<()> {
+        let kind = status["store"]["kind"].as_str();
+        let durability = status["store"]["durability"].as_str();
+        if kind == Some(self.kind) && durability == Some(self.durability) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the bus runs on store {kind:?} / durability {durability:?}, expected {} / {}",
+                self.kind, self.durability
+            ))
+        }
+    }
 }
 
 const USAGE: &str = "\
-dws-bench: fan-out benchmark of the dws event bus (real busd + real consumers)
+dws-bench: fan-out and durable-publish benchmark of the dws event bus
+(real busd + real consumers)
 
 usage: dws-bench [--bin-dir DIR] [options]
 
-  --bin-dir DIR          directory holding dws and busd (default: next to dws-bench)
-  --consumers LIST       consumer counts, comma separated (default 1,4,16)
-  --events-256 N         events per 256 B scenario (default 20000)
-  --events-4k N          events per 4 KiB scenario (default 5000)
-  --inflight N           most unacknowledged publishes (default 1024)
-  --runs N               runs per fan-out scenario; the median is shown (default 5)
-  --rate R               fixed-rate latency run: events/s (default 2000)
-  --rate-secs S          fixed-rate latency run: duration in s (default 3)
-  --rate-consumers N     fixed-rate latency run: consumers (default 4)
-  --memory-events N      stalled-consumer run: events (default 200000)
-  --memory-retention N   stalled-consumer run: DWS_EVENT_BUS_RETENTION_EVENTS (default 20000)
-  --skip-latency         skip the fixed-rate latency run
-  --skip-memory          skip the stalled-consumer memory run
-  -h, --help             this help
+  --bin-dir DIR              directory holding dws and busd (default: next to dws-bench)
+  --consumers LIST           consumer counts, comma separated (default 1,4,16)
+  --events-256 N             events per 256 B scenario (default 20000)
+  --events-4k N              events per 4 KiB scenario (default 5000)
+  --inflight N               most unacknowledged publishes (default 1024)
+  --runs N                   runs per fan-out scenario; the median is shown (default 5)
+  --rate R                   fixed-rate latency run: events/s (default 2000)
+  --rate-secs S              fixed-rate latency run: duration in s (default 3)
+  --rate-consumers N         fixed-rate latency run: consumers (default 4)
+  --memory-events N          stalled-consumer run: events (default 200000)
+  --memory-retention N       stalled-consumer run: DWS_EVENT_BUS_RETENTION_EVENTS (default 20000)
+  --skip-latency             skip the fixed-rate latency run
+  --skip-memory              skip the stalled-consumer memory run
+  --store disk|memory        store of the fan-out table's buses (default disk)
+  --durability fsync|none    durability of the fan-out table's disk store (default fsync)
+
+durable publish (disk store, no consumers; fsync and none):
+  --durable-events-256 N     events per 256 B durable-publish scenario (default 100000)
+  --durable-events-4k N      events per 4 KiB durable-publish scenario (default 20000)
+  --durable-publishers LIST  publisher connections, comma separated (default 1,8)
+  --durable-runs N           runs per durable-publish scenario; the median is shown (default 3)
+  --durable-rate R           publish->ack latency run: publishes/s, for --rate-secs (default 1000)
+  --skip-durable             skip the durable-publish throughput and ack-latency runs
+  --only-durable             run only those (combines with --only-store-compare)
+
+fan-out on the disk store vs the memory store (256 B, flood, --runs each):
+  --compare-consumers N      consumers (default 4)
+  --skip-store-compare       skip this comparison
+  --only-store-compare       run only this comparison (combines with --only-durable)
+
+  -h, --help                 this help
 ";
 
 fn parse_opts() -> Res<Opts> {
@@ -146,11 +249,35 @@ fn parse_opts() -> Res<Opts> {
         runs: 5,
         skip_latency: false,
         skip_memory: false,
+        store: StoreSel::DISK_FSYNC,
+        skip_durable: false,
+        skip_store_compare: false,
+        only: false,
+        durable_events_small: 100_000,
+        durable_events_large: 20_000,
+        durable_publishers: vec![1, 8],
+        durable_runs: 3,
+        durable_rate: 1000,
+        compare_consumers: 4,
     };
+    let (mut only_durable, mut only_compare) = (false, false);
+    let mut durability: Option<&'static str> = None;
     let mut args = std::env::args().skip(1);
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Res<T> {
         let v = v.ok_or(format!("{flag} needs a value"))?;
         v.parse().map_err(|_| format!("{flag}: bad value {v:?}"))
+    }
+    fn list(flag: &str, v: Option<String>) -> Res<Vec<usize>> {
+        let v = v.ok_or(format!("{flag} needs a value"))?;
+        v.split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=256).contains(n))
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or(format!("{flag}: bad list {v:?} (numbers 1-256)"))
     }
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -174,19 +301,31 @@ fn parse_opts() -> Res<Opts> {
                 std::env::set_var("DWS_BIN", dws);
                 std::env::set_var("BUSD_BIN", busd);
             }
-            "--consumers" => {
-                let v = args.next().ok_or("--consumers needs a value")?;
-                o.consumers = v
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse::<usize>()
-                            .ok()
-                            .filter(|n| (1..=256).contains(n))
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or(format!("--consumers: bad list {v:?} (numbers 1-256)"))?;
+            "--consumers" => o.consumers = list(&a, args.next())?,
+            "--durable-publishers" => o.durable_publishers = list(&a, args.next())?,
+            "--store" => {
+                o.store.kind = match args.next().as_deref() {
+                    Some("disk") => "disk",
+                    Some("memory") => "memory",
+                    v => return Err(format!("--store: bad value {v:?} (disk or memory)")),
+                }
             }
+            "--durability" => {
+                durability = Some(match args.next().as_deref() {
+                    Some("fsync") => "fsync",
+                    Some("none") => "none",
+                    v => return Err(format!("--durability: bad value {v:?} (fsync or none)")),
+                })
+            }
+            "--durable-events-256" => o.durable_events_small = num(&a, args.next())?,
+            "--durable-events-4k" => o.durable_events_large = num(&a, args.next())?,
+            "--durable-runs" => o.durable_runs = num(&a, args.next())?,
+            "--durable-rate" => o.durable_rate = num(&a, args.next())?,
+            "--compare-consumers" => o.compare_consumers = num(&a, args.next())?,
+            "--skip-durable" => o.skip_durable = true,
+            "--only-durable" => only_durable = true,
+            "--skip-store-compare" => o.skip_store_compare = true,
+            "--only-store-compare" => only_compare = true,
             "--events-256" => o.events_small = num(&a, args.next())?,
             "--events-4k" => o.events_large = num(&a, args.next())?,
             "--inflight" => o.inflight = num(&a, args.next())?,
@@ -211,6 +350,30 @@ fn parse_opts() -> Res<Opts> {
     }
     if o.rate == 0 || !(o.rate_secs > 0.0 && o.rate_secs <= 600.0) || o.rate_consumers == 0 {
         return Err("--rate, --rate-secs (0-600) and --rate-consumers must be positive".into());
+    }
+    if o.durable_events_small == 0
+        || o.durable_events_large == 0
+        || o.durable_runs == 0
+        || o.durable_rate == 0
+        || o.compare_consumers == 0
+    {
+        return Err(
+            "--durable-events-*, --durable-runs, --durable-rate and --compare-consumers must be at least 1"
+                .into(),
+        );
+    }
+    o.store.durability = match (o.store.kind, durability) {
+        ("memory", Some(_)) => return Err("--durability applies to --store disk only".into()),
+        ("memory", None) => "none",
+        (_, d) => d.unwrap_or("fsync"),
+    };
+    if only_durable || only_compare {
+        if (only_durable && o.skip_durable) || (only_compare && o.skip_store_compare) {
+            return Err("--only-X and --skip-X of the same section contradict each other".into());
+        }
+        o.only = true;
+        o.skip_durable = !only_durable;
+        o.skip_store_compare = !only_compare;
     }
     Ok(o)
 }
@@ -622,6 +785,11 @@ struct AckState {
     acked: u64,
     /// Why the ack reader stopped (error frame, Bye, EOF, bad frame).
     ended: Option<String>,
+    /// With latency tracking: (request id, when its frame was written) of
+    /// every unacknowledged publish, oldest first (the bus acks in order).
+    sent_at: VecDeque<(u64, Instant)>,
+    /// With latency tracking: write-to-PublishAck time of every ack, in ns.
+    ack_latencies: Vec<u64>,
 }
 
 type Shared = Arc<(Mutex<AckState>, Condvar)>;
@@ -633,6 +801,10 @@ struct Publisher {
     acks: Shared,
     sent: u64,
     buf: BytesMut,
+    /// Publish frames encoded into `buf` but not written yet.
+    pending: u64,
+    /// Record write-to-ack latencies (see [`Publisher::track_latency`]).
+    track: bool,
 }
 
 /// Reads one frame (4-byte big-endian length + protobuf body); `None` on a
@@ -698,7 +870,21 @@ impl Publisher {
             acks,
             sent: 0,
             buf,
+            pending: 0,
+            track: false,
         })
+    }
+
+    /// From now on, record for every publish the time between writing its
+    /// frame and reading its PublishAck ([`Publisher::take_latencies`]).
+    fn track_latency(&mut self) {
+        self.track = true;
+    }
+
+    /// The write-to-ack latencies recorded so far, in ns, in ack order.
+    fn take_latencies(&self) -> Vec<u64> {
+        let mut st = self.acks.0.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut st.ack_latencies)
     }
 
     fn encode_publish(&mut self, size: usize) -> Res<()> {
@@ -716,10 +902,21 @@ impl Publisher {
         };
         proto::encode_frame(&frame, &mut self.buf).map_err(|e| e.to_string())?;
         self.sent += 1;
+        self.pending += 1;
         Ok(())
     }
 
     fn flush(&mut self) -> Res<()> {
+        if self.track && self.pending > 0 {
+            // Recorded before the write, so before any of these acks can
+            // arrive; request ids are `sent + 1` at encode time.
+            let now = Instant::now();
+            let mut st = self.acks.0.lock().unwrap_or_else(|p| p.into_inner());
+            for id in self.sent - self.pending + 1..=self.sent {
+                st.sent_at.push_back((id, now));
+            }
+        }
+        self.pending = 0;
         if !self.buf.is_empty() {
             self.stream
                 .write_all(&self.buf)
@@ -852,6 +1049,7 @@ fn drain_acks(stream: UnixStream, shared: Shared) {
     let (lock, cv) = &*shared;
     loop {
         let frame = read_frame(&mut r, &mut body);
+        let now = Instant::now();
         let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
         match frame {
             Ok(Some(f)) => match f.kind {
@@ -863,6 +1061,19 @@ fn drain_acks(stream: UnixStream, shared: Shared) {
                         ));
                     } else {
                         st.acked += 1;
+                        match st.sent_at.pop_front() {
+                            Some((id, at)) if id == a.request_id => {
+                                st.ack_latencies
+                                    .push(now.saturating_duration_since(at).as_nanos() as u64)
+                            }
+                            Some((id, _)) => {
+                                st.ended = Some(format!(
+                                    "PublishAck for request {} while {id} was the oldest unacknowledged",
+                                    a.request_id
+                                ))
+                            }
+                            None => {}
+                        }
                     }
                 }
                 Some(server_frame::Kind::Error(e)) => {
@@ -932,6 +1143,7 @@ struct FanoutResult {
     retention_raised: bool,
 }
 
+#[derive(Clone, Copy)]
 enum Mode {
     Flood,
     Rate(u64),
@@ -1090,15 +1302,21 @@ fn retention_for(events: u64, size: usize) -> Option<(String, String)> {
         .then(|| ((events + 1024).to_string(), bytes.max(64 << 20).to_string()))
 }
 
-fn run_fanout(n: usize, size: usize, events: u64, mode: Mode, inflight: u64) -> Res<FanoutResult> {
+fn run_fanout(
+    n: usize,
+    size: usize,
+    events: u64,
+    mode: Mode,
+    inflight: u64,
+    store: StoreSel,
+) -> Res<FanoutResult> {
     let retention = retention_for(events, size);
-    let mut env = match &retention {
-        Some((ev, bytes)) => BusEnv::new(&[
-            ("DWS_EVENT_BUS_RETENTION_EVENTS", ev.as_str()),
-            ("DWS_EVENT_BUS_RETENTION_BYTES", bytes.as_str()),
-        ]),
-        None => BusEnv::new(&[]),
-    };
+    let mut vars = store.env().to_vec();
+    if let Some((ev, bytes)) = &retention {
+        vars.push(("DWS_EVENT_BUS_RETENTION_EVENTS", ev.as_str()));
+        vars.push(("DWS_EVENT_BUS_RETENTION_BYTES", bytes.as_str()));
+    }
+    let mut env = BusEnv::new(&vars);
     let max = events.to_string();
     let mut consumers = Vec::with_capacity(n);
     // The first consumer starts the bus; the others join it.
@@ -1108,6 +1326,7 @@ fn run_fanout(n: usize, size: usize, events: u64, mode: Mode, inflight: u64) -> 
         consumers.push(ConsumerProc::spawn(&env, &["--max-events", &max])?);
     }
     let status = env.wait_consumers(n, &mut consumers)?;
+    store.check(&status)?;
     let (socket, bus_pid) = bus_info(&status)?;
 
     let (tx, rx) = mpsc::channel();
@@ -1151,6 +1370,136 @@ fn run_fanout(n: usize, size: usize, events: u64, mode: Mode, inflight: u64) -> 
         busd_hwm_kb,
         retention_raised: retention.is_some(),
     })
+}
+
+struct DurableResult {
+    /// Acked publishes/s: events / (last ack − first send).
+    rate: f64,
+    ack_p50_us: f64,
+    ack_p99_us: f64,
+    ack_max_us: f64,
+    acks: usize,
+}
+
+/// Starts the bus of `env` without a consumer (by publishing one event of
+/// another type through `dws event publish`) and checks it runs on `store`.
+/// Returns the bus socket.
+fn start_bus(env: &BusEnv, store: StoreSel) -> Res<PathBuf> {
+    let (st, out, err) = env.run_dws(&["event", "publish", "bench.start"], CMD_TIMEOUT)?;
+    if !st.success() {
+        return Err(format!(
+            "`dws event publish bench.start` failed ({st}): {} {}\n{}",
+            out.trim(),
+            err.trim(),
+            env.log_tail()
+        ));
+    }
+    let status = env.status()?;
+    if status["running"] != Value::Bool(true) {
+        return Err(format!(
+            "no bus running after `dws event publish`: {status}"
+        ));
+    }
+    store.check(&status)?;
+    Ok(bus_info(&status)?.0)
+}
+
+/// `publishers` connections to a fresh bus on `store` with no consumers
+/// publish `events` events of `size` bytes between them (the first ones
+/// take one more when it does not divide), each from its own thread: in
+/// `Mode::Flood`, as fast as acks allow with at most `inflight` unacked per
+/// connection, all starting together; in `Mode::Rate(r)`, at `r`/s each.
+/// The events are not consumed; default retention drops old ones.
+fn run_durable(
+    store: StoreSel,
+    size: usize,
+    publishers: usize,
+    events: u64,
+    mode: Mode,
+    inflight: u64,
+) -> Res<DurableResult> {
+    let mut env = BusEnv::new(&store.env());
+    let socket = start_bus(&env, store)?;
+    let head_before = env.status()?["log"]["head_seq"].as_u64().unwrap_or(0);
+    let mut pubs = Vec::with_capacity(publishers);
+    for _ in 0..publishers {
+        let mut p = Publisher::connect(&socket)?;
+        p.track_latency();
+        pubs.push(p);
+    }
+    let per = events / publishers as u64;
+    let extra = events % publishers as u64;
+    let start = Barrier::new(publishers);
+    let outcomes: Vec<Res<(u64, u64, Vec<u64>)>> = thread::scope(|s| {
+        let handles: Vec<_> = pubs
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut p)| {
+                let n = per + u64::from((i as u64) < extra);
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let first = match mode {
+                        Mode::Flood => p.flood(n, size, inflight, None)?,
+                        Mode::Rate(rate) => p.paced(n, size, rate, inflight)?,
+                    };
+                    let last = unix_nanos();
+                    let lat = p.take_latencies();
+                    p.close();
+                    Ok((first, last, lat))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut first = u64::MAX;
+    let mut last = 0;
+    let mut lat = Vec::with_capacity(events as usize);
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let (f, l, mut v) =
+            o.map_err(|e| format!("publisher {}: {e}\n{}", i + 1, env.log_tail()))?;
+        first = first.min(f);
+        last = last.max(l);
+        lat.append(&mut v);
+    }
+    let status = env.status()?;
+    let head = status["log"]["head_seq"].as_u64().unwrap_or(0);
+    if head < head_before + events {
+        return Err(format!(
+            "all {events} publishes acked, but the log head moved only from {head_before} to {head}"
+        ));
+    }
+    if !status["store"]["last_error"].is_null() {
+        return Err(format!("store error: {}", status["store"]["last_error"]));
+    }
+    if lat.len() as u64 != events {
+        return Err(format!(
+            "{} ack latencies recorded for {events} publishes",
+            lat.len()
+        ));
+    }
+    env.stop()?;
+    lat.sort_unstable();
+    Ok(DurableResult {
+        rate: events as f64 / (last.saturating_sub(first).max(1) as f64 / 1e9),
+        ack_p50_us: percentile(&lat, 0.50),
+        ack_p99_us: percentile(&lat, 0.99),
+        ack_max_us: lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
+        acks: lat.len(),
+    })
+}
+
+/// Runs `f` `runs` times and keeps the median result by `key`.
+fn median_of<T>(runs: usize, key: impl Fn(&T) -> f64, f: impl Fn() -> Res<T>) -> Res<T> {
+    let mut rs = (0..runs).map(|_| guarded(&f)).collect::<Res<Vec<_>>>()?;
+    rs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    Ok(rs.swap_remove(rs.len() / 2))
 }
 
 struct MemoryResult {
@@ -1357,8 +1706,38 @@ fn main() {
     let started = Instant::now();
     let mut failures: Vec<String> = Vec::new();
 
+    if !opts.only {
+        run_classic_sections(&opts, &mut failures);
+    }
+    if !opts.skip_durable && !INTERRUPTED.load(Ordering::Relaxed) {
+        run_durable_sections(&opts, &mut failures);
+    }
+    if !opts.skip_store_compare && !INTERRUPTED.load(Ordering::Relaxed) {
+        run_store_compare(&opts, &mut failures);
+    }
+
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        failures.push("interrupted by a signal; remaining scenarios skipped".into());
+    }
+    println!();
+    println!("total time {:.1} s", started.elapsed().as_secs_f64());
+    if failures.is_empty() {
+        println!("all scenarios passed");
+    } else {
+        eprintln!();
+        for f in &failures {
+            eprintln!("FAILED: {f}\n");
+        }
+        eprintln!("dws-bench: {} scenario(s) failed", failures.len());
+        std::process::exit(1);
+    }
+}
+
+/// The fan-out table, the fixed-rate latency run and the memory run.
+fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
     println!();
     println!("Fan-out throughput: 1 publisher (pipelined, ≤{} in flight) → N × `dws event consume --format raw`", opts.inflight);
+    println!("(bus on the {})", opts.store.describe());
     println!(
         "(median of {} run(s) by deliveries/s, each on a fresh bus; latency here includes queueing under \
          saturation, see the fixed-rate run for unloaded latency)",
@@ -1392,7 +1771,9 @@ fn main() {
             // The median of `runs` runs (by aggregate deliveries/s): short
             // runs on a shared 2-core machine are noisy.
             let result = (0..opts.runs)
-                .map(|_| guarded(|| run_fanout(n, size, events, Mode::Flood, opts.inflight)))
+                .map(|_| {
+                    guarded(|| run_fanout(n, size, events, Mode::Flood, opts.inflight, opts.store))
+                })
                 .collect::<Res<Vec<_>>>()
                 .map(|mut rs| {
                     rs.sort_by(|a, b| a.aggregate.total_cmp(&b.aggregate));
@@ -1438,7 +1819,7 @@ fn main() {
         let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
         println!();
         println!(
-            "Latency at a fixed rate: {} events/s for {:.1} s, {} consumers, 256 B (reference: Redis pub/sub p99 ≈ 90 µs at 2k msg/s)",
+            "Latency at a fixed rate: {} events/s for {:.1} s, {} consumers, 256 B, disk store, fsync (reference: Redis pub/sub p99 ≈ 90 µs at 2k msg/s)",
             opts.rate, opts.rate_secs, opts.rate_consumers
         );
         match guarded(|| {
@@ -1448,6 +1829,7 @@ fn main() {
                 events,
                 Mode::Rate(opts.rate),
                 opts.inflight,
+                StoreSel::DISK_FSYNC,
             )
         }) {
             Ok(r) => println!(
@@ -1468,7 +1850,7 @@ fn main() {
     if !opts.skip_memory && !INTERRUPTED.load(Ordering::Relaxed) {
         println!();
         println!(
-            "Memory with a stalled consumer: {} × 256 B events, 1 fast + 1 stalled consumer (stdout never read), retention {} events",
+            "Memory with a stalled consumer: {} × 256 B events, 1 fast + 1 stalled consumer (stdout never read), retention {} events, disk store, fsync",
             opts.memory_events, opts.memory_retention
         );
         match guarded(|| run_memory(opts.memory_events, opts.memory_retention, opts.inflight)) {
@@ -1479,20 +1861,161 @@ fn main() {
             }
         }
     }
+}
 
-    if INTERRUPTED.load(Ordering::Relaxed) {
-        failures.push("interrupted by a signal; remaining scenarios skipped".into());
-    }
+/// Durable-publish throughput (durability × payload × publishers) and the
+/// publish→ack latency at a fixed rate.
+fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>) {
     println!();
-    println!("total time {:.1} s", started.elapsed().as_secs_f64());
-    if failures.is_empty() {
-        println!("all scenarios passed");
-    } else {
-        eprintln!();
-        for f in &failures {
-            eprintln!("FAILED: {f}\n");
+    println!(
+        "Durable publish: P publisher connections flood `{EVENT_TYPE}` (pipelined, ≤{} unacked each), no consumers, disk store",
+        opts.inflight
+    );
+    println!(
+        "(publishes/s = events / (last PublishAck − first send); ack µs = frame written → its PublishAck read, \
+         under saturation; median of {} run(s) by publishes/s, each on a fresh bus)",
+        opts.durable_runs
+    );
+    println!();
+    println!(
+        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}",
+        "durability",
+        "payload",
+        "publishers",
+        "events",
+        "publishes/s",
+        "MiB/s",
+        "ack p50 µs",
+        "ack p99 µs",
+        "ack max µs"
+    );
+    for store in [StoreSel::DISK_FSYNC, StoreSel::DISK_NONE] {
+        for &size in &[256usize, 4096] {
+            for &p in &opts.durable_publishers {
+                if INTERRUPTED.load(Ordering::Relaxed) {
+                    return;
+                }
+                let events = if size == 256 {
+                    opts.durable_events_small
+                } else {
+                    opts.durable_events_large
+                };
+                let result = median_of(
+                    opts.durable_runs,
+                    |r: &DurableResult| r.rate,
+                    || run_durable(store, size, p, events, Mode::Flood, opts.inflight),
+                );
+                match result {
+                    Ok(r) => println!(
+                        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12.0}  {:>8.1}  {:>10.0}  {:>10.0}  {:>10.0}",
+                        store.durability,
+                        size_name(size),
+                        p,
+                        events,
+                        r.rate,
+                        r.rate * size as f64 / (1024.0 * 1024.0),
+                        r.ack_p50_us,
+                        r.ack_p99_us,
+                        r.ack_max_us
+                    ),
+                    Err(e) => {
+                        println!(
+                            "{:>10}  {:>7}  {:>10}  {:>7}  FAILED (see below)",
+                            store.durability,
+                            size_name(size),
+                            p,
+                            events
+                        );
+                        failures.push(format!(
+                            "durable publish durability={} payload={} publishers={p}: {e}",
+                            store.durability,
+                            size_name(size)
+                        ));
+                    }
+                }
+            }
         }
-        eprintln!("dws-bench: {} scenario(s) failed", failures.len());
-        std::process::exit(1);
+    }
+
+    let events = ((opts.durable_rate as f64 * opts.rate_secs).round() as u64).max(1);
+    println!();
+    println!(
+        "Publish→ack latency at a fixed rate: 1 publisher, {} publishes/s for {:.1} s, 256 B, no consumers, disk store",
+        opts.durable_rate, opts.rate_secs
+    );
+    for store in [StoreSel::DISK_FSYNC, StoreSel::DISK_NONE] {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return;
+        }
+        match guarded(|| {
+            run_durable(
+                store,
+                256,
+                1,
+                events,
+                Mode::Rate(opts.durable_rate),
+                opts.inflight,
+            )
+        }) {
+            Ok(r) => println!(
+                "  {:<5}  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   ({} acks)",
+                store.durability, r.ack_p50_us, r.ack_p99_us, r.ack_max_us, r.acks
+            ),
+            Err(e) => {
+                println!("  {:<5}  FAILED (see below)", store.durability);
+                failures.push(format!(
+                    "publish→ack latency durability={}: {e}",
+                    store.durability
+                ));
+            }
+        }
+    }
+}
+
+/// The flood fan-out on the memory store and on the disk store (fsync).
+fn run_store_compare(opts: &Opts, failures: &mut Vec<String>) {
+    let n = opts.compare_consumers;
+    let events = opts.events_small;
+    println!();
+    println!(
+        "Fan-out, disk store vs memory store: 1 publisher (≤{} in flight) → {n} consumers, {events} × 256 B \
+         (median of {} run(s) by deliveries/s)",
+        opts.inflight, opts.runs
+    );
+    println!();
+    println!(
+        "{:>14}  {:>13}  {:>15}  {:>9}  {:>9}",
+        "store", "ev/s/cons avg", "deliveries/s", "p50 µs", "p99 µs"
+    );
+    let mut rates = Vec::new();
+    for store in [StoreSel::MEMORY, StoreSel::DISK_FSYNC] {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return;
+        }
+        let name = match store.kind {
+            "memory" => "memory".to_string(),
+            k => format!("{k}, {}", store.durability),
+        };
+        let result = median_of(
+            opts.runs,
+            |r: &FanoutResult| r.aggregate,
+            || run_fanout(n, 256, events, Mode::Flood, opts.inflight, store),
+        );
+        match result {
+            Ok(r) => {
+                println!(
+                    "{:>14}  {:>13.0}  {:>15.0}  {:>9.0}  {:>9.0}",
+                    name, r.per_consumer_avg, r.aggregate, r.p50_us, r.p99_us
+                );
+                rates.push(r.aggregate);
+            }
+            Err(e) => {
+                println!("{name:>14}  FAILED (see below)");
+                failures.push(format!("fan-out store comparison, {name}: {e}"));
+            }
+        }
+    }
+    if let [memory, disk] = rates[..] {
+        println!("  disk/memory deliveries/s: {:.2}", disk / memory);
     }
 }

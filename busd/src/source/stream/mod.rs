@@ -767,7 +767,14 @@ fn handle_text<U: Upstream>(
                     return reply(frame::ack(&mid, 400, &why, &data));
                 }
             };
-            let a = hub.append(ev);
+            let a = match hub.append(ev) {
+                Ok(a) => a,
+                Err(r) => {
+                    hub.source_malformed(&format!("{name} EVENT {mid:?} refused: {}", r.message));
+                    let data = serde_json::json!({ "message": r.message }).to_string();
+                    return reply(frame::ack(&mid, 400, &r.message, &data));
+                }
+            };
             tracing::debug!(source = name, conn, message_id = %mid, event_id = %a.event_id, seq = a.seq, duplicate = a.duplicate, "event");
             match reply(frame::event_success(&mid)) {
                 Outcome::Reply(ack) => Outcome::ReplyWhenDurable(ack, a.seq),

@@ -1,0 +1,63 @@
+//! The bounds both binaries enforce, in one place: the bus refuses what is
+//! over them with a clear error, and the client checks the same numbers
+//! before it sends anything. See README "Limits".
+
+use crate::codec::MAX_FRAME_LEN;
+
+/// Most event-key patterns in one subscription.
+pub const MAX_PATTERNS: usize = 256;
+/// Longest `--filter` regex, in bytes.
+pub const MAX_FILTER_LEN: usize = 4096;
+/// Compiled size limit of a `--filter` regex (the regex crate's own bound).
+pub const MAX_FILTER_COMPILED: usize = 1 << 20;
+/// Longest event id, in bytes.
+pub const MAX_EVENT_ID_LEN: usize = 256;
+/// Most subscriptions one bus holds.
+pub const MAX_SUBSCRIPTIONS: usize = 4096;
+/// What a delivery adds to a stored event: the frame tags, the subscription
+/// id (at most 64 bytes) and the redelivered flag, with room to spare.
+pub const DELIVERY_OVERHEAD: usize = 128;
+/// The largest encoded event the bus accepts: every delivery of it must fit
+/// in one frame, so an event that is acked is also deliverable.
+pub const MAX_EVENT_ENCODED: usize = MAX_FRAME_LEN - DELIVERY_OVERHEAD;
+
+/// How much of a user's input an error message repeats.
+pub const ECHO_CHARS: usize = 100;
+
+/// Shortens user input echoed in an error message: at most `max` chars,
+/// then how long it really was.
+pub fn clip_to(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((at, _)) => format!("{}…({} bytes)", &s[..at], s.len()),
+    }
+}
+
+/// User input for an error message: unchanged up to [`ECHO_CHARS`]
+/// characters, else its start and `…(N bytes)`.
+pub fn clip(s: &str) -> String {
+    clip_to(s, ECHO_CHARS)
+}
+
+/// User input quoted like `{:?}` for an error message: `"abc"`, or for long
+/// input its first [`ECHO_CHARS`] characters quoted and `…(N bytes)` after
+/// the closing quote.
+pub fn quoted(s: &str) -> String {
+    match s.char_indices().nth(ECHO_CHARS) {
+        None => format!("{s:?}"),
+        Some((at, _)) => format!("{:?}…({} bytes)", &s[..at], s.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_input_and_cuts_long_input_on_a_char_boundary() {
+        assert_eq!(clip_to("abc", 5), "abc");
+        assert_eq!(clip_to("ééé", 2), "éé…(6 bytes)");
+        assert!(clip(&"x".repeat(1 << 20)).len() < 200);
+        assert_eq!(quoted("a\"b"), "\"a\\\"b\"");
+    }
+}

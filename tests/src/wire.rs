@@ -1,0 +1,177 @@
+//! A raw client of the bus socket for black-box tests: frames encoded with
+//! `proto::codec::encode_frame` and decoded by hand (4-byte big-endian length
+//! + `prost` decode), so a test does not share the daemon's decoder.
+
+use std::{
+    io::{ErrorKind, Read, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use bytes::{Buf, BufMut, BytesMut};
+use prost::Message;
+use proto::v1::{client_frame, ClientFrame, Hello, ServerFrame};
+
+/// A raw client connection.
+pub struct Wire {
+    pub s: UnixStream,
+    buf: BytesMut,
+}
+
+impl Wire {
+    pub fn connect(path: &Path) -> Wire {
+        let s =
+            UnixStream::connect(path).unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("read timeout");
+        s.set_write_timeout(Some(Duration::from_secs(5)))
+            .expect("write timeout");
+        Wire {
+            s,
+            buf: BytesMut::new(),
+        }
+    }
+
+    pub fn send(&mut self, frame: &ClientFrame) {
+        let mut b = BytesMut::new();
+        proto::codec::encode_frame(frame, &mut b).expect("encode frame");
+        self.s.write_all(&b).expect("write frame");
+    }
+
+    /// Writes `bytes` from another thread (on a clone of the socket), so the
+    /// test can read replies meanwhile: a bus that stops reading a client
+    /// whose replies pile up would otherwise deadlock a test that writes
+    /// everything first. Write errors are ignored, as in [`Wire::send_raw`].
+    pub fn send_in_background(&self, bytes: Vec<u8>) -> std::thread::JoinHandle<()> {
+        let mut s = self.s.try_clone().expect("clone the socket");
+        std::thread::spawn(move || {
+            let _ = s.write_all(&bytes);
+        })
+    }
+
+    /// Writes bytes the bus may refuse half-way; a write error is not a failure.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let _ = self.s.write_all(bytes);
+    }
+
+    pub fn hello(&mut self, version: u32) {
+        self.send(&ClientFrame {
+            kind: Some(client_frame::Kind::Hello(Hello {
+                protocol_version: version,
+                client_pid: std::process::id(),
+                client_name: "blackbox-wire".into(),
+                build: "test".into(),
+            })),
+        });
+    }
+
+    /// Decodes one complete frame from the buffer, if there is one.
+    pub fn take_frame(&mut self) -> Option<ServerFrame> {
+        if self.buf.len() < 4 {
+            return None;
+        }
+        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        assert!(
+            len <= proto::MAX_FRAME_LEN,
+            "bus sent a frame of {len} bytes"
+        );
+        if self.buf.len() < 4 + len {
+            return None;
+        }
+        self.buf.advance(4);
+        let body = self.buf.split_to(len);
+        Some(ServerFrame::decode(&body[..]).expect("bus sent an undecodable frame"))
+    }
+
+    /// Reads until one frame arrives.
+    pub fn read_frame(&mut self, timeout: Duration) -> ServerFrame {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(f) = self.take_frame() {
+                return f;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no frame from the bus within {timeout:?}"
+            );
+            let mut chunk = [0u8; 64 * 1024];
+            match self.s.read(&mut chunk) {
+                Ok(0) => panic!("bus closed the connection before sending a frame"),
+                Ok(n) => self.buf.put_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => panic!("read from bus: {e}"),
+            }
+        }
+    }
+
+    /// Reads one frame if it arrives within `timeout`; `None` on a timeout,
+    /// EOF or reset.
+    pub fn try_read_frame(&mut self, timeout: Duration) -> Option<ServerFrame> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(f) = self.take_frame() {
+                return Some(f);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            match self.s.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.put_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Reads every frame until the bus closes the connection (EOF or reset);
+    /// panics if it stays open for `timeout`.
+    pub fn read_until_closed(&mut self, timeout: Duration) -> Vec<ServerFrame> {
+        let deadline = Instant::now() + timeout;
+        let mut frames = Vec::new();
+        loop {
+            while let Some(f) = self.take_frame() {
+                frames.push(f);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the bus did not close the connection within {timeout:?}; frames so far: {frames:?}"
+            );
+            let mut chunk = [0u8; 64 * 1024];
+            match self.s.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => self.buf.put_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(e)
+                    if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) =>
+                {
+                    break
+                }
+                Err(e) => panic!("read from bus: {e}"),
+            }
+        }
+        while let Some(f) = self.take_frame() {
+            frames.push(f);
+        }
+        assert!(
+            self.buf.is_empty(),
+            "bus closed in the middle of a frame ({} bytes left)",
+            self.buf.len()
+        );
+        frames
+    }
+}
