@@ -278,3 +278,126 @@ mod tests {
         ));
     }
 }
+
+/// Property tests: any frames, split at any boundaries, truncated anywhere,
+/// or any bytes at all — the decoder returns exactly the frames that were
+/// sent, asks for more, or names the violation; it never panics and never
+/// allocates what a length prefix merely announces.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use crate::v1::{client_frame::Kind, Ack, ClientFrame, Publish, StatusRequest};
+    use proptest::prelude::*;
+
+    type Bus = FrameCodec<ClientFrame, crate::v1::ServerFrame>;
+
+    fn frame() -> impl Strategy<Value = ClientFrame> {
+        prop_oneof![
+            (
+                any::<u64>(),
+                "[a-z.]{1,20}",
+                ".{0,40}",
+                prop::collection::vec(any::<u8>(), 0..2000)
+            )
+                .prop_map(|(request_id, event_type, event_id, data)| ClientFrame {
+                    kind: Some(Kind::Publish(Publish {
+                        request_id,
+                        event_type,
+                        event_id,
+                        data: String::from_utf8_lossy(&data).into_owned(),
+                        ..Publish::default()
+                    })),
+                }),
+            any::<u64>().prop_map(|seq| ClientFrame {
+                kind: Some(Kind::Ack(Ack {
+                    seq,
+                    ..Ack::default()
+                })),
+            }),
+            any::<u64>().prop_map(|request_id| ClientFrame {
+                kind: Some(Kind::StatusRequest(StatusRequest { request_id })),
+            }),
+        ]
+    }
+
+    fn encode_all(frames: &[ClientFrame]) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        for f in frames {
+            encode_frame(f, &mut b).unwrap();
+        }
+        b.to_vec()
+    }
+
+    /// Feeds `bytes` in chunks ending at `cuts`, decoding after each chunk.
+    fn decode_in_chunks(bytes: &[u8], cuts: &[usize]) -> (Vec<ClientFrame>, BytesMut) {
+        let mut codec = Bus::new();
+        let mut buf = BytesMut::new();
+        let mut out = vec![];
+        let mut at = 0;
+        let mut ends: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+        ends.push(bytes.len());
+        ends.sort_unstable();
+        for end in ends {
+            buf.extend_from_slice(&bytes[at..end.max(at)]);
+            at = end.max(at);
+            while let Some(f) = codec.decode(&mut buf).unwrap() {
+                out.push(f);
+            }
+            // Never more capacity than the bytes that arrived (plus slack).
+            assert!(buf.capacity() <= bytes.len().max(64) * 2 + 64);
+        }
+        (out, buf)
+    }
+
+    proptest! {
+        #[test]
+        fn frames_split_anywhere_decode_to_the_same_frames(
+            frames in prop::collection::vec(frame(), 0..20),
+            cuts in prop::collection::vec(any::<usize>(), 0..30),
+        ) {
+            let bytes = encode_all(&frames);
+            let (got, rest) = decode_in_chunks(&bytes, &cuts);
+            prop_assert_eq!(got, frames);
+            prop_assert!(rest.is_empty());
+        }
+
+        #[test]
+        fn a_truncated_stream_yields_a_prefix_then_truncated_at_eof(
+            frames in prop::collection::vec(frame(), 1..10),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let bytes = encode_all(&frames);
+            let cut = cut.index(bytes.len());
+            let (got, mut rest) = decode_in_chunks(&bytes[..cut], &[]);
+            prop_assert!(got.len() < frames.len());
+            prop_assert_eq!(&got[..], &frames[..got.len()]);
+            let eof = Bus::new().decode_eof(&mut rest);
+            if rest.is_empty() {
+                prop_assert!(matches!(eof, Ok(None)));
+            } else {
+                prop_assert!(matches!(eof, Err(CodecError::Truncated)));
+            }
+        }
+
+        #[test]
+        fn an_oversized_prefix_is_refused_before_its_body_arrives(
+            len in (MAX_FRAME_LEN as u64 + 1)..=u32::MAX as u64,
+            body in prop::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let mut buf = BytesMut::new();
+            buf.put_u32(len as u32);
+            buf.put_slice(&body);
+            prop_assert!(matches!(Bus::new().decode(&mut buf), Err(CodecError::TooLarge)));
+        }
+
+        #[test]
+        fn any_bytes_never_panic_and_never_reserve_the_announced_length(
+            bytes in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            let cap = buf.capacity();
+            let _ = Bus::new().decode(&mut buf);
+            prop_assert!(buf.capacity() <= cap);
+        }
+    }
+}

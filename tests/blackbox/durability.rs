@@ -409,21 +409,35 @@ fn kill_busd_at_random(env: &TestEnv, rng: &mut XorShift, kills: usize) {
 
 /// Runs `dws event consume --subscribe-id <id>` again and again (each run
 /// ends when its bus is killed) until `stop`; then SIGTERMs the current run.
+/// With `kill9`, each run is also `kill -9`ed itself at a random moment.
 /// Returns every run's output, in order.
-fn consumer_loop(env: &TestEnv, id: &str, stop: &AtomicBool) -> Vec<Output> {
+fn consumer_loop(
+    env: &TestEnv,
+    id: &str,
+    stop: &AtomicBool,
+    mut kill9: Option<XorShift>,
+) -> Vec<Output> {
     let mut runs = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         let mut c = env.dws(["event", "consume", "--subscribe-id", id]).spawn();
+        let started = Instant::now();
+        let kill_at = kill9
+            .as_mut()
+            .map(|rng| Duration::from_millis(rng.range(100, 900)));
         while c.is_running() {
             if stop.load(Ordering::SeqCst) {
                 c.signal(Sig::SIGTERM);
+                break;
+            }
+            if kill_at.is_some_and(|at| started.elapsed() >= at) {
+                c.signal(Sig::SIGKILL);
                 break;
             }
             thread::sleep(Duration::from_millis(30));
         }
         let out = c.wait_exit(EXIT_TIMEOUT);
         assert!(
-            matches!(out.code, Some(0) | Some(1)),
+            matches!(out.code, Some(0) | Some(1)) || out.signal == Some(9),
             "a consumer run ended with an unexpected status\n{out}"
         );
         runs.push(out);
@@ -1359,6 +1373,7 @@ fn pending_stays_bounded_after_kill_9_of_a_consumer_with_events_in_flight() {
 /// never reused; a repeat is marked redelivered.
 #[test]
 fn kill_9_chaos_loses_no_replied_event_and_never_reuses_a_seq() {
+    // busd and the consumers are both killed at random moments.
     let env = TestEnv::new();
     subscribe_ok(&env, &["k.*", "--id", "s1"], "s1");
     let mut rng = XorShift::seeded("kill_9_chaos");
@@ -1394,7 +1409,14 @@ fn kill_9_chaos_loses_no_replied_event_and_never_reuses_a_seq() {
                 }
             }
         });
-        let consumer = s.spawn(|| consumer_loop(&env, "s1", &stop));
+        let consumer = s.spawn(|| {
+            consumer_loop(
+                &env,
+                "s1",
+                &stop,
+                Some(XorShift::seeded("kill_9_chaos consumers")),
+            )
+        });
         {
             let _stop = SetOnDrop(&stop);
             kill_busd_at_random(&env, &mut rng, 20);
@@ -1502,7 +1524,7 @@ fn kill_9_chaos_under_dingtalk_loses_no_acked_event() {
                 thread::sleep(Duration::from_millis(20));
             }
         });
-        let consumer = s.spawn(|| consumer_loop(&env, "s1", &stop));
+        let consumer = s.spawn(|| consumer_loop(&env, "s1", &stop, None));
         {
             let _stop = SetOnDrop(&stop);
             kill_busd_at_random(&env, &mut rng, 20);
