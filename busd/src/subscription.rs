@@ -642,11 +642,9 @@ mod model {
                             acked.extend(in_flight.drain(..));
                         }
                     }
-                    Op::AckSome(k) if s.consumer().is_some() => {
-                        if k > 0 && k <= in_flight.len() {
-                            s.ack(in_flight[k - 1]);
-                            acked.extend(in_flight.drain(..k));
-                        }
+                    Op::AckSome(k) if s.consumer().is_some() && k > 0 && k <= in_flight.len() => {
+                        s.ack(in_flight[k - 1]);
+                        acked.extend(in_flight.drain(..k));
                     }
                     _ => {}
                 }

@@ -309,10 +309,7 @@ mod props {
                     })),
                 }),
             any::<u64>().prop_map(|seq| ClientFrame {
-                kind: Some(Kind::Ack(Ack {
-                    seq,
-                    ..Ack::default()
-                })),
+                kind: Some(Kind::Ack(Ack { seq })),
             }),
             any::<u64>().prop_map(|request_id| ClientFrame {
                 kind: Some(Kind::StatusRequest(StatusRequest { request_id })),
