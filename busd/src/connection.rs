@@ -112,6 +112,9 @@ pub struct Connection {
     /// Replies waiting for the store, in request order (see [`Awaited`]).
     awaiting: VecDeque<Awaited>,
     durable: watch::Receiver<Durable>,
+    /// When an event held back (a nack's delay, an explicit ack's wait)
+    /// becomes deliverable: the connection wakes then.
+    redeliver_at: Option<std::time::Instant>,
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
@@ -126,6 +129,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
         source_gen: 0,
         awaiting: VecDeque::new(),
         durable: hub.durable(),
+        redeliver_at: None,
     };
     let peer_ok = stream
         .peer_cred()
@@ -250,6 +254,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
             },
             _ = handle.wake.notified() => {}
             _ = conn.durable.changed(), if !conn.awaiting.is_empty() => {}
+            _ = sleep_until_opt(conn.redeliver_at.map(Instant::from_std)), if !conn.closing => {}
             _ = sleep_until_opt(deadline) => {
                 if conn.closing {
                     warn_limited!(CLIENT_WARNINGS, conn = id, "drain timed out; dropping connection");
@@ -344,8 +349,11 @@ impl Connection {
     /// hub into the outbound buffer, within the high-water mark.
     fn fill(&mut self) {
         self.source_state_if_changed();
+        self.redeliver_at = None;
         while self.out.len() < OUT_HIGH_WATER {
-            let Some(d) = self.hub.pull(self.id, PULL_BATCH) else {
+            let (d, next_due) = self.hub.pull(self.id, PULL_BATCH);
+            self.redeliver_at = next_due;
+            let Some(d) = d else {
                 break;
             };
             if let Some(gap) = d.gap {
@@ -353,11 +361,12 @@ impl Connection {
             }
             let damaged = d.damaged;
             let n = d.events.len();
-            for (event, redelivered) in d.events {
+            for (event, redelivered, delivery) in d.events {
                 if let Err(e) = encode_event_frame(
                     &event.encoded,
                     &d.subscription_id,
                     redelivered,
+                    delivery,
                     &mut self.out,
                 ) {
                     tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
@@ -366,6 +375,15 @@ impl Connection {
             if let Some(why) = damaged {
                 tracing::error!(conn = self.id, "{why}");
                 self.error(0, ErrorCode::Internal, why);
+                self.closing = true;
+                break;
+            }
+            if let Some(line) = d.halted {
+                self.send(S::Bye(v1::Bye {
+                    reason: ByeReason::Halted as i32,
+                    message: line,
+                }));
+                self.hub.detach(self.id);
                 self.closing = true;
                 break;
             }
@@ -402,7 +420,17 @@ impl Connection {
                 });
                 self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
             }
-            C::Ack(ack) => self.hub.ack(self.id, ack.seq),
+            C::Ack(ack) => self.hub.ack(self.id, &ack),
+            C::SubscriptionControl(req) => match self.hub.control(&req) {
+                Ok((doc, save)) => {
+                    let reply = S::SubscriptionState(v1::SubscriptionState {
+                        request_id: req.request_id,
+                        json: doc.to_string(),
+                    });
+                    self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
+                }
+                Err(r) => self.error(req.request_id, r.code, r.message),
+            },
             C::Bye(_) => {
                 self.hub.detach(self.id);
                 self.closing = true;

@@ -33,6 +33,7 @@ use proto::{
     limits::{MAX_EVENT_ENCODED, MAX_SUBSCRIPTIONS},
     v1::{self, ByeReason, ErrorCode},
 };
+use serde_json::json;
 use tokio::sync::{watch, Notify};
 
 use crate::{
@@ -94,9 +95,12 @@ pub struct Appended {
 pub struct Delivery {
     pub subscription_id: String,
     pub gap: Option<v1::Gap>,
-    pub events: Vec<(Arc<LoggedEvent>, bool)>,
+    /// Events with their redelivered mark and delivery count.
+    pub events: Vec<(Arc<LoggedEvent>, bool, u32)>,
     /// Delivery stopped at an event the store found damaged: why.
     pub damaged: Option<String>,
+    /// The subscription halted at a poison event: the consumer's last words.
+    pub halted: Option<String>,
 }
 
 /// How far the store has come, published by the committer.
@@ -640,6 +644,8 @@ impl Hub {
                 (Instant::now(), now_ms()),
                 cfg.default_window as usize,
             );
+            sub.max_deliver = req.max_deliver;
+            sub.on_poison = v1::PoisonPolicy::try_from(req.on_poison).unwrap_or_default();
             for e in st.log.since(start_from) {
                 sub.offer(e);
             }
@@ -650,6 +656,15 @@ impl Hub {
             }
         }
         if req.attach {
+            if st.subs[&id].state == crate::subscription::State::Disabled {
+                return Err(Refusal::new(
+                    ErrorCode::FailedPrecondition,
+                    format!(
+                        "subscription {id} is disabled: it collects events but delivers none \
+                         (dws event subscription enable {id})"
+                    ),
+                ));
+            }
             let holder = st.subs[&id].consumer().filter(|c| *c != conn);
             if let Some(holder) = holder {
                 if !req.takeover {
@@ -678,7 +693,10 @@ impl Hub {
                 .subs
                 .get_mut(&id)
                 .ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
-            sub.attach(conn, window as usize);
+            let explicit = req
+                .explicit_ack
+                .then(|| Duration::from_millis(req.ack_wait_ms.max(1)));
+            sub.attach(conn, window as usize, explicit);
             if let Some(c) = st.conns.get_mut(&conn) {
                 c.attached = Some(id.clone());
             }
@@ -860,6 +878,7 @@ impl Hub {
             headers: ev.headers.into_iter().collect(),
             received_at_unix_ms,
             redelivered: false,
+            delivery: 0,
         }
         .encode_to_vec();
         if encoded.len() > MAX_EVENT_ENCODED {
@@ -982,9 +1001,12 @@ impl Hub {
             .filter(|s| !s.owned)
             .map(|s| s.record(log_floor, head))
             .collect();
-        let pinned_floor = subscriptions
-            .iter()
-            .filter_map(|r| r.pinned.first().copied())
+        // Pinned in-flight events and parked ones outlive the log.
+        let pinned_floor = st
+            .subs
+            .values()
+            .filter(|s| !s.owned)
+            .filter_map(Subscription::oldest_kept)
             .min()
             .unwrap_or(u64::MAX);
         let dedup_floor = (head + 1).saturating_sub(self.shared.config.dedup_capacity as u64);
@@ -1079,15 +1101,24 @@ impl Hub {
 
     /// Takes what `conn` may send now: a pending Gap and up to its credit of
     /// events. Marks them in flight.
-    pub fn pull(&self, conn: ConnId, max_events: usize) -> Option<Delivery> {
+    pub fn pull(&self, conn: ConnId, max_events: usize) -> (Option<Delivery>, Option<Instant>) {
         let mut st = self.state();
         let head = st.log.head_seq();
         let State {
-            subs, conns, store, ..
+            subs,
+            conns,
+            store,
+            subs_dirty,
+            ..
         } = &mut *st;
-        let c = conns.get_mut(&conn)?;
-        let sub = subs.get_mut(c.attached.as_ref()?)?;
-        let pulled = sub.pull(max_events, head);
+        let Some((c, sub)) = conns
+            .get_mut(&conn)
+            .and_then(|c| Some((c.attached.clone()?, c)))
+            .and_then(|(id, c)| Some((c, subs.get_mut(&id)?)))
+        else {
+            return (None, None);
+        };
+        let pulled = sub.pull(max_events, head, Instant::now());
         c.delivered += pulled.events.len() as u64;
         let damaged = pulled.damaged_at.map(|seq| {
             let at = store
@@ -1103,19 +1134,33 @@ impl Hub {
                 sub.id
             )
         });
-        if pulled.gap.is_none() && pulled.events.is_empty() && damaged.is_none() {
-            return None;
+        let halted = pulled.halted.map(|h| {
+            tracing::warn!(subscription = %sub.id, seq = h.seq, deliveries = h.deliveries, "subscription halted at a poison event");
+            *subs_dirty = true;
+            halted_line(&sub.id, h.seq, h.deliveries)
+        });
+        if !pulled.events.is_empty() && !sub.owned {
+            // Delivery counts are stored.
+            *subs_dirty = true;
         }
-        Some(Delivery {
+        let next_due = pulled.next_due;
+        if pulled.gap.is_none() && pulled.events.is_empty() && damaged.is_none() && halted.is_none()
+        {
+            return (None, next_due);
+        }
+        let d = Delivery {
             subscription_id: sub.id.clone(),
             gap: pulled.gap,
             events: pulled.events,
             damaged,
-        })
+            halted,
+        };
+        (Some(d), next_due)
     }
 
-    /// Cumulative ack from `conn`: everything in flight with seq <= `seq` is done.
-    pub fn ack(&self, conn: ConnId, seq: u64) {
+    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`), and
+    /// nacks (deliver again after a delay).
+    pub fn ack(&self, conn: ConnId, ack: &v1::Ack) {
         let mut st = self.state();
         let State { subs, conns, .. } = &mut *st;
         let Some(c) = conns.get_mut(&conn) else {
@@ -1124,16 +1169,146 @@ impl Hub {
         let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
             return;
         };
-        let n = sub.ack(seq);
+        let mut n = if ack.seq > 0 { sub.ack(ack.seq) } else { 0 };
+        for &seq in &ack.seqs {
+            n += u64::from(sub.ack_one(seq));
+        }
+        let now = Instant::now();
+        let mut nacked = false;
+        for nack in &ack.nacks {
+            nacked |= sub.nack(nack.seq, now + Duration::from_millis(nack.delay_ms));
+        }
         c.acked += n;
-        let more = sub.has_unsent();
+        let more = sub.has_unsent() || nacked;
         let named = !sub.owned;
         let handle = c.handle.clone();
-        st.subs_dirty |= named && n > 0;
+        st.subs_dirty |= named && (n > 0 || nacked);
         drop(st);
         if more {
             handle.wake.notify_one();
         }
+    }
+
+    // ------------------------------------------------------------ operator verbs
+
+    /// `dws event subscription VERB ID`: applies the verb (or, with
+    /// `dry_run`, shows what it would do) and returns the subscription's
+    /// state after it, with the generation to save before replying.
+    pub fn control(
+        &self,
+        req: &v1::SubscriptionControl,
+    ) -> Result<(serde_json::Value, Option<u64>), Refusal> {
+        use crate::subscription::State as S;
+        let mut st = self.state();
+        let head = st.log.head_seq();
+        let oldest = st.log.oldest_seq().unwrap_or(head + 1);
+        let Some(current) = st.subs.get(&req.subscription_id) else {
+            return Err(Refusal::new(
+                ErrorCode::NotFound,
+                format!(
+                    "subscription {} not found",
+                    proto::limits::clip(&req.subscription_id)
+                ),
+            ));
+        };
+        let mut sub = current.clone();
+        let refuse = |m: String| Refusal::new(ErrorCode::BadRequest, m);
+        let not_now = |m: String| Refusal::new(ErrorCode::FailedPrecondition, m);
+        let mut extra = serde_json::Map::new();
+        let changed = match req.verb.as_str() {
+            "show" | "parked" => false,
+            "restart" => sub.restart().map(|()| true).map_err(not_now)?,
+            "skip" => {
+                let seq = sub.skip().map_err(not_now)?;
+                extra.insert("skipped_seq".into(), seq.into());
+                true
+            }
+            "disable" => {
+                let was = sub.state == S::Disabled;
+                sub.disable().map_err(not_now)?;
+                !was
+            }
+            "enable" => {
+                let was = sub.state == S::Active;
+                sub.enable().map_err(not_now)?;
+                !was
+            }
+            "seek" => {
+                let start = match req.target.as_str() {
+                    "earliest" => 0,
+                    "latest" => head + 1,
+                    t => match t.strip_prefix("t:") {
+                        Some(ms) => {
+                            let ms: i64 = ms.parse().map_err(|_| {
+                                refuse(format!("seek: bad time {:?}", proto::limits::clip(t)))
+                            })?;
+                            st.log
+                                .since(0)
+                                .find(|e| e.received_at_unix_ms >= ms)
+                                .map_or(head + 1, |e| e.seq)
+                        }
+                        None => t.parse::<u64>().map_err(|_| {
+                            refuse(format!(
+                                "seek: target {} is not earliest, latest, a seq or a time",
+                                proto::limits::quoted(t)
+                            ))
+                        })?,
+                    },
+                };
+                let from = start.max(oldest).min(head + 1);
+                let gone = from.saturating_sub(start.max(1));
+                sub.seek(from.saturating_sub(1));
+                for e in st.log.since(from) {
+                    sub.offer(e);
+                }
+                extra.insert(
+                    "seek".into(),
+                    json!({"requested": req.target, "from_seq": from, "gone": gone}),
+                );
+                true
+            }
+            "replay-parked" => {
+                let n = sub.replay_parked(&req.seqs);
+                extra.insert("replayed".into(), n.into());
+                n > 0
+            }
+            other => {
+                return Err(refuse(format!(
+                    "unknown verb {}: use restart, skip, disable, enable, seek, parked or replay-parked",
+                    proto::limits::quoted(other)
+                )))
+            }
+        };
+        let mut doc = subscription_doc(&sub, head, req.verb == "parked");
+        if let Some(obj) = doc.as_object_mut() {
+            obj.insert("verb".into(), req.verb.clone().into());
+            obj.insert("dry_run".into(), req.dry_run.into());
+            obj.insert("changed".into(), changed.into());
+            obj.extend(extra);
+        }
+        if req.dry_run || !changed {
+            return Ok((doc, None));
+        }
+        tracing::info!(subscription = %sub.id, verb = %req.verb, "subscription changed by an operator");
+        let wake = sub
+            .consumer()
+            .and_then(|c| st.conns.get(&c))
+            .map(|c| c.handle.clone());
+        let named = !sub.owned;
+        st.subs.insert(sub.id.clone(), sub);
+        let gen = named.then(|| {
+            st.subs_gen += 1;
+            st.subs_dirty = true;
+            st.subs_gen
+        });
+        drop(st);
+        if gen.is_some() {
+            self.shared.commit_wake.notify_one();
+        }
+        if let Some(w) = wake {
+            w.wake.notify_one();
+        }
+        Ok((doc, gen))
     }
 
     // ------------------------------------------------------------ source
@@ -1288,7 +1463,7 @@ impl Hub {
         let consumers_total = st.conns.values().filter(|c| c.attached.is_some()).count();
         let mut holder: Option<(u64, &str)> = None;
         for s in st.subs.values() {
-            if let Some(o) = s.oldest_pending() {
+            if let Some((o, _)) = s.oldest_pending() {
                 if holder.is_none_or(|(seq, _)| o.seq < seq) {
                     holder = Some((o.seq, &s.id));
                 }
@@ -1300,7 +1475,8 @@ impl Hub {
             .take(max_listed)
             .map(|s| {
                 let attached_pid = s.consumer().and_then(|c| st.conns.get(&c)).map(|c| c.pid);
-                let oldest = s.oldest_pending();
+                let oldest = s.oldest_pending().map(|(e, _)| e);
+                let head_attempts = s.oldest_pending().map_or(0, |(_, n)| n);
                 let expires = s.detached_since_ms().map(|ms| ms + s.ttl.as_millis() as i64);
                 let cur = s.cursor(head);
                 json!({
@@ -1325,6 +1501,23 @@ impl Hub {
                     "acked": s.counters.acked,
                     "redelivered": s.counters.redelivered,
                     "lost_to_retention": s.counters.lost,
+                    "state": s.state.name(),
+                    "halted": match &s.state {
+                        crate::subscription::State::Halted(h) => json!({
+                            "seq": h.seq,
+                            "event_id": h.event_id,
+                            "deliveries": h.deliveries,
+                            "since_unix_ms": h.since_unix_ms,
+                        }),
+                        _ => json!(null),
+                    },
+                    "head_attempts": head_attempts,
+                    "max_deliver": s.max_deliver,
+                    "on_poison": crate::subscription::poison_name(s.on_poison),
+                    "parked": s.parked_len(),
+                    "parked_total": s.counters.parked,
+                    "parked_dropped": s.counters.parked_dropped,
+                    "explicit_ack": s.explicit_ack(),
                 })
             })
             .collect();
@@ -1424,4 +1617,54 @@ fn count_type<'a>(
         OTHER_TYPES
     };
     types.entry(key.to_owned()).or_default()
+}
+
+/// The consumer's line when its subscription halts (also in the Bye).
+pub fn halted_line(id: &str, seq: u64, deliveries: u32) -> String {
+    format!(
+        "[event] subscription {id} halted at seq {seq}: delivered {deliveries} times without ack"
+    )
+}
+
+/// A subscription's delivery state, for the operator verbs.
+fn subscription_doc(s: &Subscription, head: u64, with_parked: bool) -> serde_json::Value {
+    use serde_json::json;
+    let halted = match &s.state {
+        crate::subscription::State::Halted(h) => json!({
+            "seq": h.seq,
+            "event_id": h.event_id,
+            "deliveries": h.deliveries,
+            "since_unix_ms": h.since_unix_ms,
+        }),
+        _ => json!(null),
+    };
+    let mut doc = json!({
+        "id": s.id,
+        "state": s.state.name(),
+        "halted": halted,
+        "cursor": s.cursor(head),
+        "head_seq": head,
+        "pending": s.pending_len(),
+        "in_flight": s.in_flight(),
+        "head_attempts": s.oldest_pending().map_or(0, |(_, n)| n),
+        "max_deliver": s.max_deliver,
+        "on_poison": crate::subscription::poison_name(s.on_poison),
+        "parked": s.parked_len(),
+    });
+    if with_parked {
+        let list: Vec<_> = s
+            .parked()
+            .map(|p| {
+                json!({
+                    "seq": p.event.seq,
+                    "event_id": p.event.event_id,
+                    "event_type": p.event.event_type,
+                    "deliveries": p.deliveries,
+                    "parked_at_unix_ms": p.parked_at_ms,
+                })
+            })
+            .collect();
+        doc["parked_events"] = json!(list);
+    }
+    doc
 }

@@ -31,6 +31,10 @@ pub enum EventCmd {
     Stop(StopArgs),
     Subscribe(SubscribeArgs),
     Unsubscribe(UnsubscribeArgs),
+    /// Operator verbs on one subscription: restart, skip, disable, enable,
+    /// seek, parked, replay-parked.
+    #[command(subcommand)]
+    Subscription(SubscriptionVerb),
 }
 
 /// Stream events as NDJSON on stdout (starts the bus if needed).
@@ -95,8 +99,99 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub takeover: bool,
 
+    /// write: an event is acked once it reached stdout. explicit: only when
+    /// a line `ack SEQ`, `ack-upto SEQ` or `nack SEQ [DELAY]` arrives on stdin.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = AckMode::Write)]
+    pub ack: AckMode,
+
+    /// With --ack explicit: an event sent but not acked within this long is delivered again.
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    pub ack_wait: Option<Duration>,
+
+    #[command(flatten)]
+    pub poison: PoisonArgs,
+
     #[command(flatten)]
     pub upstream: UpstreamArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AckMode {
+    Write,
+    Explicit,
+}
+
+/// Poison handling of a subscription being created.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PoisonArgs {
+    /// An event delivered this many times without an ack is poison (default 0: unlimited).
+    #[arg(long, value_name = "N")]
+    pub max_deliver: Option<u32>,
+
+    /// What poison does: halt the subscription at it (default) or park it and go on.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub on_poison: Option<OnPoison>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnPoison {
+    Halt,
+    Park,
+}
+
+/// An operator verb on one subscription. Each prints the subscription's
+/// state after the change; exit 1 when its state does not allow the verb.
+#[derive(Debug, Subcommand)]
+pub enum SubscriptionVerb {
+    /// A halted subscription tries the event it stopped at again (its count reset).
+    Restart(VerbArgs),
+    /// A halted subscription moves past the event it stopped at (which is parked).
+    Skip(VerbArgs),
+    /// Keep collecting (bounded by retention) but deliver nothing.
+    Disable(VerbArgs),
+    /// Deliver again after disable.
+    Enable(VerbArgs),
+    /// Rewind or skip ahead within retention.
+    Seek(SeekArgs),
+    /// List the parked (dead-letter) events.
+    Parked(VerbArgs),
+    /// Deliver parked events again (all, or the given seqs).
+    ReplayParked(ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VerbArgs {
+    /// Subscription id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// Show what would change; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// text: the state line by line; json: the bus's state document.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+#[derive(Debug, Args)]
+pub struct SeekArgs {
+    #[command(flatten)]
+    pub verb: VerbArgs,
+
+    /// earliest, latest, a seq, or a time (RFC 3339, e.g. 2026-11-30T12:00:00Z).
+    #[arg(long, value_name = "TARGET")]
+    pub to: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub verb: VerbArgs,
+
+    /// Parked seqs to replay (default: all).
+    #[arg(value_name = "SEQ")]
+    pub seqs: Vec<u64>,
 }
 
 /// What to subscribe to upstream on the personal stream (the bus's source
@@ -255,6 +350,9 @@ pub struct SubscribeArgs {
     /// How long it lives without a consumer (default 10m).
     #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
     pub ttl: Option<Duration>,
+
+    #[command(flatten)]
+    pub poison: PoisonArgs,
 
     #[command(flatten)]
     pub upstream: UpstreamArgs,

@@ -144,6 +144,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     let filter = validate::filter(args.filter)?;
     let (start, start_seq) = validate::start(args.from);
     let upstream = validate::upstream(&keys, &args.upstream)?;
+    let (max_deliver, on_poison) = crate::consume::poison(&args.poison)?;
     let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
         C::Subscribe(v1::Subscribe {
             request_id,
@@ -159,6 +160,9 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             owned: false,
             window: 0,
             upstream: upstream.clone(),
+            max_deliver,
+            on_poison: on_poison as i32,
+            ..v1::Subscribe::default()
         })
     })
     .await?;

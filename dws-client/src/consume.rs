@@ -42,6 +42,8 @@ pub enum Reason {
     Signal,
     BusShutdown,
     SourceLost,
+    /// The subscription stopped at a poison event.
+    Halted,
 }
 
 impl Reason {
@@ -52,12 +54,16 @@ impl Reason {
             Reason::Signal => "signal",
             Reason::BusShutdown => "bus_shutdown",
             Reason::SourceLost => "source_lost",
+            Reason::Halted => "halted",
         }
     }
 
     /// The bus ended the run: the subscription is not ours to clean up.
     fn bus_ended(self) -> bool {
-        matches!(self, Reason::BusShutdown | Reason::SourceLost)
+        matches!(
+            self,
+            Reason::BusShutdown | Reason::SourceLost | Reason::Halted
+        )
     }
 }
 
@@ -77,6 +83,28 @@ pub struct Plan {
     pub takeover: bool,
     pub dry_run: bool,
     pub upstream: Option<v1::UpstreamSpec>,
+    /// `--ack explicit`: how long an unacked event waits before it comes again.
+    pub explicit_ack: Option<Duration>,
+    pub max_deliver: u32,
+    pub on_poison: v1::PoisonPolicy,
+}
+
+/// `--ack-wait` when not given.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// `--max-deliver` / `--on-poison`, checked: what a new subscription gets.
+pub fn poison(args: &crate::cli::PoisonArgs) -> Result<(u32, v1::PoisonPolicy)> {
+    use crate::cli::OnPoison;
+    let policy = match args.on_poison {
+        None | Some(OnPoison::Halt) => v1::PoisonPolicy::PoisonHalt,
+        Some(OnPoison::Park) => v1::PoisonPolicy::PoisonPark,
+    };
+    if args.on_poison.is_some() && args.max_deliver.unwrap_or(0) == 0 {
+        return Err(CliError::usage(
+            "--on-poison needs --max-deliver N (N >= 1): without a limit nothing is poison",
+        ));
+    }
+    Ok((args.max_deliver.unwrap_or(0), policy))
 }
 
 /// Checks every flag; no I/O. Errors are usage errors (exit 2).
@@ -108,6 +136,21 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
             "--from and --ttl apply to a subscription this run creates; they cannot be used with --subscribe-id",
         ));
     }
+    if args.subscribe_id.is_some()
+        && (args.poison.max_deliver.is_some() || args.poison.on_poison.is_some())
+    {
+        return Err(CliError::usage(
+            "--max-deliver and --on-poison apply to a subscription this run creates; set them with `dws event subscribe`",
+        ));
+    }
+    let (max_deliver, on_poison) = poison(&args.poison)?;
+    let explicit_ack = match (args.ack, args.ack_wait) {
+        (crate::cli::AckMode::Explicit, wait) => Some(wait.unwrap_or(DEFAULT_ACK_WAIT)),
+        (crate::cli::AckMode::Write, Some(_)) => {
+            return Err(CliError::usage("--ack-wait applies to --ack explicit"))
+        }
+        (crate::cli::AckMode::Write, None) => None,
+    };
     Ok(Plan {
         keys,
         filter,
@@ -122,6 +165,9 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         takeover: args.takeover,
         dry_run: args.dry_run,
         upstream,
+        explicit_ack,
+        max_deliver,
+        on_poison,
     })
 }
 
@@ -164,6 +210,10 @@ impl Plan {
                 "filter_json": u.filter_json,
             })),
             "stdin_eof_exits": stdin_eof_exits,
+            "ack": if self.explicit_ack.is_some() { "explicit" } else { "write" },
+            "ack_wait_ms": self.explicit_ack.map(|d| d.as_millis() as u64),
+            "max_deliver": self.max_deliver,
+            "on_poison": if self.on_poison == v1::PoisonPolicy::PoisonPark { "park" } else { "halt" },
         })
     }
 }
@@ -238,6 +288,10 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             owned: plan.subscribe_id.is_none(),
             window: 0,
             upstream: plan.upstream.clone(),
+            max_deliver: plan.max_deliver,
+            on_poison: plan.on_poison as i32,
+            explicit_ack: plan.explicit_ack.is_some(),
+            ack_wait_ms: plan.explicit_ack.map_or(0, |d| d.as_millis() as u64),
         })
     })
     .await?;
@@ -257,11 +311,15 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     );
 
     let stdout_watch = watch_stdout_close();
-    let mut stdin_eof = if stdin_armed {
+    // With explicit acks stdin carries them (and its end still ends an armed
+    // run); otherwise it is only watched for its end.
+    let mut ack_lines = plan.explicit_ack.map(|_| crate::acks::read_stdin());
+    let mut stdin_eof = if stdin_armed && ack_lines.is_none() {
         Some(watch_stdin_eof())
     } else {
         None
     };
+    let mut delivered_seqs: std::collections::BTreeSet<u64> = Default::default();
     let deadline = plan.duration.map(|d| started + d);
     let mut pump = StdoutPump::start();
     let mut progress = pump.watch();
@@ -270,6 +328,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
         writer: EventWriter::new(plan.format),
         chunk: Chunk::default(),
         received: 0,
+        seqs: Vec::new(),
     };
     out.begin();
     // A chunk the pump could not take yet: while one waits, the socket is
@@ -287,13 +346,35 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             _ = sleep_until_opt(deadline) => break Ok(Reason::Timeout),
             _ = recv_opt(&mut stdin_eof) => break Ok(Reason::Signal),
             _ = stdout_closed(stdout_watch.as_ref()) => break Ok(Reason::Signal),
+            line = recv_line(&mut ack_lines) => match line {
+                Some(crate::acks::Input::Line(n, text)) => {
+                    delivered_seqs.extend(out.take_seqs());
+                    match settle(&text, &mut delivered_seqs) {
+                        Ok(ack) => {
+                            let _ = bus.send(C::Ack(ack)).await;
+                        }
+                        Err(why) => stderr_line(plan.quiet, &format!("[event] stdin line {n} ignored: {why}")),
+                    }
+                }
+                Some(crate::acks::Input::Eof) | None => {
+                    ack_lines = None;
+                    if stdin_armed {
+                        break Ok(Reason::Signal);
+                    }
+                }
+            },
             p = progress.changed() => {
                 if let Some(r) = failure_reason(&p) {
                     break r;
                 }
-                if p.written_seq > acked_seq {
+                if plan.explicit_ack.is_none() && p.written_seq > acked_seq {
                     acked_seq = p.written_seq;
-                    let _ = bus.send(C::Ack(v1::Ack { seq: acked_seq })).await;
+                    let _ = bus
+                        .send(C::Ack(v1::Ack {
+                            seq: acked_seq,
+                            ..v1::Ack::default()
+                        }))
+                        .await;
                 }
             }
             permit = pump.reserve(), if waiting.is_some() => match permit {
@@ -358,10 +439,11 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let progress = pump.progress();
     let received = progress.written;
     if !reason.bus_ended() {
-        if progress.written_seq > acked_seq {
+        if plan.explicit_ack.is_none() && progress.written_seq > acked_seq {
             let _ = bus
                 .send(C::Ack(v1::Ack {
                     seq: progress.written_seq,
+                    ..v1::Ack::default()
                 }))
                 .await;
         }
@@ -460,6 +542,56 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
+/// The next line from the explicit-ack reader; pending forever without one.
+async fn recv_line(
+    rx: &mut Option<tokio::sync::mpsc::Receiver<crate::acks::Input>>,
+) -> Option<crate::acks::Input> {
+    match rx {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Turns one explicit-ack line into an Ack frame for the events this run
+/// delivered (`delivered` shrinks by what is settled).
+fn settle(
+    text: &str,
+    delivered: &mut std::collections::BTreeSet<u64>,
+) -> std::result::Result<v1::Ack, String> {
+    use crate::acks::AckLine;
+    let line = crate::acks::parse(text)?;
+    let not_ours = |seq: u64| format!("seq {seq} was not delivered to this run (or is settled)");
+    let mut ack = v1::Ack::default();
+    match line {
+        AckLine::Ack(seq) => {
+            if !delivered.remove(&seq) {
+                return Err(not_ours(seq));
+            }
+            ack.seqs.push(seq);
+        }
+        AckLine::AckUpto(seq) => {
+            let upto: Vec<u64> = delivered.range(..=seq).copied().collect();
+            if upto.is_empty() {
+                return Err(not_ours(seq));
+            }
+            for s in &upto {
+                delivered.remove(s);
+            }
+            ack.seqs = upto;
+        }
+        AckLine::Nack(seq, delay) => {
+            if !delivered.remove(&seq) {
+                return Err(not_ours(seq));
+            }
+            ack.nacks.push(v1::Nack {
+                seq,
+                delay_ms: delay.as_millis() as u64,
+            });
+        }
+    }
+    Ok(ack)
+}
+
 async fn recv_opt(rx: &mut Option<oneshot::Receiver<()>>) {
     match rx {
         Some(r) => {
@@ -477,6 +609,8 @@ struct Formatter<'a> {
     chunk: Chunk,
     /// Events taken from the bus (for `--max-events`).
     received: u64,
+    /// Seqs formatted since the last [`Formatter::take_seqs`] (explicit acks).
+    seqs: Vec<u64>,
 }
 
 impl Formatter<'_> {
@@ -488,6 +622,11 @@ impl Formatter<'_> {
     /// Closes the output (the `json` array).
     fn end(&mut self) {
         let _ = self.writer.end(&mut self.chunk.bytes);
+    }
+
+    /// The seqs formatted since the last call, for explicit acks.
+    fn take_seqs(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.seqs)
     }
 
     /// Handles one frame; `Some(reason)` ends the run.
@@ -505,6 +644,9 @@ impl Formatter<'_> {
                 }
                 self.chunk.last_seq = e.seq;
                 self.chunk.events += 1;
+                if self.plan.explicit_ack.is_some() {
+                    self.seqs.push(e.seq);
+                }
                 self.received += 1;
                 if self.plan.max_events.is_some_and(|max| self.received >= max) {
                     return Ok(Some(Reason::Limit));
@@ -529,10 +671,13 @@ impl Formatter<'_> {
             }
             S::Bye(b) => {
                 let reason = ByeReason::try_from(b.reason).unwrap_or(ByeReason::Unspecified);
-                return Ok(Some(if reason == ByeReason::SourceLost {
-                    Reason::SourceLost
-                } else {
-                    Reason::BusShutdown
+                return Ok(Some(match reason {
+                    ByeReason::SourceLost => Reason::SourceLost,
+                    ByeReason::Halted => {
+                        stderr_line(self.plan.quiet, &b.message);
+                        Reason::Halted
+                    }
+                    _ => Reason::BusShutdown,
                 }));
             }
             S::Error(e) => return Err(CliError::from_bus(e.code, &e.message)),

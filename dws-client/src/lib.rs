@@ -12,6 +12,7 @@
 //!
 //! `dws` never connects upstream: it only talks to its bus.
 
+pub mod acks;
 pub mod bus;
 pub mod cli;
 pub mod commands;
@@ -21,6 +22,7 @@ pub mod output;
 pub mod pump;
 pub mod spawn;
 pub mod status;
+pub mod subscription;
 pub mod validate;
 
 use std::{ffi::OsString, io::Write, process::ExitCode};
@@ -160,5 +162,6 @@ fn run(cli: Cli) -> Result<()> {
         EventCmd::Stop(args) => runtime.block_on(commands::stop(args, &endpoint)),
         EventCmd::Subscribe(args) => runtime.block_on(commands::subscribe(args, &endpoint)),
         EventCmd::Unsubscribe(args) => runtime.block_on(commands::unsubscribe(args, &endpoint)),
+        EventCmd::Subscription(verb) => runtime.block_on(subscription::run(verb, &endpoint)),
     }
 }

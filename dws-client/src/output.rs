@@ -4,7 +4,8 @@
 //! with empty optional fields omitted:
 //! `type, seq, event_id, event_born_time, event_corp_id, event_type,
 //! event_unified_app_id, subscribe_id, source_id, rule_type, data, headers,
-//! received_at_unix_ms, redelivered`.
+//! received_at_unix_ms, redelivered, delivery` (fields are only ever
+//! added, at the end).
 
 use std::{
     collections::BTreeMap,
@@ -46,6 +47,13 @@ struct EventLine<'a> {
     headers: &'a BTreeMap<String, String>,
     received_at_unix_ms: i64,
     redelivered: bool,
+    /// How many times the subscription delivered this event (this one too).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    delivery: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 impl<'a> From<&'a v1::Event> for EventLine<'a> {
@@ -65,6 +73,7 @@ impl<'a> From<&'a v1::Event> for EventLine<'a> {
             headers: &e.headers,
             received_at_unix_ms: e.received_at_unix_ms,
             redelivered: e.redelivered,
+            delivery: e.delivery,
         }
     }
 }

@@ -152,12 +152,16 @@ pub fn encode_event_frame(
     base: &[u8],
     subscription_id: &str,
     redelivered: bool,
+    delivery: u32,
     dst: &mut BytesMut,
 ) -> Result<(), CodecError> {
-    use prost::encoding::{bool as pbool, encode_key, encode_varint, encoded_len_varint, WireType};
+    use prost::encoding::{
+        bool as pbool, encode_key, encode_varint, encoded_len_varint, uint32, WireType,
+    };
     const EVENT_FIELD: u32 = 4; // ServerFrame.kind.event
     const SUBSCRIPTION_ID_FIELD: u32 = 7; // Event.subscription_id
     const REDELIVERED_FIELD: u32 = 13; // Event.redelivered
+    const DELIVERY_FIELD: u32 = 14; // Event.delivery
     let sub = subscription_id.as_bytes();
     let mut extra = 0;
     if !sub.is_empty() {
@@ -165,6 +169,9 @@ pub fn encode_event_frame(
     }
     if redelivered {
         extra += pbool::encoded_len(REDELIVERED_FIELD, &redelivered);
+    }
+    if delivery != 0 {
+        extra += uint32::encoded_len(DELIVERY_FIELD, &delivery);
     }
     let inner = base.len() + extra;
     let total = 1 + encoded_len_varint(inner as u64) + inner;
@@ -183,6 +190,9 @@ pub fn encode_event_frame(
     }
     if redelivered {
         pbool::encode(REDELIVERED_FIELD, &redelivered, dst);
+    }
+    if delivery != 0 {
+        uint32::encode(DELIVERY_FIELD, &delivery, dst);
     }
     Ok(())
 }
@@ -254,7 +264,7 @@ mod tests {
             ..Event::default()
         };
         let mut dst = BytesMut::new();
-        encode_event_frame(&base.encode_to_vec(), "s1", true, &mut dst).unwrap();
+        encode_event_frame(&base.encode_to_vec(), "s1", true, 3, &mut dst).unwrap();
         let got: ServerFrame = FrameCodec::<ServerFrame, ClientFrame>::new()
             .decode(&mut dst)
             .unwrap()
@@ -262,6 +272,7 @@ mod tests {
         let want = Event {
             subscription_id: "s1".into(),
             redelivered: true,
+            delivery: 3,
             ..base
         };
         assert_eq!(got.kind, Some(server_frame::Kind::Event(want)));
@@ -309,7 +320,10 @@ mod props {
                     })),
                 }),
             any::<u64>().prop_map(|seq| ClientFrame {
-                kind: Some(Kind::Ack(Ack { seq })),
+                kind: Some(Kind::Ack(Ack {
+                    seq,
+                    ..Ack::default()
+                })),
             }),
             any::<u64>().prop_map(|request_id| ClientFrame {
                 kind: Some(Kind::StatusRequest(StatusRequest { request_id })),

@@ -69,6 +69,7 @@ pub fn bye_reason_name(reason: v1::ByeReason) -> &'static str {
         R::TakenOver => "taken_over",
         R::SourceLost => "source_lost",
         R::VersionMismatch => "version_mismatch",
+        R::Halted => "halted",
     }
 }
 

@@ -28,6 +28,7 @@
 //! - [`workdir`]: the work dir, socket dir and bus files against planted
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
 
+mod acks;
 mod cli_contract;
 mod client_abuse;
 mod dingtalk;

@@ -326,6 +326,35 @@ impl TestEnv {
             .unwrap_or_else(|e| panic!("status is not JSON ({e})\n{out}"))
     }
 
+    /// Polls `status --format json` until `cond` holds; panics after
+    /// `timeout` naming `what`, with the last document.
+    pub fn wait_status(
+        &self,
+        timeout: Duration,
+        what: &str,
+        mut cond: impl FnMut(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.status();
+            if cond(&st) {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for: {what}\n{st:#}"
+            );
+            thread::sleep(POLL);
+        }
+    }
+
+    /// `dws event subscribe ARGS...`, asserting exit 0.
+    pub fn subscribe(&self, args: &[&str]) {
+        let mut a = vec!["event", "subscribe"];
+        a.extend_from_slice(args);
+        self.dws(&a).run_with_timeout(EXIT_TIMEOUT).assert_code(0);
+    }
+
     /// `dws event publish <event_type> <data> [extra...]`, asserting exit 0 and
     /// one JSON line on stdout; returns that JSON.
     pub fn publish(&self, event_type: &str, data: &str, extra: &[&str]) -> serde_json::Value {
@@ -1148,7 +1177,14 @@ pub struct Exited {
 }
 
 /// The exit reasons of the contract.
-pub const REASONS: [&str; 5] = ["limit", "timeout", "signal", "bus_shutdown", "source_lost"];
+pub const REASONS: [&str; 6] = [
+    "limit",
+    "timeout",
+    "signal",
+    "bus_shutdown",
+    "source_lost",
+    "halted",
+];
 
 impl Exited {
     pub fn parse(line: &str) -> Result<Exited, String> {
@@ -1339,6 +1375,14 @@ impl Drop for UnreadChild {
             let _ = self.proc.wait();
         }
     }
+}
+
+/// The subscription `id` in a status document (panics if it is not listed).
+pub fn status_sub<'a>(st: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    st["subscriptions"]
+        .as_array()
+        .and_then(|subs| subs.iter().find(|s| s["id"] == id))
+        .unwrap_or_else(|| panic!("subscription {id:?} is not listed in status:\n{st:#}"))
 }
 
 #[cfg(test)]

@@ -90,6 +90,12 @@ pub struct SubCounters {
     pub acked: u64,
     pub redelivered: u64,
     pub lost: u64,
+    /// Moved to the parked list (poison, or `skip`).
+    #[serde(default)]
+    pub parked: u64,
+    /// Parked events dropped because the parked list was full.
+    #[serde(default)]
+    pub parked_dropped: u64,
 }
 
 /// A named subscription as it is stored.
@@ -115,6 +121,51 @@ pub struct SubRecord {
     /// `None` while a consumer was attached.
     pub detached_since_unix_ms: Option<i64>,
     pub counters: SubCounters,
+    /// Poison handling: 0 = unlimited deliveries.
+    #[serde(default)]
+    pub max_deliver: u32,
+    /// `halt` or `park`.
+    #[serde(default = "default_on_poison")]
+    pub on_poison: String,
+    /// `active`, `halted` or `disabled`.
+    #[serde(default = "default_state")]
+    pub state: String,
+    #[serde(default)]
+    pub halt: Option<HaltRecord>,
+    /// Delivery counts of pending events that were delivered at least once.
+    #[serde(default)]
+    pub deliveries: Vec<(u64, u32)>,
+    /// The dead-letter list: events moved aside as poison (kept in the log).
+    #[serde(default)]
+    pub parked: Vec<ParkedRecord>,
+    /// Events above the cursor that were acked out of order.
+    #[serde(default)]
+    pub acked: Vec<u64>,
+}
+
+fn default_on_poison() -> String {
+    "halt".into()
+}
+
+fn default_state() -> String {
+    "active".into()
+}
+
+/// Where and why a subscription halted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaltRecord {
+    pub seq: u64,
+    pub event_id: String,
+    pub deliveries: u32,
+    pub since_unix_ms: i64,
+}
+
+/// One parked event of a subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedRecord {
+    pub seq: u64,
+    pub deliveries: u32,
+    pub parked_at_unix_ms: i64,
 }
 
 /// The subscriptions file: the named subscriptions at one moment.

@@ -1,0 +1,350 @@
+//! At-least-once processing: `--ack explicit` (stdin `ack`/`ack-upto`/`nack`),
+//! the ack wait, delivery counts, poison events (`halt`, `park`) and the
+//! operator verbs of `dws event subscription`, also across a bus restart.
+
+use std::time::Duration;
+
+use dws_tests::{status_sub, Child, Output, Sig, TestEnv, EXIT_TIMEOUT};
+use serde_json::Value;
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// A consumer of `s1` with explicit acks, stdin a pipe the test writes.
+fn explicit(env: &TestEnv, extra: &[&str]) -> Child {
+    let mut a = vec![
+        "event",
+        "consume",
+        "--subscribe-id",
+        "s1",
+        "--ack",
+        "explicit",
+    ];
+    a.extend_from_slice(extra);
+    let mut c = env.dws(&a).stdin_pipe().spawn();
+    c.wait_ready();
+    c
+}
+
+fn json(line: &str) -> Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+/// The n-th stdout line (1-based) once it is there, as JSON.
+fn event_line(c: &mut Child, n: usize) -> Value {
+    let lines = c.wait_stdout_lines(n, LONG);
+    json(&lines[n - 1])
+}
+
+fn publish_n(env: &TestEnv, n: usize) {
+    for i in 1..=n {
+        env.publish(
+            "k.e",
+            &format!("{{\"n\":{i}}}"),
+            &["--id", &format!("e{i}")],
+        );
+    }
+}
+
+fn verb(env: &TestEnv, args: &[&str]) -> Output {
+    let mut a = vec!["event", "subscription"];
+    a.extend_from_slice(args);
+    env.dws(&a).run_with_timeout(EXIT_TIMEOUT)
+}
+
+fn verb_json(env: &TestEnv, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend_from_slice(&["--format", "json"]);
+    let out = verb(env, &a);
+    out.assert_code(0);
+    json(out.stdout.trim())
+}
+
+fn stop_term(c: Child) -> Output {
+    c.signal(Sig::SIGTERM);
+    c.wait_exit(LONG)
+}
+
+#[test]
+fn explicit_acks_out_of_order_leave_exactly_the_unacked_event_pending() {
+    let env = TestEnv::new();
+    env.subscribe(&["k.*", "--id", "s1"]);
+    publish_n(&env, 3);
+    let mut c = explicit(&env, &[]);
+    for n in 1..=3 {
+        let e = event_line(&mut c, n);
+        assert_eq!(e["seq"], n as u64);
+        assert_eq!(e["delivery"], 1, "{e}");
+        assert_eq!(e["redelivered"], false);
+    }
+    c.write_stdin(b"ack 3\nack 1\n");
+    let st = env.wait_status(LONG, "two acks", |st| status_sub(st, "s1")["acked"] == 2);
+    assert_eq!(status_sub(&st, "s1")["cursor"], 1, "{st:#}");
+    let out = stop_term(c);
+    out.assert_clean_exit("signal", 3);
+    let st = env.status();
+    assert_eq!(status_sub(&st, "s1")["pending"], 1, "{st:#}");
+    // The unacked one comes again, marked, counted.
+    let mut again = explicit(&env, &[]);
+    let e = event_line(&mut again, 1);
+    assert_eq!(
+        (e["seq"].as_u64(), e["delivery"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(e["redelivered"], true);
+    again.write_stdin(b"ack-upto 2\n");
+    env.wait_status(LONG, "all acked", |st| status_sub(st, "s1")["pending"] == 0);
+    stop_term(again).assert_clean_exit("signal", 1);
+}
+
+#[test]
+fn a_nack_and_the_ack_wait_deliver_again_and_garbage_on_stdin_changes_nothing() {
+    let env = TestEnv::new();
+    env.subscribe(&["k.*", "--id", "s1"]);
+    publish_n(&env, 2);
+    let mut c = explicit(&env, &["--ack-wait", "1s"]);
+    event_line(&mut c, 2);
+    c.write_stdin(b"hello\nack nine\nack 99\nnack 1 200ms\n");
+    // 1 comes again after its nack; 2, never acked, after the ack wait.
+    let mut seen = vec![];
+    for n in 3..=4 {
+        let e = event_line(&mut c, n);
+        assert_eq!(e["redelivered"], true, "{e}");
+        assert_eq!(e["delivery"], 2, "{e}");
+        seen.push(e["seq"].as_u64().unwrap_or(0));
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, vec![1, 2]);
+    c.write_stdin(b"ack-upto 2\n");
+    env.wait_status(LONG, "all acked", |st| status_sub(st, "s1")["pending"] == 0);
+    let out = stop_term(c);
+    let err = out.stderr_lines();
+    for want in [
+        "[event] stdin line 1 ignored: unknown verb \"hello\": use ack SEQ, ack-upto SEQ or nack SEQ [DELAY]",
+        "[event] stdin line 2 ignored: \"nine\" is not a seq",
+        "[event] stdin line 3 ignored: seq 99 was not delivered to this run (or is settled)",
+    ] {
+        assert!(err.contains(&want), "missing {want:?}\n{out}");
+    }
+}
+
+#[test]
+fn a_parent_that_dies_mid_batch_gets_everything_unacked_again() {
+    let env = TestEnv::new();
+    env.subscribe(&["k.*", "--id", "s1"]);
+    publish_n(&env, 4);
+    let mut c = explicit(&env, &[]);
+    event_line(&mut c, 4);
+    c.write_stdin(b"ack 1\n");
+    env.wait_status(LONG, "one ack", |st| status_sub(st, "s1")["acked"] == 1);
+    // The parent dies: stdin reaches EOF, which ends the run (reason signal).
+    c.close_stdin();
+    c.wait_exit(LONG).assert_clean_exit("signal", 4);
+    let out = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "s1",
+            "--max-events",
+            "3",
+        ])
+        .run_with_timeout(LONG);
+    out.assert_clean_exit("limit", 3);
+    let events: Vec<Value> = out.stdout_lines().iter().map(|l| json(l)).collect();
+    let seqs: Vec<u64> = events
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(seqs, vec![2, 3, 4]);
+    assert!(events
+        .iter()
+        .all(|e| e["redelivered"] == true && e["delivery"] == 2));
+}
+
+#[test]
+fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart() {
+    let env = TestEnv::new();
+    env.subscribe(&["k.*", "--id", "s1", "--max-deliver", "2"]);
+    publish_n(&env, 2);
+    let mut c = explicit(&env, &[]);
+    event_line(&mut c, 2);
+    c.write_stdin(b"ack 2\nnack 1\n");
+    event_line(&mut c, 3);
+    c.write_stdin(b"nack 1\n");
+    let out = c.wait_exit(LONG);
+    out.assert_clean_exit("halted", 3);
+    assert!(
+        out.stderr_lines()
+            .contains(&"[event] subscription s1 halted at seq 1: delivered 2 times without ack"),
+        "{out}"
+    );
+    let st = env.status();
+    let s1 = status_sub(&st, "s1");
+    assert_eq!(s1["state"], "halted", "{s1:#}");
+    assert_eq!(s1["halted"]["seq"], 1);
+    assert_eq!(s1["halted"]["event_id"], "e1");
+    assert_eq!(s1["halted"]["deliveries"], 2);
+    // Not allowed: enable a halted subscription.
+    let msg = verb(&env, &["enable", "s1"]).assert_error(1);
+    assert!(msg.contains("halted"), "{msg}");
+    // The halt survives a restart of the bus.
+    env.dws(["event", "stop"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+    env.wait_no_busd(LONG, "the bus to stop");
+    env.subscribe(&["k.*", "--id", "s1"]); // starts the bus again; s1 exists
+    let st = env.status();
+    assert_eq!(status_sub(&st, "s1")["state"], "halted", "{st:#}");
+    // A dry run changes nothing.
+    let dry = verb_json(&env, &["restart", "s1", "--dry-run"]);
+    assert_eq!(
+        (dry["state"].as_str(), dry["dry_run"].as_bool()),
+        (Some("active"), Some(true))
+    );
+    assert_eq!(status_sub(&env.status(), "s1")["state"], "halted");
+    // restart: the same event again, its count reset.
+    let doc = verb_json(&env, &["restart", "s1"]);
+    assert_eq!(doc["state"], "active");
+    assert!(verb(&env, &["restart", "s1"])
+        .assert_error(1)
+        .contains("not halted"));
+    let mut c = explicit(&env, &[]);
+    let e = event_line(&mut c, 1);
+    assert_eq!(
+        (e["seq"].as_u64(), e["delivery"].as_u64()),
+        (Some(1), Some(1))
+    );
+    c.write_stdin(b"nack 1\n");
+    event_line(&mut c, 2);
+    c.write_stdin(b"nack 1\n");
+    c.wait_exit(LONG).assert_clean_exit("halted", 2);
+    // skip: the event is parked and the subscription goes on.
+    let doc = verb_json(&env, &["skip", "s1"]);
+    assert_eq!(
+        (doc["state"].as_str(), doc["parked"].as_u64()),
+        (Some("active"), Some(1))
+    );
+    let parked = verb_json(&env, &["parked", "s1"]);
+    assert_eq!(parked["parked_events"][0]["seq"], 1, "{parked:#}");
+    assert_eq!(status_sub(&env.status(), "s1")["pending"], 0);
+}
+
+#[test]
+fn poison_with_park_goes_on_and_parked_events_can_be_replayed() {
+    let env = TestEnv::new();
+    env.subscribe(&[
+        "k.*",
+        "--id",
+        "s1",
+        "--max-deliver",
+        "1",
+        "--on-poison",
+        "park",
+    ]);
+    publish_n(&env, 2);
+    let mut c = explicit(&env, &[]);
+    event_line(&mut c, 2);
+    c.write_stdin(b"nack 1\nack 2\n");
+    env.wait_status(LONG, "event 1 parked", |st| {
+        status_sub(st, "s1")["parked"] == 1
+    });
+    let st = env.status();
+    let s1 = status_sub(&st, "s1");
+    assert_eq!(
+        (s1["state"].as_str(), s1["pending"].as_u64()),
+        (Some("active"), Some(0))
+    );
+    let text = verb(&env, &["parked", "s1"]);
+    text.assert_code(0);
+    assert!(text.stdout.contains("parked seq 1"), "{text}");
+    let doc = verb_json(&env, &["replay-parked", "s1"]);
+    assert_eq!(doc["replayed"], 1);
+    let e = event_line(&mut c, 3);
+    assert_eq!(
+        (e["seq"].as_u64(), e["delivery"].as_u64()),
+        (Some(1), Some(1))
+    );
+    stop_term(c);
+}
+
+#[test]
+fn disable_enable_and_seek() {
+    let env = TestEnv::new();
+    env.subscribe(&["k.*", "--id", "s1"]);
+    publish_n(&env, 3);
+    let doc = verb_json(&env, &["disable", "s1"]);
+    assert_eq!(doc["state"], "disabled");
+    assert_eq!(
+        verb_json(&env, &["disable", "s1"])["changed"],
+        false,
+        "idempotent"
+    );
+    let out = env
+        .dws(["event", "consume", "--subscribe-id", "s1"])
+        .run_with_timeout(LONG);
+    let msg = out.assert_error(1);
+    assert!(msg.contains("disabled"), "{msg}");
+    env.publish("k.e", "{\"n\":4}", &[]);
+    assert_eq!(
+        status_sub(&env.status(), "s1")["pending"],
+        4,
+        "it keeps collecting"
+    );
+    assert_eq!(verb_json(&env, &["enable", "s1"])["state"], "active");
+    // seek to latest: nothing pending; to 2: events 2.. again; too old: from the oldest.
+    assert_eq!(
+        verb_json(&env, &["seek", "s1", "--to", "latest"])["pending"],
+        0
+    );
+    let doc = verb_json(&env, &["seek", "s1", "--to", "2"]);
+    assert_eq!(
+        (doc["pending"].as_u64(), doc["seek"]["from_seq"].as_u64()),
+        (Some(3), Some(2))
+    );
+    let out = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "s1",
+            "--max-events",
+            "3",
+        ])
+        .run_with_timeout(LONG);
+    out.assert_clean_exit("limit", 3);
+    let msg = verb(&env, &["seek", "s1", "--to", "soon"]).assert_error(2);
+    assert!(msg.contains("--to \"soon\""), "{msg}");
+    let msg = verb(&env, &["restart", "nope"]).assert_error(1);
+    assert!(msg.contains("not found"), "{msg}");
+}
+
+#[test]
+fn poison_flags_are_checked_before_anything_is_created() {
+    let env = TestEnv::new();
+    let out = env
+        .dws(["event", "subscribe", "k.*", "--on-poison", "park"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    assert!(out
+        .assert_error(2)
+        .contains("--on-poison needs --max-deliver"));
+    let out = env
+        .dws(["event", "consume", "k.*", "--ack-wait", "5s"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    assert!(out
+        .assert_error(2)
+        .contains("--ack-wait applies to --ack explicit"));
+    let out = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "x",
+            "--max-deliver",
+            "3",
+        ])
+        .run_with_timeout(EXIT_TIMEOUT);
+    assert!(out
+        .assert_error(2)
+        .contains("apply to a subscription this run creates"));
+    assert!(env.busd_pids().is_empty(), "no bus was started");
+}
