@@ -1,14 +1,26 @@
 //! Command-line flags of `busd` (each with its env fallback) and the
 //! resolved settings derived from them.
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
-use clap::Parser;
+use clap::{parser::ValueSource, CommandFactory, FromArgMatches, Parser, ValueEnum};
+
+/// `busd --version`: the build and the protocol version it speaks, the same
+/// line as `dws --version` (checked by a test against `proto`).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (protocol 1)");
 
 /// The dws event bus daemon. Normally started on demand by `dws`; run it by
-/// hand with `--foreground` to debug.
+/// hand with `--foreground` to debug, or under systemd (see
+/// contrib/systemd/dws-bus@.service).
+///
+/// With `--foreground` and NOTIFY_SOCKET set (a Type=notify unit), busd
+/// speaks the readiness protocol (READY=1, STATUS=, STOPPING=1) and its idle
+/// timeout defaults to 0 (never): a service stays up until stopped.
 #[derive(Debug, Parser)]
-#[command(name = "busd", version, about, long_about = None)]
+#[command(name = "busd", version = VERSION, about, long_about)]
 pub struct Args {
     /// Profile to serve (env DWS_PROFILE; default "default").
     #[arg(long, value_name = "NAME")]
@@ -18,9 +30,10 @@ pub struct Args {
     #[arg(long)]
     pub foreground: bool,
 
-    /// Exit after this long with no connections and no subscriptions; 0 = never.
+    /// Exit after this long with no connections and no subscriptions; 0 = never
+    /// [default: 5m; 0 under a service manager (--foreground with NOTIFY_SOCKET)].
     #[arg(long, value_name = "DUR", env = "DWS_EVENT_BUS_IDLE_TIMEOUT", default_value = "5m",
-          value_parser = parse_duration)]
+          hide_default_value = true, value_parser = parse_duration)]
     pub idle_timeout: Duration,
 
     /// File descriptor of the ready pipe (set by the spawning `dws`).
@@ -51,6 +64,59 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 65_536,
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub dedup_capacity: u64,
+
+    /// Format of bus.log (and of stderr with --foreground): text, or json
+    /// (one JSON object per line, for log shippers).
+    #[arg(long, value_enum, value_name = "FORMAT", env = "DWS_BUS_LOG_FORMAT",
+          default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Write the busd(1) man page into DIR and exit.
+    #[arg(long, value_name = "DIR")]
+    pub generate_man: Option<PathBuf>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `2026-01-01T00:00:00.000000Z  INFO busd: message key=value`.
+    Text,
+    /// `{"timestamp":…,"level":"INFO","fields":{"message":…},"target":…}`.
+    Json,
+}
+
+impl Args {
+    /// Parses argv like `try_parse_from`, then applies the service default:
+    /// a supervised run ([`crate::notify::supervised`]) whose idle timeout
+    /// was not given (neither `--idle-timeout` nor
+    /// `DWS_EVENT_BUS_IDLE_TIMEOUT`) never exits idle.
+    pub fn parse_from_argv(argv: &[String]) -> Result<Args, clap::Error> {
+        let matches = Args::command().try_get_matches_from(argv)?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        let explicit = matches.value_source("idle_timeout") != Some(ValueSource::DefaultValue);
+        args.idle_timeout = idle_timeout(
+            args.idle_timeout,
+            explicit,
+            crate::notify::supervised(args.foreground),
+        );
+        Ok(args)
+    }
+}
+
+/// The effective idle timeout: `given` unless it is only the default and the
+/// bus runs under a service manager, where idling out would look like a crash.
+pub fn idle_timeout(given: Duration, explicit: bool, supervised: bool) -> Duration {
+    if supervised && !explicit {
+        Duration::ZERO
+    } else {
+        given
+    }
+}
+
+/// Writes `busd.1` into `dir` (created if missing); returns its path.
+pub fn write_man_page(dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    clap_mangen::Man::new(Args::command()).generate_to(dir)
 }
 
 /// A humantime duration (`30s`, `5m`, `1h 30m`), or `0`.
@@ -108,6 +174,43 @@ mod tests {
             Some(4)
         );
         assert_eq!(ready_fd_from_argv(&v(&["busd"])), None);
+    }
+
+    #[test]
+    fn version_names_the_build_and_the_protocol() {
+        assert_eq!(
+            VERSION,
+            format!("{} (protocol {})", proto::BUILD, proto::PROTOCOL_VERSION)
+        );
+    }
+
+    #[test]
+    fn the_idle_timeout_is_off_only_for_a_supervised_default() {
+        let five = Duration::from_secs(300);
+        assert_eq!(idle_timeout(five, false, true), Duration::ZERO);
+        assert_eq!(idle_timeout(five, true, true), five);
+        assert_eq!(idle_timeout(five, false, false), five);
+        assert_eq!(idle_timeout(Duration::ZERO, true, false), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_explicit_idle_timeout_is_kept() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let args = Args::parse_from_argv(&v(&["busd", "--idle-timeout", "7s"])).unwrap();
+        assert_eq!(args.idle_timeout, Duration::from_secs(7));
+        let args = Args::parse_from_argv(&v(&["busd", "--log-format", "json"])).unwrap();
+        assert_eq!(args.log_format, LogFormat::Json);
+        assert!(Args::parse_from_argv(&v(&["busd", "--log-format", "xml"])).is_err());
+    }
+
+    #[test]
+    fn the_man_page_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = write_man_page(dir.path()).unwrap();
+        assert_eq!(page.file_name().unwrap(), "busd.1");
+        let text = std::fs::read_to_string(page).unwrap();
+        assert!(text.contains(".TH busd 1"), "{text}");
+        assert!(text.contains(r"idle\-timeout"), "{text}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ use bytes::BytesMut;
 use proto::{
     codec::{encode_event_frame, encode_frame},
     limits::MAX_EVENT_ID_LEN,
+    ndjson,
     v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason, ErrorCode},
     CodecError, ServerCodec,
 };
@@ -37,7 +38,10 @@ use tokio::{
 };
 use tokio_util::codec::Decoder;
 
+use std::sync::Arc;
+
 use crate::{
+    eventlog::LoggedEvent,
     hub::{ConnId, Durable, Hub, NewEvent, RefusedKind},
     pattern::Pattern,
     ratelimit::LogLimit,
@@ -68,6 +72,10 @@ const MAX_AWAITING: usize = 65_536;
 pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 /// A frame, once its first byte arrived, must be complete within this.
 pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long a closing connection waits for its peer's EOF (reading and
+/// discarding), so its last frames are not lost to a reset.
+const CLOSE_LINGER: Duration = Duration::from_millis(200);
 
 /// One `bus.log` line per interval for clients refused or dropped.
 static CLIENT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
@@ -115,6 +123,10 @@ pub struct Connection {
     /// When an event held back (a nack's delay, an explicit ack's wait)
     /// becomes deliverable: the connection wakes then.
     redeliver_at: Option<std::time::Instant>,
+    /// The consumer takes NDJSON lines rendered here (`EventLines`).
+    lines: bool,
+    /// Reused buffer for a batch of lines.
+    line_buf: Vec<u8>,
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
@@ -130,6 +142,8 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
         awaiting: VecDeque::new(),
         durable: hub.durable(),
         redeliver_at: None,
+        lines: false,
+        line_buf: Vec::new(),
     };
     let peer_ok = stream
         .peer_cred()
@@ -173,13 +187,13 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
             if conn.out.is_empty() && conn.awaiting.is_empty() {
                 let _ = wr.shutdown().await;
                 // Close with nothing unread: a socket closed with unread
-                // input resets the peer, which could lose our last frames.
+                // input resets the peer, which could lose our last frames
+                // (an Error it has not read yet). Linger briefly for its EOF.
                 let mut scratch = [0u8; 16 * 1024];
-                for _ in 0..16 {
-                    if !matches!(rd.try_read(&mut scratch), Ok(n) if n > 0) {
-                        break;
-                    }
-                }
+                let _ = tokio::time::timeout(CLOSE_LINGER, async {
+                    while matches!(rd.read(&mut scratch).await, Ok(n) if n > 0) {}
+                })
+                .await;
                 break;
             }
         }
@@ -361,15 +375,11 @@ impl Connection {
             }
             let damaged = d.damaged;
             let n = d.events.len();
-            for (event, redelivered, delivery) in d.events {
-                if let Err(e) = encode_event_frame(
-                    &event.encoded,
-                    &d.subscription_id,
-                    redelivered,
-                    delivery,
-                    &mut self.out,
-                ) {
-                    tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
+            if self.lines {
+                self.send_lines(&d.subscription_id, &d.events);
+            } else {
+                for (event, redelivered, delivery) in &d.events {
+                    self.send_event(event, &d.subscription_id, *redelivered, *delivery);
                 }
             }
             if let Some(why) = damaged {
@@ -391,6 +401,68 @@ impl Connection {
                 break;
             }
         }
+    }
+
+    fn send_event(
+        &mut self,
+        event: &LoggedEvent,
+        subscription_id: &str,
+        redelivered: bool,
+        delivery: u32,
+    ) {
+        if let Err(e) = encode_event_frame(
+            &event.encoded,
+            subscription_id,
+            redelivered,
+            delivery,
+            &mut self.out,
+        ) {
+            tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
+        }
+    }
+
+    /// One `EventLines` frame for a pulled batch: each event's line is its
+    /// shared rendered parts plus this delivery's fields. A line too large
+    /// for a frame goes as an `Event` frame (the client formats it).
+    fn send_lines(&mut self, subscription_id: &str, events: &[(Arc<LoggedEvent>, bool, u32)]) {
+        const FRAME_BUDGET: usize = 1 << 20;
+        let mut seqs = Vec::with_capacity(events.len());
+        let mut buf = std::mem::take(&mut self.line_buf);
+        buf.clear();
+        for (event, redelivered, delivery) in events {
+            let (head, tail) = event.line_parts();
+            let start = buf.len();
+            ndjson::write_line(
+                &mut buf,
+                head,
+                subscription_id,
+                tail,
+                *redelivered,
+                *delivery,
+            );
+            if buf.len() - start > proto::MAX_FRAME_LEN - 4096 {
+                buf.truncate(start);
+                self.flush_lines(&mut seqs, &mut buf);
+                self.send_event(event, subscription_id, *redelivered, *delivery);
+                continue;
+            }
+            seqs.push(event.seq);
+            if buf.len() >= FRAME_BUDGET {
+                self.flush_lines(&mut seqs, &mut buf);
+            }
+        }
+        self.flush_lines(&mut seqs, &mut buf);
+        self.line_buf = buf;
+    }
+
+    fn flush_lines(&mut self, seqs: &mut Vec<u64>, buf: &mut Vec<u8>) {
+        if seqs.is_empty() {
+            return;
+        }
+        self.send(S::EventLines(v1::EventLines {
+            seqs: std::mem::take(seqs),
+            lines: std::mem::take(buf),
+        }));
     }
 
     async fn handle(&mut self, frame: v1::ClientFrame) {
@@ -492,11 +564,14 @@ impl Connection {
         }
         match self.hub.subscribe(self.id, &req, upstream_id) {
             // A named subscription is on disk before anyone is told it exists.
-            Ok((reply, save)) => self.reply_after(
-                req.request_id,
-                save.map(Until::SubsGen),
-                S::Subscribed(reply),
-            ),
+            Ok((reply, save)) => {
+                self.lines = req.attach && req.ndjson_lines;
+                self.reply_after(
+                    req.request_id,
+                    save.map(Until::SubsGen),
+                    S::Subscribed(reply),
+                )
+            }
             Err(r) => self.error(req.request_id, r.code, r.message),
         }
     }

@@ -5,7 +5,10 @@
 //! The durable copy is the store's (`crate::store`); only events the store
 //! has made durable are appended here.
 
-use std::{collections::VecDeque, sync::Arc};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, OnceLock},
+};
 
 use bytes::Bytes;
 
@@ -26,6 +29,10 @@ pub struct LoggedEvent {
     /// A seq whose record failed its checksum in the store: a placeholder
     /// that is never delivered (see `store::disk`).
     pub damaged: bool,
+    /// The event's NDJSON line without its per-delivery fields
+    /// (`proto::ndjson::parts`), rendered once, on first need, for every
+    /// consumer that takes lines.
+    pub line_parts: OnceLock<(Bytes, Bytes)>,
 }
 
 impl LoggedEvent {
@@ -45,7 +52,18 @@ impl LoggedEvent {
             event_id: r.event_id,
             route: r.route,
             damaged: false,
+            line_parts: OnceLock::new(),
         }
+    }
+
+    /// [`LoggedEvent::line_parts`], rendered now if it was not yet.
+    pub fn line_parts(&self) -> &(Bytes, Bytes) {
+        self.line_parts.get_or_init(|| {
+            use prost::Message;
+            let e = proto::v1::Event::decode(self.encoded.clone()).unwrap_or_default();
+            let (head, tail) = proto::ndjson::parts(&e);
+            (Bytes::from(head), Bytes::from(tail))
+        })
     }
 
     /// Whether a subscription bound to `upstream_id` receives this event:

@@ -193,6 +193,8 @@ pub struct SourceInfo {
     pub state: v1::SourceState,
     /// Upstream input that could not be turned into an event (counted, logged).
     pub malformed: u64,
+    /// Upstream frames acked but not routed, by reason (a fixed set).
+    pub unroutable: BTreeMap<&'static str, u64>,
     pub reconnects: u64,
     pub last_error: String,
     pub connected_since_ms: i64,
@@ -903,6 +905,7 @@ impl Hub {
             event_id: key_id,
             route: ev.upstream_subscription,
             damaged: false,
+            line_parts: Default::default(),
         }));
         if let Some(key) = dedup_key {
             st.dedup.put(key, seq);
@@ -1350,6 +1353,14 @@ impl Hub {
         st.source.last_error = format!("malformed input: {why}");
     }
 
+    /// Counts one upstream frame that was acked but could not be routed.
+    /// The caller logs it (rate-limited); this only counts it for `status`.
+    pub fn source_unroutable(&self, reason: &'static str, detail: &str) {
+        let mut st = self.state();
+        *st.source.unroutable.entry(reason).or_insert(0) += 1;
+        st.source.last_error = format!("unroutable frame ({reason}): {detail}");
+    }
+
     /// The source state's generation, without taking the lock.
     pub fn source_gen(&self) -> u64 {
         self.shared.source_gen.load(Ordering::Acquire)
@@ -1551,6 +1562,7 @@ impl Hub {
                 "connected_since_unix_ms": opt_ms(st.source.connected_since_ms),
                 "reconnects": st.source.reconnects,
                 "malformed": st.source.malformed,
+                "unroutable": st.source.unroutable,
                 "attempt": st.source.state.attempt,
                 "next_retry_at_unix_ms": opt_ms(st.source.state.next_retry_at_unix_ms),
                 "reason": (!st.source.state.reason.is_empty()).then(|| st.source.state.reason.clone()),

@@ -13,6 +13,7 @@
 //!   thread that writes to it.
 //! - [`source`]: upstream sources behind one trait.
 //! - [`shutdown`]: the one shutdown signal and its reason.
+//! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run.
 
 pub mod commit;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod eventlog;
 pub mod hub;
 pub mod lock;
 pub mod logfile;
+pub mod notify;
 pub mod pattern;
 pub mod profile;
 pub mod ratelimit;
@@ -89,7 +91,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
         &profile::EnvOverrides::from_process(),
     )?;
     make_private_dir(&endpoint.work_dir)?;
-    init_logging(&endpoint.log_path(), args.foreground)?;
+    init_logging(&endpoint.log_path(), args.foreground, args.log_format)?;
 
     server::raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -130,17 +132,28 @@ fn make_private_dir(work_dir: &Path) -> Result<(), StartError> {
     socket::prepare_private_dir(work_dir, "work directory")
 }
 
-fn init_logging(path: &Path, foreground: bool) -> Result<(), StartError> {
+fn init_logging(
+    path: &Path,
+    foreground: bool,
+    format: config::LogFormat,
+) -> Result<(), StartError> {
     use tracing_subscriber::{fmt::writer::MakeWriterExt, EnvFilter};
     let file = logfile::RotatingLog::open(path)?;
     let filter = EnvFilter::try_from_env("DWS_BUS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_env_filter(filter);
-    let result = if foreground {
-        builder.with_writer(file.and(std::io::stderr)).try_init()
-    } else {
-        builder.with_writer(file).try_init()
+    // DWS_BUS_LOG_FORMAT=json: one JSON object per line, for log shippers.
+    let result = match (format, foreground) {
+        (config::LogFormat::Text, true) => {
+            builder.with_writer(file.and(std::io::stderr)).try_init()
+        }
+        (config::LogFormat::Text, false) => builder.with_writer(file).try_init(),
+        (config::LogFormat::Json, true) => builder
+            .json()
+            .with_writer(file.and(std::io::stderr))
+            .try_init(),
+        (config::LogFormat::Json, false) => builder.json().with_writer(file).try_init(),
     };
     result.map_err(|e| format!("cannot set up logging: {e}").into())
 }
@@ -287,6 +300,7 @@ async fn serve(
         "bus ready"
     );
     ready.ready();
+    notify::ready(&hub, &endpoint, shutdown.clone());
 
     let tracker = TaskTracker::new();
     let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
@@ -296,6 +310,7 @@ async fn serve(
     }));
     let reason = server::run(listener, hub.clone(), shutdown, &tracker).await;
     tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
+    notify::stopping(reason);
 
     // No new client may reach this bus: remove the socket first, so a client
     // arriving now spawns a successor, which waits for our lock.

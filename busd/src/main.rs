@@ -2,12 +2,30 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
-    match busd::config::Args::try_parse_from(&argv) {
-        Ok(args) => busd::run(args),
+    match busd::config::Args::parse_from_argv(&argv) {
+        Ok(busd::config::Args {
+            generate_man: Some(dir),
+            ..
+        }) => match busd::config::write_man_page(&dir) {
+            Ok(page) => {
+                println!("{}", page.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "busd: cannot write the man page into {}: {e}",
+                    dir.display()
+                );
+                ExitCode::from(1)
+            }
+        },
+        Ok(args) => {
+            // Before any thread starts: a supervised run reports `starting`.
+            busd::notify::init(args.foreground, args.profile.as_deref());
+            busd::run(args)
+        }
         Err(e) if !e.use_stderr() => {
             // --help / --version
             let _ = e.print();

@@ -55,7 +55,9 @@ impl fmt::Display for Secret {
     }
 }
 
-/// The source a profile's bus runs, with its settings.
+/// The source a profile's bus runs, with its settings (each source's
+/// settings are read next to that source: `source::exec::settings`,
+/// `source::dingtalk::settings`, `source::personal::config::settings`).
 #[derive(Debug, Clone)]
 pub enum SourceConfig {
     Local,
@@ -63,6 +65,12 @@ pub enum SourceConfig {
     DingTalk(DingTalkConfig),
     Personal(PersonalConfig),
 }
+
+pub use crate::source::{
+    dingtalk::DingTalkConfig,
+    exec::ExecConfig,
+    personal::config::{PersonalConfig, TokenSource},
+};
 
 impl SourceConfig {
     pub fn kind(&self) -> &'static str {
@@ -75,72 +83,6 @@ impl SourceConfig {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct ExecConfig {
-    /// argv; run without a shell.
-    pub command: Vec<String>,
-    /// Backoff between restarts when the command exits: doubles from `min` to `max`.
-    pub restart_min: Duration,
-    pub restart_max: Duration,
-}
-
-#[derive(Debug, Clone)]
-pub struct DingTalkConfig {
-    pub client_id: String,
-    pub client_secret: Secret,
-    /// Base URL of the OpenAPI gateway (`https://api.dingtalk.com`); plain
-    /// `http://` is accepted only for loopback hosts.
-    pub open_api: String,
-    /// Consecutive failed attempts before the source is `lost`; 0 = retry forever.
-    pub max_attempts: u32,
-    /// Interval of client WebSocket pings.
-    pub keepalive: Duration,
-}
-
-/// Where the personal stream's user access token comes from. Read again on
-/// a 401 ("refresh"): a token file rewritten by another tool is picked up.
-#[derive(Debug, Clone)]
-pub enum TokenSource {
-    /// `access_token` in the (0600) config file, or `DWS_USER_ACCESS_TOKEN`.
-    Fixed(Secret),
-    /// `access_token_file` (0600).
-    File(PathBuf),
-}
-
-impl TokenSource {
-    /// The current token.
-    pub fn read(&self) -> Result<Secret, ConfigError> {
-        match self {
-            TokenSource::Fixed(s) => Ok(s.clone()),
-            TokenSource::File(f) => {
-                check_private(f, "token file")?;
-                let s = std::fs::read_to_string(f).map_err(|e| {
-                    ConfigError::Permission(format!("cannot read token file {}: {e}", f.display()))
-                })?;
-                Ok(Secret::new(s.trim().to_owned()))
-            }
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct PersonalConfig {
-    /// `POST` here for `{endpoint, ticket}` (default `<mcp_base>/stream/connections/ticket`).
-    pub ticket_url: String,
-    /// Control plane base (default `<mcp_base>/dws`): `/subscription/user`,
-    /// `/event/sublist`, `/subscription/cancel`.
-    pub control_base: String,
-    pub access_token: TokenSource,
-    /// Sent as `X-DWS-Client-Id` and `clientId`.
-    pub client_id: String,
-    /// Sent as `X-DWS-Source-Id` and `sourceId` (default `open`).
-    pub source_id: String,
-    /// Consecutive failed attempts before the source is `lost`; 0 = retry forever.
-    pub max_attempts: u32,
-    /// Interval of client WebSocket pings (default 30s; 0 = none).
-    pub keepalive: Duration,
-}
-
 /// The file's shape. Unknown keys are errors, so a typo is reported instead
 /// of silently ignored.
 #[derive(Debug, Default, Deserialize)]
@@ -150,31 +92,41 @@ struct FileConfig {
     profiles: BTreeMap<String, ProfileSection>,
 }
 
+/// One `[profiles.NAME]` section. The source loaders take the keys they
+/// use out of it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ProfileSection {
-    source: Option<String>,
+pub struct ProfileSection {
+    pub source: Option<String>,
     // storage (every source)
-    store: Option<String>,
-    durability: Option<String>,
+    pub store: Option<String>,
+    pub durability: Option<String>,
     // exec
-    command: Option<Vec<String>>,
-    restart_min: Option<String>,
-    restart_max: Option<String>,
+    pub command: Option<Vec<String>>,
+    pub restart_min: Option<String>,
+    pub restart_max: Option<String>,
+    // dingtalk and personal
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    pub client_secret_file: Option<PathBuf>,
+    pub max_attempts: Option<u32>,
+    pub keepalive: Option<String>,
+    pub mcp_base: Option<String>,
+    pub ticket_url: Option<String>,
+    pub source_id: Option<String>,
+    pub stream_ticket_mode: Option<String>,
+    pub access_token: Option<String>,
+    pub access_token_file: Option<PathBuf>,
+    pub refresh_token: Option<String>,
+    pub refresh_token_file: Option<PathBuf>,
+    pub oauth_url: Option<String>,
     // dingtalk
-    client_id: Option<String>,
-    client_secret: Option<String>,
-    client_secret_file: Option<PathBuf>,
-    open_api: Option<String>,
-    max_attempts: Option<u32>,
-    keepalive: Option<String>,
+    pub open_api: Option<String>,
     // personal
-    mcp_base: Option<String>,
-    ticket_url: Option<String>,
-    control_base: Option<String>,
-    source_id: Option<String>,
-    access_token: Option<String>,
-    access_token_file: Option<PathBuf>,
+    pub control_base: Option<String>,
+    pub corp_id: Option<String>,
+    pub user_id: Option<String>,
+    pub subscription_name: Option<String>,
 }
 
 /// A configuration problem, classified for the client's exit code.
@@ -203,7 +155,11 @@ pub struct EnvOverrides {
     pub client_secret: Option<String>,
     pub open_api: Option<String>,
     pub access_token: Option<String>,
+    pub refresh_token: Option<String>,
     pub mcp_base: Option<String>,
+    pub stream_ticket_mode: Option<String>,
+    pub stream_source_id: Option<String>,
+    pub stream_ticket_url: Option<String>,
     pub store: Option<String>,
     pub durability: Option<String>,
 }
@@ -218,7 +174,11 @@ impl EnvOverrides {
             client_secret: get("DWS_DINGTALK_CLIENT_SECRET"),
             open_api: get("DWS_DINGTALK_OPENAPI_URL"),
             access_token: get("DWS_USER_ACCESS_TOKEN"),
+            refresh_token: get("DWS_USER_REFRESH_TOKEN"),
             mcp_base: get("DWS_MCP_URL"),
+            stream_ticket_mode: get("DWS_STREAM_TICKET_MODE"),
+            stream_source_id: get("DWS_STREAM_SOURCE_ID"),
+            stream_ticket_url: get("DWS_STREAM_TICKET_URL"),
             store: get("DWS_EVENT_BUS_STORE"),
             durability: get("DWS_EVENT_BUS_DURABILITY"),
         }
@@ -230,7 +190,7 @@ fn invalid(m: impl Into<String>) -> ConfigError {
 }
 
 /// Refuses a file holding a secret unless only its owner can read it.
-fn check_private(path: &Path, what: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_private(path: &Path, what: &str) -> Result<(), ConfigError> {
     let meta = std::fs::metadata(path).map_err(|e| {
         ConfigError::Permission(format!("cannot read {what} {}: {e}", path.display()))
     })?;
@@ -260,6 +220,87 @@ fn duration(field: &str, v: Option<&str>, default: Duration) -> Result<Duration,
             ))
         }),
     }
+}
+
+/// What a source's settings loader reads: its profile section (it takes
+/// the keys it uses), the env overrides, and where the file is (for
+/// messages and relative paths).
+pub struct SectionReader<'a> {
+    pub section: ProfileSection,
+    pub env: &'a EnvOverrides,
+    config_root: &'a Path,
+    path: &'a Path,
+    profile: &'a str,
+}
+
+impl SectionReader<'_> {
+    /// `profiles.NAME.FIELD in /path/config.toml`, for messages.
+    pub fn in_file(&self, field: &str) -> String {
+        format!(
+            "profiles.{}.{field} in {}",
+            self.profile,
+            self.path.display()
+        )
+    }
+
+    /// A duration value (`30s`, `5m`), or `default` when absent.
+    pub fn duration(
+        &self,
+        field: &str,
+        v: Option<&str>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        duration(field, v, default)
+    }
+
+    /// A path from the file, relative to the config root.
+    pub fn path_of(&self, f: PathBuf) -> PathBuf {
+        if f.is_relative() {
+            self.config_root.join(f)
+        } else {
+            f
+        }
+    }
+
+    /// A secret from the environment (`env`), inline in the file (which
+    /// must then be 0600) or in a file it names (0600, read now), in that
+    /// order; `None` when none is given.
+    pub fn secret(
+        &self,
+        env: Option<&String>,
+        inline: Option<String>,
+        file: Option<PathBuf>,
+        what: &str,
+    ) -> Result<Option<Secret>, ConfigError> {
+        if let Some(s) = env {
+            return Ok(Some(Secret::new(s.clone())));
+        }
+        if let Some(s) = inline {
+            check_private(self.path, "config file")?;
+            return Ok(Some(Secret::new(s)));
+        }
+        let Some(f) = file else { return Ok(None) };
+        let f = self.path_of(f);
+        read_secret_file(&f, what).map(Some)
+    }
+
+    /// The config file, when a secret is inline in it: must be 0600.
+    pub fn check_inline_secret(&self) -> Result<(), ConfigError> {
+        check_private(self.path, "config file")
+    }
+
+    /// `url` for `field`: see [`check_url`].
+    pub fn check_url(&self, url: &str, field: &str) -> Result<(), ConfigError> {
+        check_url(url, field)
+    }
+}
+
+/// Reads a secret file (refused unless 0600 and ours), trimmed.
+pub(crate) fn read_secret_file(f: &Path, what: &str) -> Result<Secret, ConfigError> {
+    check_private(f, what)?;
+    let s = std::fs::read_to_string(f)
+        .map_err(|e| ConfigError::Permission(format!("cannot read {what} {}: {e}", f.display())))?;
+    Ok(Secret::new(s.trim().to_owned()))
 }
 
 /// A profile: its source and where its state is kept.
@@ -342,187 +383,48 @@ pub fn load_profile(
         .unwrap_or_default();
     let in_file = |field: &str| format!("profiles.{profile}.{field} in {}", path.display());
     let store = store_config(&mut section, env, &in_file)?;
-    let source = load_source(config_root, profile, env, &path, section, &in_file)?;
+    let source = load_source(config_root, profile, env, &path, section)?;
     Ok(Profile { source, store })
 }
 
-/// The source part of a profile section.
+/// The source part of a profile section: which source, then that
+/// source's own loader.
 fn load_source(
     config_root: &Path,
     profile: &str,
     env: &EnvOverrides,
     path: &Path,
     mut section: ProfileSection,
-    in_file: &dyn Fn(&str) -> String,
 ) -> Result<SourceConfig, ConfigError> {
     let kind = env
         .source
         .clone()
         .or(section.source.take())
         .unwrap_or_else(|| "local".into());
+    let mut r = SectionReader {
+        section,
+        env,
+        config_root,
+        path,
+        profile,
+    };
     match kind.as_str() {
         "local" => Ok(SourceConfig::Local),
-        "exec" => {
-            let command = match &env.exec_command {
-                Some(c) => c.split_whitespace().map(str::to_owned).collect(),
-                None => section.command.take().unwrap_or_default(),
-            };
-            if command.is_empty() || command[0].is_empty() {
-                return Err(invalid(format!(
-                    "the exec source needs a command: set {} (an argv list) or DWS_EXEC_COMMAND",
-                    in_file("command")
-                )));
-            }
-            let restart_min = duration(
-                "restart_min",
-                section.restart_min.as_deref(),
-                Duration::from_secs(1),
-            )?;
-            let restart_max = duration(
-                "restart_max",
-                section.restart_max.as_deref(),
-                Duration::from_secs(30),
-            )?;
-            if restart_min.is_zero() || restart_max < restart_min {
-                return Err(invalid(
-                    "restart_min must be more than 0 and at most restart_max",
-                ));
-            }
-            Ok(SourceConfig::Exec(ExecConfig {
-                command,
-                restart_min,
-                restart_max,
-            }))
-        }
-        "dingtalk" => {
-            let client_id = env
-                .client_id
-                .clone()
-                .or(section.client_id.take())
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "the dingtalk source needs {} or DWS_DINGTALK_CLIENT_ID",
-                        in_file("client_id")
-                    ))
-                })?;
-            let client_secret = if let Some(s) = &env.client_secret {
-                Secret::new(s.clone())
-            } else if let Some(s) = section.client_secret.take() {
-                check_private(path, "config file")?;
-                Secret::new(s)
-            } else if let Some(f) = section.client_secret_file.take() {
-                let f = if f.is_relative() {
-                    config_root.join(f)
-                } else {
-                    f
-                };
-                check_private(&f, "secret file")?;
-                let s = std::fs::read_to_string(&f).map_err(|e| {
-                    ConfigError::Permission(format!("cannot read secret file {}: {e}", f.display()))
-                })?;
-                Secret::new(s.trim().to_owned())
-            } else {
-                return Err(invalid(format!(
-                    "the dingtalk source needs a client secret: {}, {} or DWS_DINGTALK_CLIENT_SECRET",
-                    in_file("client_secret_file"),
-                    in_file("client_secret")
-                )));
-            };
-            let open_api = env
-                .open_api
-                .clone()
-                .or(section.open_api.take())
-                .unwrap_or_else(|| "https://api.dingtalk.com".into());
-            check_url(&open_api, "open_api")?;
-            Ok(SourceConfig::DingTalk(DingTalkConfig {
-                client_id,
-                client_secret,
-                open_api: open_api.trim_end_matches('/').to_owned(),
-                max_attempts: section.max_attempts.unwrap_or(0),
-                keepalive: duration(
-                    "keepalive",
-                    section.keepalive.as_deref(),
-                    Duration::from_secs(30),
-                )?,
-            }))
-        }
-        "personal" => {
-            let base = env
-                .mcp_base
-                .clone()
-                .or(section.mcp_base.take())
-                .unwrap_or_else(|| "https://mcp.dingtalk.com".into());
-            let base = base.trim_end_matches('/').to_owned();
-            let ticket_url = section
-                .ticket_url
-                .take()
-                .unwrap_or_else(|| format!("{base}/stream/connections/ticket"));
-            let control_base = section
-                .control_base
-                .take()
-                .unwrap_or_else(|| format!("{base}/dws"));
-            check_url(&ticket_url, "ticket_url")?;
-            check_url(&control_base, "control_base")?;
-            let access_token = if let Some(t) = &env.access_token {
-                TokenSource::Fixed(Secret::new(t.clone()))
-            } else if let Some(t) = section.access_token.take() {
-                check_private(path, "config file")?;
-                TokenSource::Fixed(Secret::new(t))
-            } else if let Some(f) = section.access_token_file.take() {
-                let f = if f.is_relative() {
-                    config_root.join(f)
-                } else {
-                    f
-                };
-                let source = TokenSource::File(f);
-                source.read()?;
-                source
-            } else {
-                return Err(invalid(format!(
-                    "the personal source needs a user access token: {}, {} or DWS_USER_ACCESS_TOKEN",
-                    in_file("access_token_file"),
-                    in_file("access_token")
-                )));
-            };
-            Ok(SourceConfig::Personal(PersonalConfig {
-                ticket_url: ticket_url.trim_end_matches('/').to_owned(),
-                control_base: control_base.trim_end_matches('/').to_owned(),
-                access_token,
-                client_id: env
-                    .client_id
-                    .clone()
-                    .or(section.client_id.take())
-                    .unwrap_or_default(),
-                source_id: section.source_id.take().unwrap_or_else(|| "open".into()),
-                max_attempts: section.max_attempts.unwrap_or(0),
-                keepalive: duration(
-                    "keepalive",
-                    section.keepalive.as_deref(),
-                    Duration::from_secs(30),
-                )?,
-            }))
-        }
+        "exec" => crate::source::exec::settings(&mut r).map(SourceConfig::Exec),
+        "dingtalk" => crate::source::dingtalk::settings(&mut r).map(SourceConfig::DingTalk),
+        "personal" => crate::source::personal::config::settings(&mut r).map(SourceConfig::Personal),
         other => Err(invalid(format!(
             "unknown source {other:?} for profile {profile}: use local, exec, dingtalk or personal"
         ))),
     }
 }
 
-/// `https://` anywhere; `http://` only to a loopback host (tests, the demo).
+/// `https://` anywhere; `http://` only to a loopback host (tests, the
+/// demo) — the loopback rule of `source::stream::net`.
 pub fn check_url(url: &str, field: &str) -> Result<(), ConfigError> {
-    if url.starts_with("https://") {
-        return Ok(());
-    }
-    if let Some(rest) = url.strip_prefix("http://") {
-        let host = rest.split(['/', ':']).next().unwrap_or("");
-        if host == "127.0.0.1" || host == "localhost" || host == "[::1]" {
-            return Ok(());
-        }
-        return Err(invalid(format!(
-            "{field} {url:?}: plain http is allowed only for loopback hosts; use https"
-        )));
-    }
-    Err(invalid(format!("{field} {url:?}: not an http(s) URL")))
+    crate::source::stream::net::check_http_url(url)
+        .map(|_| ())
+        .map_err(|e| invalid(format!("{field} {url:?}: {e}")))
 }
 
 #[cfg(test)]
@@ -585,7 +487,7 @@ mod tests {
         let SourceConfig::DingTalk(d) = cfg else {
             panic!()
         };
-        assert_eq!(d.client_secret.expose(), "CANARY");
+        assert_eq!(d.client_secret.unwrap().expose(), "CANARY");
     }
 
     #[test]
@@ -596,7 +498,7 @@ mod tests {
         std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
         write(
             tmp.path(),
-            "[profiles.p]\nsource = \"personal\"\naccess_token_file = \"tok\"\n",
+            "[profiles.p]\nsource = \"personal\"\nclient_id = \"cid\"\naccess_token_file = \"tok\"\n",
             0o644,
         );
         let SourceConfig::Personal(p) = load(tmp.path(), "p", &EnvOverrides::default()).unwrap()
@@ -609,7 +511,7 @@ mod tests {
         );
         assert_eq!(p.control_base, "https://mcp.dingtalk.com/dws");
         assert_eq!(p.source_id, "open");
-        assert_eq!(p.access_token.read().unwrap().expose(), "T0KEN");
+        assert_eq!(p.auth.access_token.read().unwrap().expose(), "T0KEN");
         std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(
             load(tmp.path(), "p", &EnvOverrides::default()),
@@ -618,10 +520,17 @@ mod tests {
     }
 
     #[test]
-    fn urls() {
+    fn urls_follow_the_one_loopback_rule() {
         assert!(check_url("https://api.dingtalk.com", "x").is_ok());
         assert!(check_url("http://127.0.0.1:9/", "x").is_ok());
-        assert!(check_url("http://example.com", "x").is_err());
+        assert!(check_url("http://127.0.0.2:9/", "x").is_ok());
+        assert!(check_url("http://[::1]:9/", "x").is_ok());
+        let e = check_url("http://example.com", "open_api").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("plain http is allowed only for loopback hosts"),
+            "{e}"
+        );
         assert!(check_url("ftp://x", "x").is_err());
     }
 }

@@ -39,6 +39,7 @@ pub async fn run(
     tracker: &TaskTracker,
 ) -> ByeReason {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let mut backoff = Duration::ZERO;
     loop {
         tokio::select! {
@@ -54,7 +55,7 @@ pub async fn run(
                                 drop(permit);
                             });
                         }
-                        Err(_) => refuse(&stream, &hub),
+                        Err(_) => refuse(stream, &hub, &refusals),
                     }
                 }
                 Err(e) => {
@@ -72,8 +73,16 @@ pub async fn run(
     }
 }
 
-/// Tells a client over the connection limit why, without waiting for it.
-fn refuse(stream: &UnixStream, hub: &Hub) {
+/// Refused connections lingering at once to let their Error frame be read.
+const MAX_REFUSALS: usize = 64;
+/// How long a refused connection lingers.
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
+
+/// Tells a client over the connection limit why, without waiting for it:
+/// one non-blocking write, then (within [`MAX_REFUSALS`]) a short linger
+/// that reads and discards what the client sent, since closing a socket
+/// with unread input would reset it and could lose the Error frame.
+fn refuse(stream: UnixStream, hub: &Hub, refusals: &Arc<Semaphore>) {
     hub.count_refused(RefusedKind::Connections);
     warn_limited!(
         ACCEPT_WARNINGS,
@@ -93,6 +102,20 @@ fn refuse(stream: &UnixStream, hub: &Hub) {
         // client sees the connection close, which is still not a hang.
         let _ = stream.try_write(&buf);
     }
+    let Ok(permit) = refusals.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        let _ = stream.shutdown().await;
+        let mut scratch = [0u8; 4096];
+        let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+            while matches!(stream.read(&mut scratch).await, Ok(n) if n > 0) {}
+        })
+        .await;
+        drop(permit);
+    });
 }
 
 /// Raises the soft limit on open files to the hard limit, so the connection

@@ -57,7 +57,7 @@ enum DialError {
 fn is_unsolicited(kind: &S) -> bool {
     matches!(
         kind,
-        S::SourceState(_) | S::Heartbeat(_) | S::Event(_) | S::Gap(_)
+        S::SourceState(_) | S::Heartbeat(_) | S::Event(_) | S::EventLines(_) | S::Gap(_)
     )
 }
 
@@ -260,7 +260,7 @@ async fn dial(endpoint: &Endpoint, deadline: Instant) -> std::result::Result<Bus
 async fn handshake(stream: UnixStream) -> std::result::Result<BusConn, DialError> {
     let (rd, wr) = stream.into_split();
     let mut conn = BusConn {
-        reader: FramedRead::with_capacity(rd, ClientCodec::new(), 64 * 1024),
+        reader: FramedRead::with_capacity(rd, ClientCodec::new(), 256 * 1024),
         writer: FramedWrite::new(wr, ClientCodec::new()),
         hello: v1::HelloAck::default(),
         next_request: 0,

@@ -4,9 +4,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// `dws --version`: the build and the protocol version it speaks, the same
+/// line as `busd --version` (checked by a test against `proto`).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (protocol 1)");
+
 /// dws: attach to the local dws event bus and stream its events.
 #[derive(Debug, Parser)]
-#[command(name = "dws", version, about, long_about = None)]
+#[command(name = "dws", version = VERSION, about, long_about = None)]
 pub struct Cli {
     /// Profile (one bus per profile). Env DWS_PROFILE; default "default".
     #[arg(long, global = true, value_name = "NAME")]
@@ -16,11 +20,40 @@ pub struct Cli {
     pub command: Top,
 }
 
+// Parsed once per process: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Top {
     /// Event bus commands.
     #[command(subcommand)]
     Event(EventCmd),
+    Completions(CompletionsArgs),
+    Manpages(ManpagesArgs),
+}
+
+/// Print the shell completion script for dws.
+///
+/// bash: `dws completions bash > ~/.local/share/bash-completion/completions/dws`;
+/// zsh: `dws completions zsh > "${fpath[1]}/_dws"`;
+/// fish: `dws completions fish > ~/.config/fish/completions/dws.fish`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell: bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+/// Write the man pages of dws and its subcommands into DIR.
+///
+/// One page per command (dws.1, dws-event.1, dws-event-consume.1, …); their
+/// paths are printed. busd's page comes from `busd --generate-man DIR`. Then e.g.
+/// `MANPATH=DIR/..: man dws-event-consume`, or write them into
+/// ~/.local/share/man/man1.
+#[derive(Debug, Args)]
+pub struct ManpagesArgs {
+    /// Directory to write into (created if missing).
+    #[arg(value_name = "DIR")]
+    pub dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -298,6 +331,17 @@ pub struct PublishArgs {
     /// Event id; makes a retried publish idempotent.
     #[arg(long, value_name = "EVENT_ID")]
     pub id: Option<String>,
+
+    /// json (the only format): the reply as one JSON object (schemas/publish.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = JsonOnly::Json)]
+    pub format: JsonOnly,
+}
+
+/// A command whose output is always JSON; `--format json` is accepted so a
+/// script can pass it to every command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JsonOnly {
+    Json,
 }
 
 /// Show the bus, its source, consumers, subscriptions and counters. Never starts a bus.
@@ -306,6 +350,24 @@ pub struct StatusArgs {
     /// text: a readable table; json: the stable document described in the README.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
     pub format: TextOrJson,
+
+    /// Refresh until SIGINT/SIGTERM: in place on a terminal; otherwise one
+    /// report per interval (with --format json: one document per line).
+    #[arg(long)]
+    pub watch: bool,
+
+    /// How often --watch refreshes (at least 100ms).
+    #[arg(long, value_name = "DUR", default_value = "2s", requires = "watch",
+          value_parser = parse_interval)]
+    pub interval: Duration,
+}
+
+/// A --watch interval: a duration of at least 100 ms.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    match parse_nonzero_duration(s)? {
+        d if d < Duration::from_millis(100) => Err("must be at least 100ms".into()),
+        d => Ok(d),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -325,6 +387,10 @@ pub struct StopArgs {
     /// Print what would be stopped and stop nothing.
     #[arg(long)]
     pub dry_run: bool,
+
+    /// text: one line; json: an object (schemas/stop.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
 }
 
 /// Create a subscription without attaching (it collects events until its TTL
@@ -368,6 +434,10 @@ pub struct UnsubscribeArgs {
     /// Subscription ids.
     #[arg(value_name = "ID", required = true)]
     pub ids: Vec<String>,
+
+    /// text: `removed ID,…`; json: an object (schemas/unsubscribe.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
 }
 
 #[cfg(test)]
@@ -378,6 +448,21 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn version_names_the_build_and_the_protocol() {
+        assert_eq!(
+            VERSION,
+            format!("{} (protocol {})", proto::BUILD, proto::PROTOCOL_VERSION)
+        );
+    }
+
+    #[test]
+    fn watch_interval_bounds() {
+        assert!(parse_interval("50ms").is_err());
+        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+        assert!(Cli::try_parse_from(["dws", "event", "status", "--interval", "1s"]).is_err());
     }
 
     #[test]

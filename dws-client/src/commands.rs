@@ -76,7 +76,18 @@ pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
         validate::subscription_id("--subscribe-id", id)?;
     }
     let Some(mut bus) = BusConn::open(endpoint).await? else {
-        return print_stdout(&format!("bus not running (profile {})\n", endpoint.profile));
+        return print_stdout(&match args.format {
+            TextOrJson::Text => format!("bus not running (profile {})\n", endpoint.profile),
+            TextOrJson::Json => format!(
+                "{}\n",
+                serde_json::json!({
+                    "running": false,
+                    "profile": endpoint.profile,
+                    "socket": endpoint.socket_path,
+                    "dry_run": args.dry_run,
+                })
+            ),
+        });
     };
     let bus_pid = bus.hello.bus_pid;
     let reply = bus
@@ -126,14 +137,34 @@ pub async fn stop(args: StopArgs, endpoint: &Endpoint) -> Result<()> {
         ));
         bus.bye().await;
         if !r.not_found.is_empty() {
-            print_stdout(&text)?;
+            print_stdout(&stop_output(&args, bus_pid, &r, text))?;
             return Err(CliError::runtime(format!(
                 "subscription(s) not found: {}",
                 clip(&r.not_found.join(","))
             )));
         }
     }
-    print_stdout(&text)
+    print_stdout(&stop_output(&args, bus_pid, &r, text))
+}
+
+/// What `stop` prints: the text line(s), or the JSON object.
+fn stop_output(args: &StopArgs, bus_pid: u32, r: &v1::StopReply, text: String) -> String {
+    match args.format {
+        TextOrJson::Text => text,
+        TextOrJson::Json => format!(
+            "{}\n",
+            serde_json::json!({
+                "running": true,
+                "dry_run": args.dry_run,
+                "scope": if args.subscribe_id.is_empty() { "bus" } else { "subscriptions" },
+                "bus_pid": bus_pid,
+                "bus_stopping": r.bus_stopping,
+                "consumer_pids": r.consumer_pids,
+                "subscription_ids": r.subscription_ids,
+                "not_found": r.not_found,
+            })
+        ),
+    }
 }
 
 pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
@@ -209,8 +240,15 @@ pub async fn unsubscribe(args: UnsubscribeArgs, endpoint: &Endpoint) -> Result<(
     let S::Unsubscribed(r) = reply else {
         return Err(unexpected("Unsubscribe"));
     };
-    if !r.removed.is_empty() {
-        print_stdout(&format!("removed {}\n", r.removed.join(",")))?;
+    match args.format {
+        TextOrJson::Text if !r.removed.is_empty() => {
+            print_stdout(&format!("removed {}\n", r.removed.join(",")))?;
+        }
+        TextOrJson::Text => {}
+        TextOrJson::Json => print_stdout(&format!(
+            "{}\n",
+            serde_json::json!({"removed": r.removed, "not_found": r.not_found})
+        ))?,
     }
     if !r.not_found.is_empty() {
         return Err(CliError::runtime(format!(

@@ -292,6 +292,8 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             on_poison: plan.on_poison as i32,
             explicit_ack: plan.explicit_ack.is_some(),
             ack_wait_ms: plan.explicit_ack.map_or(0, |d| d.as_millis() as u64),
+            // NDJSON is what the bus can render once for every consumer.
+            ndjson_lines: plan.format == Format::Ndjson,
         })
     })
     .await?;
@@ -337,7 +339,9 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let mut acked_seq: u64 = 0;
     let reason: Result<Reason> = loop {
         if waiting.is_none() && !out.chunk.bytes.is_empty() {
-            waiting = Some(std::mem::take(&mut out.chunk));
+            // The next chunk starts as large as this one: no regrowth.
+            let next = Chunk::with_capacity(out.chunk.bytes.len());
+            waiting = Some(std::mem::replace(&mut out.chunk, next));
         }
         tokio::select! {
             biased;
@@ -624,6 +628,41 @@ impl Formatter<'_> {
         let _ = self.writer.end(&mut self.chunk.bytes);
     }
 
+    /// A batch of lines the bus rendered: passed to stdout as they are, cut
+    /// at `--max-events`.
+    fn lines(&mut self, b: &v1::EventLines) -> Option<Reason> {
+        let room = self
+            .plan
+            .max_events
+            .map_or(usize::MAX, |max| max.saturating_sub(self.received) as usize);
+        let take = b.seqs.len().min(room);
+        let end = if take == b.seqs.len() {
+            b.lines.len()
+        } else {
+            // Lines end in '\n', which JSON text never contains raw.
+            b.lines
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c == b'\n')
+                .nth(take.saturating_sub(1))
+                .map_or(0, |(i, _)| i + 1)
+        };
+        if take == 0 {
+            return None;
+        }
+        self.chunk.bytes.extend_from_slice(&b.lines[..end]);
+        self.chunk.last_seq = b.seqs[take - 1];
+        self.chunk.events += take as u64;
+        self.received += take as u64;
+        if self.plan.explicit_ack.is_some() {
+            self.seqs.extend_from_slice(&b.seqs[..take]);
+        }
+        self.plan
+            .max_events
+            .is_some_and(|max| self.received >= max)
+            .then_some(Reason::Limit)
+    }
+
     /// The seqs formatted since the last call, for explicit acks.
     fn take_seqs(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.seqs)
@@ -652,6 +691,7 @@ impl Formatter<'_> {
                     return Ok(Some(Reason::Limit));
                 }
             }
+            S::EventLines(b) => return Ok(self.lines(&b)),
             S::Gap(g) => stderr_line(
                 self.plan.quiet,
                 &format!(

@@ -8,7 +8,8 @@
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
 //! - [`status`], [`commands`]: the other subcommands;
-//! - [`validate`]: flag checks shared by the commands.
+//! - [`validate`]: flag checks shared by the commands;
+//! - [`docs`]: completion scripts and man pages from the clap definitions.
 //!
 //! `dws` never connects upstream: it only talks to its bus.
 
@@ -17,6 +18,7 @@ pub mod bus;
 pub mod cli;
 pub mod commands;
 pub mod consume;
+pub mod docs;
 pub mod exit;
 pub mod output;
 pub mod pump;
@@ -128,6 +130,12 @@ fn error_line(message: &str) -> String {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    // Completions and man pages need no profile, bus or runtime.
+    let cmd = match cli.command {
+        Top::Event(cmd) => cmd,
+        Top::Completions(args) => return docs::completions(args),
+        Top::Manpages(args) => return docs::manpages(args),
+    };
     let uid = nix::unistd::geteuid().as_raw();
     let env = proto::paths::Env::from_process(uid);
     let endpoint = proto::paths::resolve(cli.profile.as_deref(), &env).map_err(|e| match e {
@@ -143,7 +151,6 @@ fn run(cli: Cli) -> Result<()> {
         )),
         _ => CliError::runtime(e.to_string()),
     })?;
-    let Top::Event(cmd) = cli.command;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,82 +1,12 @@
-//! How an event is written to stdout in each `--format`.
-//!
-//! The NDJSON object uses the reference CLI's field names, in this order,
-//! with empty optional fields omitted:
-//! `type, seq, event_id, event_born_time, event_corp_id, event_type,
-//! event_unified_app_id, subscribe_id, source_id, rule_type, data, headers,
-//! received_at_unix_ms, redelivered, delivery` (fields are only ever
-//! added, at the end).
+//! How an event is written to stdout in each `--format`. The NDJSON object
+//! itself (field names and order, omissions) is `proto::ndjson::EventLine`,
+//! shared with the bus, which renders the same lines for `ndjson` consumers.
 
-use std::{
-    collections::BTreeMap,
-    io::{self, Write},
-};
+use std::io::{self, Write};
 
-use proto::v1;
-use serde::Serialize;
+use proto::{ndjson::EventLine, v1};
 
 use crate::cli::Format;
-
-fn is_zero(v: &i64) -> bool {
-    *v == 0
-}
-
-#[derive(Serialize)]
-struct EventLine<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    seq: u64,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    event_id: &'a str,
-    #[serde(skip_serializing_if = "is_zero")]
-    event_born_time: i64,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    event_corp_id: &'a str,
-    event_type: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    event_unified_app_id: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    subscribe_id: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    source_id: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    rule_type: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    data: &'a str,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    headers: &'a BTreeMap<String, String>,
-    received_at_unix_ms: i64,
-    redelivered: bool,
-    /// How many times the subscription delivered this event (this one too).
-    #[serde(skip_serializing_if = "is_zero_u32")]
-    delivery: u32,
-}
-
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-
-impl<'a> From<&'a v1::Event> for EventLine<'a> {
-    fn from(e: &'a v1::Event) -> Self {
-        EventLine {
-            kind: "event",
-            seq: e.seq,
-            event_id: &e.event_id,
-            event_born_time: e.event_born_time,
-            event_corp_id: &e.event_corp_id,
-            event_type: &e.event_type,
-            event_unified_app_id: &e.event_unified_app_id,
-            subscribe_id: &e.subscription_id,
-            source_id: &e.source_id,
-            rule_type: &e.rule_type,
-            data: &e.data,
-            headers: &e.headers,
-            received_at_unix_ms: e.received_at_unix_ms,
-            redelivered: e.redelivered,
-            delivery: e.delivery,
-        }
-    }
-}
 
 /// Writes events in one format; knows the framing of `json` (an array).
 pub struct EventWriter {

@@ -24,6 +24,15 @@ pub struct Chunk {
     pub events: u64,
 }
 
+impl Chunk {
+    pub fn with_capacity(bytes: usize) -> Chunk {
+        Chunk {
+            bytes: Vec::with_capacity(bytes),
+            ..Chunk::default()
+        }
+    }
+}
+
 /// How a write to stdout failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteFailure {

@@ -36,25 +36,98 @@ pub async fn fetch(endpoint: &Endpoint) -> Result<Option<Value>> {
 }
 
 pub async fn run(args: StatusArgs, endpoint: &Endpoint) -> Result<()> {
+    if args.watch {
+        return watch(&args, endpoint).await;
+    }
     let doc = fetch(endpoint).await?;
-    let text = match (args.format, doc) {
-        (TextOrJson::Json, Some(doc)) => format!("{doc:#}\n"),
-        (TextOrJson::Json, None) => format!(
-            "{:#}\n",
-            serde_json::json!({
-                "running": false,
-                "profile": endpoint.profile,
-                "socket": endpoint.socket_path,
-            })
-        ),
-        (TextOrJson::Text, Some(doc)) => render(&doc),
-        (TextOrJson::Text, None) => format!(
-            "bus not running (profile {}, socket {})\n",
+    crate::print_stdout(&report(args.format, doc, endpoint, true))
+}
+
+/// One status as printed: the document (pretty or one line) or the text
+/// report; without a bus, the `running: false` document or line.
+fn report(format: TextOrJson, doc: Option<Value>, endpoint: &Endpoint, pretty: bool) -> String {
+    let doc = doc.unwrap_or_else(|| not_running(endpoint));
+    match format {
+        TextOrJson::Json if pretty => format!("{doc:#}\n"),
+        TextOrJson::Json => format!("{doc}\n"),
+        TextOrJson::Text if doc["running"] == true => render(&doc),
+        TextOrJson::Text => format!(
+            "bus not running (profile {}, socket {}){}\n",
             endpoint.profile,
-            endpoint.socket_path.display()
+            endpoint.socket_path.display(),
+            doc["error"]
+                .as_str()
+                .map_or(String::new(), |e| format!(": {e}"))
         ),
-    };
-    crate::print_stdout(&text)
+    }
+}
+
+fn not_running(endpoint: &Endpoint) -> Value {
+    serde_json::json!({
+        "running": false,
+        "profile": endpoint.profile,
+        "socket": endpoint.socket_path,
+    })
+}
+
+/// `status --watch`: one report per interval until SIGINT or SIGTERM (exit
+/// 0) or until stdout's reader goes away. On a terminal the text report is
+/// redrawn in place; otherwise each report is appended (text: after a
+/// `--- <time>` line; json: one document per line). Never starts a bus: a
+/// bus that is not running, or that fails to answer, is reported and asked
+/// again at the next interval.
+async fn watch(args: &StatusArgs, endpoint: &Endpoint) -> Result<()> {
+    use std::io::IsTerminal;
+    use tokio::signal::unix::{signal, SignalKind};
+    let sig =
+        |kind| signal(kind).map_err(|e| CliError::runtime(format!("cannot watch signals: {e}")));
+    let (mut term, mut int) = (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?);
+    let in_place = args.format == TextOrJson::Text && std::io::stdout().is_terminal();
+    loop {
+        let fetched = tokio::select! {
+            r = fetch(endpoint) => r,
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        };
+        let doc = match fetched {
+            Ok(doc) => doc,
+            Err(e) => {
+                let mut doc = not_running(endpoint);
+                doc["error"] = Value::String(e.message);
+                Some(doc)
+            }
+        };
+        let body = report(args.format, doc, endpoint, false);
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+        let frame = match args.format {
+            TextOrJson::Json => body,
+            // Home, clear the screen, redraw: one write, so no flicker.
+            TextOrJson::Text if in_place => format!(
+                "\x1b[H\x1b[2J--- {now}  every {}  (Ctrl-C to quit)\n{body}",
+                humantime::format_duration(args.interval)
+            ),
+            TextOrJson::Text => format!("--- {now}\n{body}"),
+        };
+        if !write_frame(&frame)? {
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(args.interval) => {}
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        }
+    }
+}
+
+/// Writes one report; `false` once stdout's reader has gone away.
+fn write_frame(frame: &str) -> Result<bool> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(frame.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(CliError::runtime(format!("cannot write to stdout: {e}"))),
+    }
 }
 
 fn s(v: &Value) -> String {

@@ -6,12 +6,14 @@
 //!   calls `prost::Message::decode`.
 //! - [`pattern`]: event-key patterns (`a.b`, `a.*`, `*`).
 //! - [`limits`]: the bounds both sides enforce.
+//! - [`ndjson`]: the NDJSON event line of the consume contract.
 //! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
 //!
 //! This crate does no socket I/O.
 
 pub mod codec;
 pub mod limits;
+pub mod ndjson;
 pub mod paths;
 pub mod pattern;
 

@@ -7,6 +7,8 @@
 //! ```
 //!
 //! Modules by area:
+//! - [`acks`]: at-least-once processing: explicit acks on stdin, the ack
+//!   wait, delivery counts, poison (halt, park) and the subscription verbs.
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
 //!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
@@ -27,12 +29,17 @@
 //!   never answers or refuses with an `Error` frame.
 //! - [`workdir`]: the work dir, socket dir and bus files against planted
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
+//! - [`ecosystem`]: install script, completions and man pages, JSON
+//!   Schemas against real output, `busd --foreground` under a fake systemd
+//!   (`NOTIFY_SOCKET`) and the unit file, the Python and Node examples,
+//!   `status --watch`, `bus.log` as JSON.
 
 mod acks;
 mod cli_contract;
 mod client_abuse;
 mod dingtalk;
 mod durability;
+mod ecosystem;
 mod lifecycle;
 mod limits;
 mod personal;

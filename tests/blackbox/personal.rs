@@ -1,5 +1,6 @@
 //! The `personal` source against the loopback fake's personal stream
-//! (`dws_tests::fake_dingtalk::personal`): conformance checks of the
+//! (`dws_tests::fake_dingtalk::personal`), which is as strict as the
+//! reference CLI and the service where they are: conformance checks of the
 //! protocol note §8 (client side: P-TKT-1..4, P-FRM-1, P-CTL-1..5; P-CTL-6,
 //! list paging, is checked at unit level against the same fake in
 //! `busd::source::personal::control`, since nothing in the product lists)
@@ -9,19 +10,25 @@
 //! plane errors as exit codes, a lost source, and the user token never
 //! showing up anywhere.
 //!
+//! Submodules: [`frames`] (the reference's frame gate: spellings, acks,
+//! unroutable frames, embedded tickets, keepalive), [`control`] (create
+//! bodies, headers, the idempotency key, errors, ticket modes), [`auth`]
+//! (token refresh, secrets).
+//!
 //! Each test has its own fake and its own [`TestEnv`]; the bus reads its
 //! token from a 0600 file next to `config.toml`. Backoff is shortened with
 //! the stream sources' test knobs. Ticket requests are held
 //! ([`FakeDingTalk::hold_tickets`]) where a consumer must be attached before
 //! the source fails. Waits are bounded; there are no timing assertions.
 
-use std::{os::unix::fs::PermissionsExt, time::Duration};
+mod auth;
+mod control;
+mod frames;
+
+use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, time::Duration};
 
 use dws_tests::{
-    fake_dingtalk::{
-        personal::{ControlFault, ControlOp, HeaderStyle, PersonalEvent},
-        FakeDingTalk,
-    },
+    fake_dingtalk::{personal::PersonalEvent, FakeDingTalk},
     Child, Output, Sig, TestEnv, EXIT_TIMEOUT,
 };
 use serde_json::{json, Value};
@@ -31,8 +38,9 @@ const T: Duration = Duration::from_secs(30);
 const O2O: &str = "user_im_message_receive_o2o";
 const CLIENT_ID: &str = "dws-test-client";
 
-/// A [`TestEnv`] whose default profile is the personal stream of `fake`.
-fn env_with(fake: &FakeDingTalk, max_attempts: u32, knobs: &[(&str, &str)]) -> TestEnv {
+/// A [`TestEnv`] whose default profile is the personal stream of `fake`,
+/// with `extra` lines in its section and `knobs` in the bus's environment.
+fn env_cfg(fake: &FakeDingTalk, extra: &str, knobs: &[(&str, &str)]) -> TestEnv {
     let mut vars = vec![
         ("DWS_DINGTALK_BACKOFF_MIN_MS", "100"),
         ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000"),
@@ -41,26 +49,35 @@ fn env_with(fake: &FakeDingTalk, max_attempts: u32, knobs: &[(&str, &str)]) -> T
     vars.extend_from_slice(knobs);
     let env = TestEnv::with_env(&vars);
     write_token(&env, &fake.user_token());
-    std::fs::write(
-        env.cfg_dir().join("config.toml"),
-        format!(
-            "[profiles.default]\nsource = \"personal\"\nmcp_base = \"{}\"\nclient_id = \"{CLIENT_ID}\"\n\
-             access_token_file = \"token\"\nmax_attempts = {max_attempts}\n",
-            fake.base_url()
-        ),
-    )
-    .expect("write config.toml");
+    let mut body = format!(
+        "[profiles.default]\nsource = \"personal\"\nmcp_base = \"{}\"\naccess_token_file = \"token\"\n",
+        fake.base_url()
+    );
+    if !extra.contains("client_id") {
+        body.push_str(&format!("client_id = \"{CLIENT_ID}\"\n"));
+    }
+    body.push_str(extra);
+    std::fs::write(env.cfg_dir().join("config.toml"), body).expect("write config.toml");
     env
+}
+
+fn env_with(fake: &FakeDingTalk, max_attempts: u32, knobs: &[(&str, &str)]) -> TestEnv {
+    env_cfg(fake, &format!("max_attempts = {max_attempts}\n"), knobs)
 }
 
 fn env(fake: &FakeDingTalk) -> TestEnv {
     env_with(fake, 0, &[])
 }
 
+/// Writes a 0600 file `name` in the config dir.
+fn write_private(env: &TestEnv, name: &str, body: &str) {
+    let p = env.cfg_dir().join(name);
+    std::fs::write(&p, format!("{body}\n")).expect("write private file");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+}
+
 fn write_token(env: &TestEnv, token: &str) {
-    let p = env.cfg_dir().join("token");
-    std::fs::write(&p, format!("{token}\n")).expect("write token");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod token");
+    write_private(env, "token", token);
 }
 
 /// `dws event consume <args>` resident until the test ends it; waits for ready.
@@ -114,6 +131,38 @@ fn finish(c: Child, expected_events: u64) -> Output {
 
 fn message(text: &str) -> Value {
     json!({"body": {"content": text, "sender": "u1"}})
+}
+
+/// Frames acked but not routed, by reason, as `status` shows them:
+/// `source.unroutable` once the hub counts them per reason; until then they
+/// are counted with the malformed input, under the key `(malformed)`.
+fn unroutable(st: &Value) -> BTreeMap<String, u64> {
+    match st["source"]["unroutable"].as_object() {
+        Some(m) => m
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+            .collect(),
+        None => [(
+            "(malformed)".to_owned(),
+            st["source"]["malformed"].as_u64().unwrap_or(0),
+        )]
+        .into(),
+    }
+}
+
+/// Asserts the unroutable counts of `st`: exactly `want` per reason, or
+/// (while the hub counts them as malformed) `want`'s total plus
+/// `malformed_too` other malformed frames.
+fn assert_unroutable(st: &Value, want: &[(&str, u64)], malformed_too: u64) {
+    let got = unroutable(st);
+    if got.contains_key("(malformed)") {
+        let total: u64 = want.iter().map(|(_, n)| n).sum::<u64>() + malformed_too;
+        assert_eq!(got["(malformed)"], total, "{st:#}");
+    } else {
+        let want: BTreeMap<String, u64> = want.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
+        assert_eq!(got, want, "{st:#}");
+        assert_eq!(st["source"]["malformed"], malformed_too, "{st:#}");
+    }
 }
 
 // ------------------------------------------------------------------ end to end
@@ -322,6 +371,8 @@ fn p_tkt_2_a_second_401_is_fatal_and_consumers_end_with_source_lost() {
             lost.contains("401") && lost.contains("UNAUTHORIZED"),
             "{lost}"
         );
+        // Without a refresh token the reason says one would have helped.
+        assert!(lost.contains("refresh token"), "{lost}");
     }
     assert_eq!(
         fake.ticket_requests().len(),
@@ -396,355 +447,4 @@ fn p_tkt_4_bad_request_forbidden_and_empty_answers_are_fatal_after_one_call() {
         assert!(fake.handshakes().is_empty());
         env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit");
     }
-}
-
-// ------------------------------------------------------------------ P-FRM
-
-#[test]
-fn p_frm_1_identity_from_every_header_spelling_and_wrapped_data() {
-    let fake = FakeDingTalk::start();
-    let env = env(&fake);
-    let mut c = consumer(&env, &[O2O, "--user", "u1"]);
-    let conn = fake.wait_connected(T);
-    let up = fake.creates()[0].issued.clone().expect("subscription");
-    let cases = [
-        (HeaderStyle::Sdk, 0u8),
-        (HeaderStyle::Upper, 1),
-        (HeaderStyle::Camel, 2),
-        (HeaderStyle::DataOnly, 2),
-    ];
-    let mut mids = vec![];
-    for (i, (style, wrap)) in cases.iter().enumerate() {
-        let ev = PersonalEvent::new(format!("frm-{i}"), O2O, &up, message(&format!("m{i}")))
-            .rule_type("singleChat")
-            .style(*style)
-            .wrap(*wrap);
-        mids.push(fake.push_personal(&ev));
-    }
-    // Garbage on the same socket is skipped, not fatal; an event without an
-    // upstream subscription id cannot be routed (400); a lower-case type is fine.
-    assert!(fake.push_raw("this is not JSON"));
-    let (mut nosub, nosub_mid) = fake.frame("EVENT", "*", &json!({"eventKey": O2O}).to_string());
-    nosub["headers"]["eventId"] = json!("frm-nosub");
-    assert!(fake.push_frame(&nosub));
-    let (mut lower, lower_mid) = fake.frame(
-        "event",
-        "*",
-        &json!({"eventId": "frm-lc", "eventKey": O2O, "subId": up}).to_string(),
-    );
-    lower["headers"]["eventId"] = json!("frm-lc");
-    assert!(fake.push_frame(&lower));
-    mids.push(lower_mid);
-    for m in &mids {
-        let ack = fake.wait_ack(m, T);
-        assert_eq!(
-            (ack.code, ack.status.as_deref()),
-            (200, Some("SUCCESS")),
-            "{ack:?}"
-        );
-        assert_eq!(ack.conn, conn, "same connection");
-    }
-    let got = events(&mut c, 5);
-    // §6.4: the header `eventId`, else the push's `messageId`, before the
-    // data envelope's `eventId`.
-    assert_eq!(
-        ids(&got),
-        [
-            "frm-0".to_owned(),
-            mids[1].clone(),
-            "frm-2".to_owned(),
-            mids[3].clone(),
-            "frm-lc".to_owned()
-        ]
-    );
-    for (i, e) in got.iter().enumerate().take(4) {
-        assert_eq!(e["event_type"], O2O, "{e}");
-        assert_eq!(e["rule_type"], "singleChat", "{e}");
-        let data: Value = serde_json::from_str(e["data"].as_str().unwrap_or(""))
-            .unwrap_or_else(|err| panic!("data not unwrapped to an object ({err}): {e}"));
-        assert_eq!(data["payload"]["body"]["content"], format!("m{i}"), "{e}");
-    }
-    let st = env.status();
-    assert_eq!(fake.wait_ack(&nosub_mid, T).code, 400);
-    assert_eq!(st["source"]["malformed"], 2, "{st:#}");
-    assert_eq!(fake.handshakes().len(), 1);
-}
-
-// ------------------------------------------------------------------ P-CTL
-
-#[test]
-fn p_ctl_1_consumer_flags_become_the_create_body() {
-    let fake = FakeDingTalk::start();
-    let env = env(&fake);
-    let _c = consumer(
-        &env,
-        &[
-            "user_im_message_receive_group",
-            "--group",
-            "cid-42",
-            "--query",
-            "build",
-            "--query",
-            "fail",
-            "--filter-json",
-            r#"{"field":"sender","op":"eq","value":"u9"}"#,
-            "--ttl",
-            "7m",
-        ],
-    );
-    let create = &fake.creates()[0];
-    let b = &create.body;
-    assert_eq!(b["clientId"], CLIENT_ID);
-    assert_eq!(b["sourceId"], "open");
-    assert_eq!(b["eventKey"], "user_im_message_receive_group");
-    assert_eq!(
-        b["filterRule"], r#"{"openConversationId":"cid-42"}"#,
-        "a JSON string"
-    );
-    assert_eq!(b["deliveryPref"], "realtime");
-    assert_eq!(b["ext"]["ruleType"], "group");
-    assert_eq!(
-        b["ext"]["filter"],
-        json!({"and": [
-            {"field": "payload.body.content", "op": "contains_any", "value": ["build", "fail"]},
-            {"field": "payload.body.sender", "op": "eq", "value": "u9"},
-        ]})
-    );
-    let key = b["ext"]["idempotencyKey"].as_str().unwrap_or("");
-    assert!(key.starts_with("dws-cli-") && key.len() == 24, "{key}");
-    let expires = b["expiresAt"].as_str().unwrap_or("");
-    assert!(
-        expires.len() == 20 && expires.ends_with('Z'),
-        "RFC 3339 UTC: {expires}"
-    );
-    assert_eq!(
-        create.header("authorization"),
-        Some(format!("Bearer {}", fake.user_token()).as_str())
-    );
-    assert_eq!(create.header("x-dws-client-id"), Some(CLIENT_ID));
-}
-
-/// The bus's default TTL is about detached local subscriptions: without an
-/// explicit `--ttl` the upstream subscription gets no expiry (an attached
-/// consumer must not silently lose it), and is cancelled by the last exit.
-#[test]
-fn without_ttl_the_upstream_subscription_has_no_expiry() {
-    let fake = FakeDingTalk::start();
-    let env = env(&fake);
-    let _c = consumer(&env, &["user_im_message_receive_at"]);
-    let create = &fake.creates()[0];
-    assert!(
-        create.body.get("expiresAt").is_none(),
-        "no expiresAt without --ttl: {}",
-        create.body
-    );
-}
-
-#[test]
-fn p_ctl_2_cancel_of_a_subscription_the_server_already_dropped_is_success() {
-    let fake = FakeDingTalk::start();
-    let env = env_with(&fake, 0, &[("DWS_BUS_LOG", "debug")]);
-    let c = consumer(&env, &["user_im_message_receive_at"]);
-    let up = fake.creates()[0].issued.clone().expect("subscription");
-    assert!(fake.expire_subscription(&up));
-    finish(c, 0);
-    fake.wait_until("the cancel", T, |s| !s.personal.cancels.is_empty());
-    let cancel = &fake.cancels()[0];
-    assert_eq!(cancel.body["subId"], up.as_str());
-    env.wait_until(T, "the cancel's outcome in bus.log", || {
-        std::fs::read_to_string(env.bus_log_path()).is_ok_and(|l| l.contains("gone already"))
-    });
-    let log = std::fs::read_to_string(env.bus_log_path()).unwrap_or_default();
-    assert!(
-        !log.contains("cancelling the upstream subscription failed"),
-        "{log}"
-    );
-}
-
-#[test]
-fn p_ctl_3_4_5_control_plane_errors_refuse_the_consumer_with_the_right_exit_code() {
-    let fake = FakeDingTalk::start();
-    let env = env(&fake);
-    // The bus is up (and stays up) with one healthy consumer.
-    let healthy = consumer(&env, &["user_im_message_receive_at"]);
-    let args = [O2O, "--user", "u1"];
-    let cases: [(ControlFault, i32, &[&str]); 5] = [
-        // P-CTL-3
-        (
-            ControlFault::new(
-                429,
-                r#"{"success":false,"errorCode":"RATE_LIMITED","errorMsg":"slow down"}"#,
-            )
-            .header("Retry-After", "45"),
-            1,
-            &[
-                "RATE_LIMITED: slow down",
-                "HTTP 429",
-                "retryable",
-                "retry after 45s",
-            ],
-        ),
-        // P-CTL-4
-        (
-            ControlFault::new(
-                200,
-                r#"{"success":false,"errorCode":"RATE_LIMITED","retryable":false,"retryAfterSeconds":30}"#,
-            ),
-            1,
-            &["RATE_LIMITED", "not retryable", "retry after 30s"],
-        ),
-        // P-CTL-5
-        (
-            ControlFault::new(
-                400,
-                r#"{"error":{"code":"SUBSCRIPTION_ALREADY_EXISTS","message":"exists","details":{"subscribe_id":"sub-theirs"}}}"#,
-            ),
-            1,
-            &[
-                "SUBSCRIPTION_ALREADY_EXISTS",
-                "retryability unknown",
-                "sub-theirs, which is not adopted",
-            ],
-        ),
-        // Authentication / permission.
-        (
-            ControlFault::new(
-                403,
-                r#"{"error":{"code":"FORBIDDEN","message":"not yours"}}"#,
-            ),
-            3,
-            &[
-                "FORBIDDEN: not yours",
-                "authentication or permission failure",
-            ],
-        ),
-        // A business error.
-        (
-            ControlFault::new(
-                400,
-                r#"{"success":false,"errorCode":"INVALID_PARAM","errorMsg":"bad rule"}"#,
-            ),
-            1,
-            &["INVALID_PARAM: bad rule", "not retryable"],
-        ),
-    ];
-    for (i, (fault, code, wants)) in cases.into_iter().enumerate() {
-        let before = fake.creates().len();
-        fake.fail_next_control(ControlOp::Create, 1, fault);
-        let out = failing_consumer(&env, &args);
-        let line = out.assert_error(code);
-        assert!(
-            !out.stderr.contains("[event] ready"),
-            "case {i}: no ready line\n{out}"
-        );
-        assert!(
-            line.starts_with("Error: upstream subscription failed: "),
-            "case {i}: {line}"
-        );
-        for w in wants {
-            assert!(line.contains(w), "case {i}: {w:?} missing in {line}");
-        }
-        assert_eq!(
-            fake.creates().len(),
-            before + 1,
-            "case {i}: one create call, not retried"
-        );
-    }
-    // Nothing was adopted or left behind locally; the healthy consumer is fine.
-    let st = env.status();
-    assert_eq!(
-        st["subscriptions"].as_array().map(Vec::len),
-        Some(1),
-        "{st:#}"
-    );
-    // A second attempt after a failure works.
-    let ok = consumer(&env, &args);
-    finish(ok, 0);
-    finish(healthy, 0);
-}
-
-// ------------------------------------------------------------------ secrets
-
-#[test]
-fn the_user_token_never_shows_up_anywhere() {
-    const CANARY: &str = "CANARY-user-token-5b7d1e";
-    let fake = FakeDingTalk::start();
-    fake.set_user_token(CANARY);
-    let env = env_with(&fake, 0, &[("DWS_BUS_LOG", "debug")]);
-    // A ticket 401 that echoes the token (then a refreshed retry succeeds).
-    fake.fail_next_tickets(
-        1,
-        401,
-        &format!(r#"{{"errorCode":"UNAUTHORIZED","errorMsg":"bad token {CANARY}"}}"#),
-    );
-    let mut c = consumer(&env, &["user_im_message_receive_at"]);
-    fake.wait_connected(T);
-    let up = fake.creates()[0].issued.clone().expect("subscription");
-    fake.push_personal(&PersonalEvent::new(
-        "sec-1",
-        "user_im_message_receive_at",
-        &up,
-        message("hi"),
-    ));
-    events(&mut c, 1);
-    // A control-plane error that echoes the token.
-    fake.fail_next_control(
-        ControlOp::Create,
-        1,
-        ControlFault::new(
-            401,
-            format!(r#"{{"error":{{"code":"UNAUTHORIZED","message":"token {CANARY} expired"}}}}"#),
-        ),
-    );
-    let refused = failing_consumer(&env, &[O2O, "--user", "u1"]);
-    let line = refused.assert_error(3);
-    assert!(line.contains("<redacted>"), "{line}");
-    assert!(
-        fake.ticket_requests()
-            .iter()
-            .all(|t| t.header("x-user-access-token") == Some(CANARY)),
-        "the token is sent upstream"
-    );
-
-    let st = env.status().to_string();
-    let meta = std::fs::read_to_string(env.work_dir().join("bus.meta")).unwrap_or_default();
-    let argvs = dws_tests::all_process_argv();
-    let out = finish(c, 1);
-    let log = std::fs::read_to_string(env.bus_log_path()).expect("bus.log");
-    assert!(
-        log.contains("personal"),
-        "the debug log has the source's lines:\n{log}"
-    );
-    dws_tests::assert_absent(
-        "the user token",
-        CANARY,
-        &[
-            ("bus.log", &log),
-            ("status JSON", &st),
-            ("bus.meta", &meta),
-            ("consumer stdout", &out.stdout),
-            ("consumer stderr", &out.stderr),
-            ("refused consumer stderr", &refused.stderr),
-            ("argv of the processes", &argvs),
-        ],
-    );
-
-    // The lost reason, too.
-    let fake2 = FakeDingTalk::start();
-    fake2.set_user_token(CANARY);
-    let env2 = env_with(&fake2, 0, &[]);
-    fake2.hold_tickets(true);
-    let c2 = consumer(&env2, &["user_im_message_receive_at"]);
-    fake2.fail_next_tickets(
-        2,
-        401,
-        &format!(r#"{{"errorCode":"UNAUTHORIZED","errorMsg":"bad token {CANARY}"}}"#),
-    );
-    fake2.hold_tickets(false);
-    let out2 = c2.wait_exit(T);
-    out2.assert_clean_exit("source_lost", 0);
-    assert!(!out2.stderr.contains(CANARY), "{out2}");
-    assert!(out2.stderr.contains("<redacted>"), "{out2}");
-    let log2 = std::fs::read_to_string(env2.bus_log_path()).unwrap_or_default();
-    assert!(!log2.contains(CANARY), "{log2}");
 }

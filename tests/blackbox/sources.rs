@@ -121,6 +121,25 @@ fn config_errors_are_exit_2_with_the_reason_and_start_no_bus() {
             "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"i\"\nclient_secret = \"s\"\nopen_api = \"http://example.com\"\n",
             "plain http is allowed only for loopback hosts",
         ),
+        // The personal stream needs the client id of the app that issued
+        // the user token, as the reference CLI does.
+        (
+            "[profiles.default]\nsource = \"personal\"\naccess_token = \"t\"\n",
+            "the personal source needs profiles.default.client_id",
+        ),
+        (
+            "[profiles.default]\nsource = \"personal\"\nclient_id = \"c\"\naccess_token = \"t\"\nstream_ticket_mode = \"custom\"\n",
+            "stream_ticket_mode = \"custom\" needs the app's client secret",
+        ),
+        (
+            "[profiles.default]\nsource = \"personal\"\nclient_id = \"c\"\naccess_token = \"t\"\noauth_url = \"https://x\"\n",
+            "there is no refresh token",
+        ),
+        // One loopback rule: `[::1]` and all of 127/8 are loopback.
+        (
+            "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"i\"\nclient_secret = \"s\"\nopen_api = \"http://[::2]:9\"\n",
+            "plain http is allowed only for loopback hosts",
+        ),
     ];
     for (body, want) in cases {
         let env = TestEnv::new();

@@ -1,27 +1,49 @@
-//! The `dingtalk` source: the DingTalk Stream *app* protocol.
+//! The `dingtalk` source: the DingTalk Stream *app* protocol, with two ways
+//! to get a ticket.
 //!
-//! A ticket comes from `POST {open_api}/v1.0/gateway/connections/open` with
-//! the app's `clientId`/`clientSecret` and the subscriptions (`EVENT *`, plus
-//! the `SYSTEM` topics) → `{endpoint, ticket}`; an empty `endpoint` or
-//! `ticket` is a failed attempt, and so is any error status: the app profile
-//! retries every failure with backoff (SDK parity), until `max_attempts`.
-//! An EVENT is keyed by its `eventId`/`eventType`/`eventBornTime`/… headers
-//! and deduplicated per `(dingtalk, eventId)`.
+//! - **`connections/open`** (default; the official SDKs): `POST
+//!   {open_api}/v1.0/gateway/connections/open` with the app's
+//!   `clientId`/`clientSecret` and the subscriptions (`EVENT *`, plus the
+//!   `SYSTEM` topics) → `{endpoint, ticket}`; an empty `endpoint` or
+//!   `ticket` is a failed attempt, and so is any error status: the app
+//!   profile retries every failure with backoff (SDK parity), until
+//!   `max_attempts`. Frames follow the SDKs ([`stream::Frames::Sdk`]):
+//!   WebSocket pings every `keepalive` (30 s), backoff 1 s → 60 s reset
+//!   after a connection that received a frame or lasted 30 s.
+//! - **The portal ticket mode** (`stream_ticket_mode = "normal"` or
+//!   `"custom"`; the reference CLI's `--stream-ticket-mode`,
+//!   `internal/event/source/portal_ticket.go`): the ticket comes from the
+//!   MCP portal's ticket endpoint with the *user's* access token
+//!   ([`super::personal::ticket`], flavour `Portal`: `channelType` in the
+//!   body, `User-Agent: dws-event-consume`, also on the WebSocket dial);
+//!   `normal` needs no app credentials, `custom` sends the app's client id
+//!   and secret. As in the reference: every frame is acked 200
+//!   ([`stream::Frames::AckAll`]), no WebSocket pings unless `keepalive` is
+//!   set, backoff 1 s → 30 s reset after an ack, a handshake refused with
+//!   a status other than 408, 429 or 5xx ends the source, and a 401 on the
+//!   ticket refreshes the token once (settings shared with the personal
+//!   source: `access_token_file`, `refresh_token_file`, `oauth_url`,
+//!   `mcp_base`, `ticket_url`, `source_id`).
 //!
-//! The WebSocket session — acks, `disconnect`, keepalive, backoff 1 s → 60 s
-//! with jitter, reset after a connection that received a frame or lasted
-//! 30 s, secrets scrubbed from every message — is the shared runner of
-//! [`super::stream`], where the protocol rules are listed.
+//! Either way an event is keyed by its `eventId`/`eventType`/
+//! `eventBornTime`/… headers and deduplicated per `(dingtalk, eventId)`; a
+//! frame without a valid `eventType` is acked 200 (as the SDKs do) and
+//! counted unroutable. The session rules are those of [`super::stream`].
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use super::{
-    stream::{self, frame::Frame, net, net::Url, one_line, Scrub, Ticket, TicketError},
+    personal::{
+        config::{self as user_config, TicketMode, UserAuth},
+        credentials::Credentials,
+        ticket::{Flavor, TicketClient, PORTAL_USER_AGENT},
+    },
+    stream::{self, frame::Frame, net, net::Url, one_line, Scrub, Ticket, TicketError, Unroutable},
     Source, SourceContext, SourceFuture,
 };
 use crate::{
     hub::{now_ms, NewEvent},
-    profile::DingTalkConfig,
+    profile::{ConfigError, Secret, SectionReader},
 };
 
 /// Dedup scope of DingTalk app events in the bus log.
@@ -30,6 +52,109 @@ pub const SCOPE: &str = "dingtalk";
 pub const OPEN_PATH: &str = "/v1.0/gateway/connections/open";
 /// Whole open exchange (connect, TLS, request, response).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The portal ticket request (the reference's 20 s).
+const PORTAL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Reasons of unroutable app frames.
+pub const NO_EVENT_TYPE: &str = "no eventType";
+pub const INVALID_EVENT_TYPE: &str = "invalid eventType";
+
+#[derive(Debug, Clone)]
+pub struct DingTalkConfig {
+    /// The app key; may be empty in the portal's `normal` mode.
+    pub client_id: String,
+    /// Required for `connections/open` and the portal's `custom` mode.
+    pub client_secret: Option<Secret>,
+    /// Base URL of the OpenAPI gateway (`https://api.dingtalk.com`); plain
+    /// `http://` is accepted only for loopback hosts.
+    pub open_api: String,
+    /// The portal ticket mode, when set.
+    pub portal: Option<PortalConfig>,
+    /// Consecutive failed attempts before the source is `lost`; 0 = retry forever.
+    pub max_attempts: u32,
+    /// Interval of client WebSocket pings (30 s; none in portal mode).
+    pub keepalive: Duration,
+}
+
+/// The portal ticket mode's settings.
+#[derive(Debug, Clone)]
+pub struct PortalConfig {
+    pub mode: TicketMode,
+    pub ticket_url: String,
+    pub source_id: String,
+    pub auth: UserAuth,
+}
+
+/// The dingtalk source's settings from its profile section.
+pub fn settings(r: &mut SectionReader<'_>) -> Result<DingTalkConfig, ConfigError> {
+    let mode = user_config::ticket_mode(r)?;
+    let client_id = r
+        .env
+        .client_id
+        .clone()
+        .or(r.section.client_id.take())
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let needs_app = mode != Some(TicketMode::Normal);
+    if needs_app && client_id.is_empty() {
+        return Err(ConfigError::Invalid(format!(
+            "the dingtalk source needs {} or DWS_DINGTALK_CLIENT_ID",
+            r.in_file("client_id")
+        )));
+    }
+    let client_secret = user_config::client_secret(r)?;
+    if needs_app && client_secret.is_none() {
+        return Err(ConfigError::Invalid(format!(
+            "the dingtalk source needs a client secret: {}, {} or DWS_DINGTALK_CLIENT_SECRET",
+            r.in_file("client_secret_file"),
+            r.in_file("client_secret")
+        )));
+    }
+    let open_api = r
+        .env
+        .open_api
+        .clone()
+        .or(r.section.open_api.take())
+        .unwrap_or_else(|| "https://api.dingtalk.com".into());
+    r.check_url(&open_api, "open_api")?;
+    let portal = match mode {
+        None => None,
+        Some(mode) => {
+            let base = user_config::mcp_base(r);
+            let ticket_url = user_config::ticket_url(r, &base)?;
+            let auth = user_config::user_auth(
+                r,
+                &base,
+                &client_id,
+                client_secret.as_ref(),
+                "the dingtalk source's portal ticket mode",
+            )?;
+            Some(PortalConfig {
+                mode,
+                ticket_url,
+                source_id: user_config::source_id(r),
+                auth,
+            })
+        }
+    };
+    let default_keepalive = if portal.is_some() {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(30)
+    };
+    Ok(DingTalkConfig {
+        client_id,
+        client_secret,
+        open_api: open_api.trim_end_matches('/').to_owned(),
+        portal,
+        max_attempts: r.section.max_attempts.unwrap_or(0),
+        keepalive: r.duration(
+            "keepalive",
+            r.section.keepalive.as_deref(),
+            default_keepalive,
+        )?,
+    })
+}
 
 pub struct DingTalkSource {
     pub config: DingTalkConfig,
@@ -42,38 +167,90 @@ impl Source for DingTalkSource {
 
     fn run(self: Box<Self>, ctx: SourceContext) -> SourceFuture {
         Box::pin(async move {
-            let tuning =
-                stream::Tuning::new(Duration::from_secs(1), Duration::from_secs(60)).with_env();
-            let policy = stream::Policy {
-                keepalive: self.config.keepalive,
-                max_attempts: self.config.max_attempts,
-                healthy: stream::Healthy::Frame,
-                lenient_type: false,
+            let c = self.config;
+            let result = match c.portal.clone() {
+                None => open_mode(c, ctx).await,
+                Some(p) => portal_mode(c, p, ctx).await,
             };
-            let setup = net::tls_config().and_then(|tls| {
-                let http = net::http_client(&tls, &stream::user_agent(), OPEN_TIMEOUT)?;
-                let open_url = Url::parse(&format!("{}{OPEN_PATH}", self.config.open_api))
-                    .map_err(|e| format!("invalid open_api URL: {e}"))?;
-                Ok((tls, http, open_url))
-            });
-            let (tls, http, open_url) = match setup {
-                Ok(v) => v,
-                Err(e) => return stream::source_lost(&ctx.hub, 0, &e),
-            };
-            let app = App {
-                scrub: Scrub::new(self.config.client_secret.expose()),
-                config: self.config,
-                http,
-                open_url,
-            };
-            stream::run(app, policy, tuning, tls, ctx).await;
+            if let Err((hub, e)) = result {
+                stream::source_lost(&hub, 0, &e);
+            }
         })
     }
 }
 
+type SetupFailed = (crate::hub::Hub, String);
+
+async fn open_mode(c: DingTalkConfig, ctx: SourceContext) -> Result<(), SetupFailed> {
+    let tuning = stream::Tuning::new(Duration::from_secs(1), Duration::from_secs(60)).with_env();
+    let policy = stream::Policy {
+        keepalive: c.keepalive,
+        max_attempts: c.max_attempts,
+        healthy: stream::Healthy::Frame,
+        frames: stream::Frames::Sdk,
+    };
+    let setup = net::tls_config().and_then(|tls| {
+        let http = net::http_client(&tls, &stream::user_agent(), OPEN_TIMEOUT)?;
+        let open_url = net::parse(&format!("{}{OPEN_PATH}", c.open_api))
+            .map_err(|e| format!("invalid open_api URL: {e}"))?;
+        Ok((tls, http, open_url))
+    });
+    let (tls, http, open_url) = setup.map_err(|e| (ctx.hub.clone(), e))?;
+    let secret = c.client_secret.clone().unwrap_or_else(|| Secret::new(""));
+    let app = App {
+        scrub: Scrub::new(secret.expose()),
+        client_id: c.client_id,
+        client_secret: secret,
+        http,
+        open_url,
+    };
+    stream::run(app, policy, tuning, tls, ctx).await;
+    Ok(())
+}
+
+async fn portal_mode(
+    c: DingTalkConfig,
+    p: PortalConfig,
+    ctx: SourceContext,
+) -> Result<(), SetupFailed> {
+    let tuning = stream::Tuning::new(Duration::from_secs(1), Duration::from_secs(30)).with_env();
+    let policy = stream::Policy {
+        keepalive: c.keepalive,
+        max_attempts: c.max_attempts,
+        healthy: stream::Healthy::Acked,
+        frames: stream::Frames::AckAll,
+    };
+    let setup = net::tls_config().and_then(|tls| {
+        let http = net::http_client(&tls, &stream::user_agent(), PORTAL_TIMEOUT)?;
+        let url = net::parse(&p.ticket_url).map_err(|e| format!("invalid ticket_url: {e}"))?;
+        let creds = Arc::new(Credentials::with_refresh(&p.auth, &http)?);
+        if let Some(s) = &c.client_secret {
+            creds.learn(s);
+        }
+        Ok((tls, http, url, creds))
+    });
+    let (tls, http, url, creds) = setup.map_err(|e| (ctx.hub.clone(), e))?;
+    let portal = Portal {
+        creds: creds.clone(),
+        tickets: TicketClient {
+            flavor: Flavor::Portal,
+            url,
+            http,
+            creds,
+            client_id: c.client_id,
+            client_secret: c.client_secret,
+            source_id: p.source_id,
+            mode: p.mode,
+        },
+    };
+    stream::run(portal, policy, tuning, tls, ctx).await;
+    Ok(())
+}
+
 /// The app stream's half of the runner: the open call and EVENT keys.
 struct App {
-    config: DingTalkConfig,
+    client_id: String,
+    client_secret: Secret,
     http: reqwest::Client,
     open_url: Url,
     scrub: Scrub,
@@ -85,12 +262,12 @@ impl stream::Upstream for App {
     }
 
     async fn ticket(&self) -> Result<Ticket, TicketError> {
-        tracing::debug!(url = %self.open_url.redacted(), "dingtalk: open call");
+        tracing::debug!(url = %net::redacted(&self.open_url), "dingtalk: open call");
         self.open().await.map_err(TicketError::Retry)
     }
 
-    fn event(&self, f: &Frame) -> Result<NewEvent, String> {
-        to_event(f).ok_or_else(|| "missing or invalid eventType".to_owned())
+    fn event(&self, f: &Frame) -> Result<NewEvent, Unroutable> {
+        to_event(f)
     }
 
     fn scrub(&self) -> Scrub {
@@ -102,8 +279,8 @@ impl App {
     /// `POST …/connections/open` → endpoint and ticket.
     async fn open(&self) -> Result<Ticket, String> {
         let body = serde_json::json!({
-            "clientId": self.config.client_id,
-            "clientSecret": self.config.client_secret.expose(),
+            "clientId": self.client_id,
+            "clientSecret": self.client_secret.expose(),
             "subscriptions": [
                 {"type": "EVENT", "topic": "*"},
                 {"type": "SYSTEM", "topic": "ping"},
@@ -113,7 +290,7 @@ impl App {
         });
         let req = self
             .http
-            .post(self.open_url.to_string())
+            .post(self.open_url.as_str())
             .header(reqwest::header::ACCEPT, "application/json")
             .json(&body);
         let resp = net::send(&self.open_url, req)
@@ -157,18 +334,68 @@ impl App {
         }
         let endpoint =
             stream::parse_endpoint(&endpoint).map_err(|e| format!("open failed: {e}"))?;
-        Ok(Ticket { endpoint, ticket })
+        Ok(Ticket {
+            endpoint,
+            ticket,
+            keep_embedded: false,
+        })
     }
 }
 
-/// The bus event for an EVENT frame; `None` without a usable `eventType`.
-fn to_event(f: &Frame) -> Option<NewEvent> {
-    let event_type = f.header("eventType");
+/// The portal ticket mode's half of the runner.
+struct Portal {
+    creds: Arc<Credentials>,
+    tickets: TicketClient,
+}
+
+impl stream::Upstream for Portal {
+    fn name(&self) -> &'static str {
+        "dingtalk"
+    }
+
+    async fn ticket(&self) -> Result<Ticket, TicketError> {
+        self.tickets.ticket().await
+    }
+
+    fn event(&self, f: &Frame) -> Result<NewEvent, Unroutable> {
+        to_event(f)
+    }
+
+    fn scrub(&self) -> Scrub {
+        self.creds.scrub()
+    }
+
+    fn ws_user_agent(&self) -> String {
+        PORTAL_USER_AGENT.to_owned()
+    }
+
+    /// The reference retries a refused handshake only for 408, 429 and 5xx.
+    fn handshake_refusal_is_fatal(&self, status: u16) -> bool {
+        !matches!(status, 408 | 429 | 500..)
+    }
+}
+
+/// The bus event for an app frame, or why it has none (no or an invalid
+/// `eventType`).
+fn to_event(f: &Frame) -> Result<NewEvent, Unroutable> {
+    let event_type = f.header("eventType").trim();
+    if event_type.is_empty() {
+        return Err(Unroutable::new(
+            NO_EVENT_TYPE,
+            format!(
+                "{} frame without an eventType header",
+                one_line(&f.kind, 30)
+            ),
+        ));
+    }
     if !proto::pattern::is_valid_event_type(event_type) {
-        return None;
+        return Err(Unroutable::new(
+            INVALID_EVENT_TYPE,
+            format!("{:?} is not a valid event type", one_line(event_type, 80)),
+        ));
     }
     let ms = |k: &str| f.header(k).trim().parse::<i64>().ok().filter(|v| *v > 0);
-    Some(NewEvent {
+    Ok(NewEvent {
         scope: SCOPE.into(),
         event_id: f.header("eventId").to_owned(),
         event_type: event_type.to_owned(),
@@ -186,8 +413,13 @@ fn to_event(f: &Frame) -> Option<NewEvent> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
-    use crate::source::stream::frame;
+    use crate::{
+        profile::{load, EnvOverrides, SourceConfig},
+        source::stream::frame,
+    };
 
     #[test]
     fn events_need_a_valid_type() {
@@ -216,6 +448,55 @@ mod tests {
         let f =
             frame::parse(r#"{"type":"EVENT","headers":{"messageId":"m","eventType":"bad type"}}"#)
                 .unwrap();
-        assert!(to_event(&f).is_none());
+        assert_eq!(to_event(&f).unwrap_err().reason, INVALID_EVENT_TYPE);
+        let f = frame::parse(r#"{"type":"EVENT","headers":{"messageId":"m"}}"#).unwrap();
+        assert_eq!(to_event(&f).unwrap_err().reason, NO_EVENT_TYPE);
+    }
+
+    fn load_dingtalk(dir: &std::path::Path, body: &str) -> Result<DingTalkConfig, ConfigError> {
+        let p = dir.join("config.toml");
+        std::fs::write(&p, format!("[profiles.p]\nsource = \"dingtalk\"\n{body}")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        match load(dir, "p", &EnvOverrides::default())? {
+            SourceConfig::DingTalk(d) => Ok(d),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn settings_of_both_modes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = load_dingtalk(tmp.path(), "client_id = \"i\"\nclient_secret = \"s\"\n").unwrap();
+        assert!(d.portal.is_none());
+        assert_eq!(d.keepalive, Duration::from_secs(30));
+        assert!(load_dingtalk(tmp.path(), "client_id = \"i\"\n")
+            .unwrap_err()
+            .to_string()
+            .contains("client secret"));
+        // The portal's normal mode needs a user token, not app credentials.
+        let e = load_dingtalk(tmp.path(), "stream_ticket_mode = \"normal\"\n").unwrap_err();
+        assert!(e.to_string().contains("user access token"), "{e}");
+        let d = load_dingtalk(
+            tmp.path(),
+            "stream_ticket_mode = \"normal\"\naccess_token = \"t\"\nmcp_base = \"http://127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let p = d.portal.unwrap();
+        assert_eq!(
+            (p.mode, p.ticket_url.as_str(), p.source_id.as_str()),
+            (
+                TicketMode::Normal,
+                "http://127.0.0.1:9/stream/connections/ticket",
+                "open"
+            )
+        );
+        assert_eq!(d.keepalive, Duration::ZERO, "no pings, like the reference");
+        // custom needs the app's credentials.
+        let e = load_dingtalk(
+            tmp.path(),
+            "stream_ticket_mode = \"custom\"\naccess_token = \"t\"\nclient_id = \"i\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("client secret"), "{e}");
     }
 }

@@ -3,10 +3,13 @@
 //! `{"event_type": "…", "event_id"?: "…", "data"?: any, "headers"?: {…},
 //! "born_time"?: ms}`; `data` that is not a string is stored as its JSON
 //! text. A malformed line is counted and logged, never fatal. When the
-//! command exits it is restarted with exponential backoff (reset after a run
-//! that lasted longer than the backoff cap).
+//! command exits it is restarted with the sources' [`Backoff`] (reset after
+//! a run that lasted longer than the backoff cap).
+//!
+//! Settings ([`settings`]): `command` (argv; env `DWS_EXEC_COMMAND`, split on
+//! whitespace), `restart_min` (1s) and `restart_max` (30s).
 
-use std::{collections::BTreeMap, process::Stdio};
+use std::{collections::BTreeMap, process::Stdio, time::Duration};
 
 use proto::v1;
 use serde::Deserialize;
@@ -16,11 +19,54 @@ use tokio::{
     time::Instant,
 };
 
-use super::{Source, SourceContext, SourceFuture};
+use super::{stream::Backoff, Source, SourceContext, SourceFuture};
 use crate::{
     hub::{now_ms, Hub, NewEvent},
-    profile::ExecConfig,
+    profile::{ConfigError, SectionReader},
 };
+
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// argv; run without a shell.
+    pub command: Vec<String>,
+    /// Backoff between restarts when the command exits: doubles from `min` to `max`.
+    pub restart_min: Duration,
+    pub restart_max: Duration,
+}
+
+/// The exec source's settings from its profile section.
+pub fn settings(r: &mut SectionReader<'_>) -> Result<ExecConfig, ConfigError> {
+    let command = match &r.env.exec_command {
+        Some(c) => c.split_whitespace().map(str::to_owned).collect(),
+        None => r.section.command.take().unwrap_or_default(),
+    };
+    if command.is_empty() || command[0].is_empty() {
+        return Err(ConfigError::Invalid(format!(
+            "the exec source needs a command: set {} (an argv list) or DWS_EXEC_COMMAND",
+            r.in_file("command")
+        )));
+    }
+    let restart_min = r.duration(
+        "restart_min",
+        r.section.restart_min.as_deref(),
+        Duration::from_secs(1),
+    )?;
+    let restart_max = r.duration(
+        "restart_max",
+        r.section.restart_max.as_deref(),
+        Duration::from_secs(30),
+    )?;
+    if restart_min.is_zero() || restart_max < restart_min {
+        return Err(ConfigError::Invalid(
+            "restart_min must be more than 0 and at most restart_max".into(),
+        ));
+    }
+    Ok(ExecConfig {
+        command,
+        restart_min,
+        restart_max,
+    })
+}
 
 /// Longest stdout line accepted; longer lines are counted as malformed.
 const MAX_LINE: usize = 1024 * 1024;
@@ -89,7 +135,7 @@ impl Source for ExecSource {
     fn run(self: Box<Self>, mut ctx: SourceContext) -> SourceFuture {
         Box::pin(async move {
             let cfg = self.config;
-            let mut backoff = cfg.restart_min;
+            let mut backoff = Backoff::new(cfg.restart_min, cfg.restart_max);
             let mut attempt: u32 = 0;
             loop {
                 let started = Instant::now();
@@ -98,21 +144,21 @@ impl Source for ExecSource {
                     _ = ctx.shutdown.recv() => return,
                 };
                 if started.elapsed() > cfg.restart_max {
-                    backoff = cfg.restart_min;
+                    backoff.reset();
                     attempt = 0;
                 }
                 attempt += 1;
-                tracing::warn!(command = %cfg.command[0], %exit, retry_in = ?backoff, "exec source command ended");
-                let next = now_ms() + backoff.as_millis() as i64;
+                let delay = backoff.next_delay();
+                tracing::warn!(command = %cfg.command[0], %exit, retry_in = ?delay, "exec source command ended");
+                let next = now_ms() + delay.as_millis() as i64;
                 ctx.hub.set_source_state(
                     state(v1::SourceStatus::Reconnecting, attempt, next, exit.clone()),
                     Some(exit),
                 );
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(delay) => {}
                     _ = ctx.shutdown.recv() => return,
                 }
-                backoff = (backoff * 2).min(cfg.restart_max);
             }
         })
     }

@@ -1,41 +1,58 @@
-//! The personal stream of the fake (protocol note §6, §7): the ticket
-//! endpoint, the subscription control plane and personal EVENT pushes.
+//! The personal stream of the fake (protocol note §6, §7) — strict where
+//! the reference CLI (`DingTalk-Real-AI/dingtalk-workspace-cli`) and the
+//! service are: the ticket endpoint, the subscription control plane, the
+//! OAuth refresh endpoint and personal pushes. The handlers are in
+//! [`server`]; what is recomputed the reference's way (SHA-256, Go's JSON,
+//! the idempotency key) in [`reference`].
 //!
-//! - `POST /stream/connections/ticket`: requires `x-user-access-token` equal
-//!   to [`super::Options::user_token`] (else 401) and a body with `sourceId`
-//!   and `mode` (else 400); answers `{"success":true,"result":{endpoint,
-//!   ticket}}` (or under `data`, or bare: [`TicketShape`]) with a ticket for
-//!   the same `/connect` WebSocket as the app stream.
+//! - `POST /stream/connections/ticket`: requires `x-user-access-token`
+//!   equal to the current user token (else 401) and a body with `sourceId`
+//!   and `mode` `normal`|`custom` (else 400). A body with `channelType` is
+//!   the app stream's portal mode (`channelType` must repeat `sourceId`);
+//!   otherwise `X-DWS-Client-Id` must not be empty (else 400
+//!   `CLIENT_ID_REQUIRED`). `custom` requires the app's `clientId` and
+//!   `clientSecret`. Answers `{"success":true,"result":{endpoint,ticket}}`
+//!   (or under `data`, or bare: [`TicketShape`]); optionally with the ticket
+//!   embedded in the endpoint and a decoy in `ticket`
+//!   ([`FakeDingTalk::set_ticket_in_endpoint`]).
 //! - `POST /dws/subscription/user` (create), `GET /dws/event/sublist`
-//!   (list, paged), `POST /dws/subscription/cancel`: require
-//!   `Authorization: Bearer <token>` and `x-user-access-token` (else 401);
-//!   create checks the body (`clientId`, `eventKey`, `filterRule` a JSON
-//!   string holding an object, `deliveryPref: realtime`, `ext.ruleType`;
-//!   else 400 `INVALID_PARAM`) and answers `{"success":true,"result":
-//!   ["sub-…"]}`; cancel of an unknown or cancelled id answers
-//!   `{"success":false,"errorCode":"PERSONAL_EVENT_NOT_FOUND"}`.
-//! - Faults: the next ticket calls fail with a status and body; the next
-//!   calls of one control operation get a given status, body and headers
-//!   (`Retry-After`); ticket requests can be held until released.
-//! - Pushes: [`PersonalEvent`] frames carry the data envelope
-//!   (`eventId`, `eventKey`, `occurredAtMs`, `subId`, `ext.ruleType`,
-//!   `payload`), wrapped in 0–2 JSON strings, with one of the header
-//!   spellings of [`HeaderStyle`]; they are tracked and redelivered like app
-//!   EVENTs.
+//!   (list, paged, `gmtCreate` a string), `POST /dws/subscription/cancel`:
+//!   require `Authorization: Bearer <token>` and `x-user-access-token`
+//!   (else 401) and a client id (else 400 `CLIENT_ID_REQUIRED`); create
+//!   checks the body (`eventKey`, `filterRule` a JSON string holding an
+//!   object, `deliveryPref: realtime`, `ext.ruleType`) and accepts only the
+//!   reference's `ext.idempotencyKey` for the caller's identity
+//!   ([`FakeIdentity`]), else 400 `INVALID_PARAM`; it answers
+//!   `{"success":true,"result":["sub-…"]}`; cancel of an unknown or
+//!   cancelled id answers `{"success":false,"errorCode":
+//!   "PERSONAL_EVENT_NOT_FOUND"}`.
+//! - `POST /oauth2/refreshToken` (the reference's MCP refresh): `clientId`,
+//!   `grantType: refresh_token` and the current refresh token (a wrong one:
+//!   200 with `errorCode`); `clientSecret`, when sent, must be the app's.
+//!   Issues a new access token (the old one stops working) and rotates the
+//!   refresh token; `expiresIn` is [`FakeDingTalk::set_token_lifetime`].
+//! - Faults: the next ticket / refresh calls fail with a status and body;
+//!   the next calls of one control operation get a given status, body and
+//!   headers (`Retry-After`); ticket requests can be held until released;
+//!   the user token can be revoked server-side.
+//! - Pushes: [`PersonalEvent`] frames in every spelling the reference
+//!   accepts ([`HeaderStyle::ALL`]; any `type`, or none), the data envelope
+//!   wrapped in 0–2 JSON strings; they are tracked and redelivered like app
+//!   EVENTs (never after a diagnostic 4xx ack).
+
+mod push;
+pub(super) mod reference;
+mod server;
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::Arc,
     time::{Duration, Instant},
 };
 
-use serde_json::{json, Map, Value};
-use tokio::net::TcpStream;
+use serde_json::{json, Value};
 
-use super::{
-    new_uuid, now_ms, parse_query, respond_with, FakeDingTalk, FakeState, HttpRequest, Shared,
-    Ticket,
-};
+pub(super) use self::server::{handle_control, handle_refresh, handle_ticket};
+use super::{new_uuid, now_ms, FakeDingTalk};
 
 pub const TICKET_PATH: &str = "/stream/connections/ticket";
 /// Every control-plane path starts with this.
@@ -43,6 +60,8 @@ pub const CONTROL_BASE_PATH: &str = "/dws/";
 pub const CREATE_PATH: &str = "/dws/subscription/user";
 pub const LIST_PATH: &str = "/dws/event/sublist";
 pub const CANCEL_PATH: &str = "/dws/subscription/cancel";
+/// The reference's MCP token refresh.
+pub const REFRESH_PATH: &str = "/oauth2/refreshToken";
 
 /// One request to a personal endpoint, as received and answered.
 #[derive(Debug, Clone)]
@@ -58,7 +77,7 @@ pub struct HttpRecord {
     /// The JSON body (`Value::Null` if none or not JSON).
     pub body: Value,
     pub status: u16,
-    /// The ticket issued or the subscription created, if any.
+    /// The ticket issued, the subscription created or the token refreshed.
     pub issued: Option<String>,
 }
 
@@ -93,21 +112,81 @@ pub struct FakeSubscription {
     pub expires_at: String,
     pub ext: Value,
     pub active: bool,
+    /// `gmtCreate` as listed: a string, like the reference parses it.
+    pub gmt_create: String,
 }
 
-/// How a personal push spells its identity headers.
+/// Who the service takes the caller to be, for the idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum FakeIdentity {
+    /// The corp and user are known: `corp_user\0corp\0user\0client\0source`.
+    CorpUser { corp: String, user: String },
+    /// `local_subject\0access:<sha256 of the token presented>\0client\0source`.
+    #[default]
+    AccessToken,
+    /// `local_subject\0refresh:<sha256 of the current refresh token>\0…`.
+    RefreshToken,
+}
+
+/// How a personal push spells its identity. Every style but [`Sdk`] keeps
+/// the identity out of the other place (headers or data), so that each
+/// spelling is what routes the event.
+///
+/// [`Sdk`]: HeaderStyle::Sdk
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderStyle {
-    /// SDK headers (`eventId`, `eventType`, `eventBornTime`, …) plus `SUB_ID`.
+    /// SDK headers (`eventId`, `eventType`, `eventBornTime`, …) plus
+    /// `SUB_ID`, and the whole data envelope: what production is expected
+    /// to send.
     #[default]
     Sdk,
     /// `MESSAGE_ID`, `EVENT_TYPE`, `SUB_ID`, `SOURCE_ID`, `RULE_TYPE`.
     Upper,
     /// `eventId`, `eventType`, `subscribeId`, `ruleType`, `sourceId`.
     Camel,
-    /// Only `topic`, `messageId`, `contentType`, `time`: the identity is in
-    /// the data envelope.
+    /// `event_id`, `event_type`, `subscribe_id`, `source_id`, `rule_type`.
+    Snake,
+    /// `EVENT_KEY`, `sub_id`.
+    KeyUpper,
+    /// `event_key`, `subId`.
+    KeySnake,
+    /// `eventKey`, `SUB_ID`.
+    KeyCamel,
+    /// The event key as the `topic` (not `*`), `SUB_ID`.
+    Topic,
+    /// Odd cases, matched ignoring case: `Event_Type`, `Sub_Id`, `Rule_Type`.
+    MixedCase,
+    /// Only `topic`, `messageId`, `contentType`, `time`: the data envelope
+    /// has `eventId`, `eventKey`, `subId`.
     DataOnly,
+    /// Data `event_id`, `event_key`, `sub_id`, `rule_type`.
+    DataSnake,
+    /// Data `eventKey`, `subscribeId`.
+    DataSubscribeId,
+    /// Data `event_key`, `subscribe_id`.
+    DataSubscribeSnake,
+    /// Data `source.tag` as the key, `subId`.
+    DataSourceTag,
+}
+
+impl HeaderStyle {
+    /// Every spelling the reference CLI accepts.
+    pub const ALL: [HeaderStyle; 14] = [
+        HeaderStyle::Sdk,
+        HeaderStyle::Upper,
+        HeaderStyle::Camel,
+        HeaderStyle::Snake,
+        HeaderStyle::KeyUpper,
+        HeaderStyle::KeySnake,
+        HeaderStyle::KeyCamel,
+        HeaderStyle::Topic,
+        HeaderStyle::MixedCase,
+        HeaderStyle::DataOnly,
+        HeaderStyle::DataSnake,
+        HeaderStyle::DataSubscribeId,
+        HeaderStyle::DataSubscribeSnake,
+        HeaderStyle::DataSourceTag,
+    ];
 }
 
 /// The shape of a successful ticket answer.
@@ -153,7 +232,7 @@ impl ControlFault {
     }
 }
 
-/// A personal EVENT to push.
+/// A personal push.
 #[derive(Debug, Clone)]
 pub struct PersonalEvent {
     pub event_id: String,
@@ -166,6 +245,8 @@ pub struct PersonalEvent {
     /// Overrides the fake's current style / wrapping for this push.
     pub style: Option<HeaderStyle>,
     pub wrap: Option<u8>,
+    /// The frame's `type`: `EVENT` by default; `Some("")` sends none.
+    pub kind: Option<String>,
 }
 
 impl PersonalEvent {
@@ -184,6 +265,7 @@ impl PersonalEvent {
             payload,
             style: None,
             wrap: None,
+            kind: None,
         }
     }
 
@@ -201,10 +283,16 @@ impl PersonalEvent {
         self.rule_type = r.into();
         self
     }
+
+    /// The frame's `type` (`""`: no `type` at all).
+    pub fn kind(mut self, k: impl Into<String>) -> PersonalEvent {
+        self.kind = Some(k.into());
+        self
+    }
 }
 
 /// The personal half of the fake's state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PersonalState {
     /// Ticket requests held right now ([`FakeDingTalk::hold_tickets`]).
     pub tickets_waiting: u32,
@@ -212,15 +300,51 @@ pub struct PersonalState {
     pub creates: Vec<HttpRecord>,
     pub lists: Vec<HttpRecord>,
     pub cancels: Vec<HttpRecord>,
+    pub refreshes: Vec<HttpRecord>,
     pub subscriptions: Vec<FakeSubscription>,
+    /// The valid refresh token.
+    pub refresh_token: String,
+    pub identity: FakeIdentity,
     ticket_faults: VecDeque<(u16, String)>,
+    refresh_faults: VecDeque<(u16, String)>,
     control_faults: HashMap<ControlOp, VecDeque<ControlFault>>,
     ticket_shape: TicketShape,
+    ticket_in_endpoint: bool,
     header_style: HeaderStyle,
     data_wrap: u8,
+    /// `expiresIn` of refreshed tokens.
+    token_lifetime: Duration,
     /// The server's page size for lists (default: the requested one, ≤ 100).
     list_page_size: Option<usize>,
     next_sub: u64,
+    next_token: u64,
+}
+
+impl Default for PersonalState {
+    fn default() -> Self {
+        PersonalState {
+            tickets_waiting: 0,
+            ticket_requests: vec![],
+            creates: vec![],
+            lists: vec![],
+            cancels: vec![],
+            refreshes: vec![],
+            subscriptions: vec![],
+            refresh_token: "fake-refresh-token".into(),
+            identity: FakeIdentity::default(),
+            ticket_faults: VecDeque::new(),
+            refresh_faults: VecDeque::new(),
+            control_faults: HashMap::new(),
+            ticket_shape: TicketShape::default(),
+            ticket_in_endpoint: false,
+            header_style: HeaderStyle::default(),
+            data_wrap: 0,
+            token_lifetime: Duration::from_secs(7200),
+            list_page_size: None,
+            next_sub: 0,
+            next_token: 0,
+        }
+    }
 }
 
 impl PersonalState {
@@ -231,6 +355,11 @@ impl PersonalState {
     fn new_sub_id(&mut self) -> String {
         self.next_sub += 1;
         format!("sub-{:04}-{}", self.next_sub, &new_uuid()[..6])
+    }
+
+    fn new_token(&mut self, kind: &str) -> String {
+        self.next_token += 1;
+        format!("{kind}-{}-{}", self.next_token, &new_uuid()[..8])
     }
 }
 
@@ -246,6 +375,35 @@ impl FakeDingTalk {
             .update(|s| s.options.user_token = token.to_owned());
     }
 
+    /// The current user token stops working (as if it expired); only a
+    /// refresh gets a valid one.
+    pub fn revoke_user_token(&self) {
+        self.shared.update(|s| {
+            s.options.user_token = s.personal.new_token("revoked");
+        });
+    }
+
+    /// The valid refresh token.
+    pub fn refresh_token(&self) -> String {
+        self.with_state(|s| s.personal.refresh_token.clone())
+    }
+
+    /// From now on only `token` is a valid refresh token.
+    pub fn set_refresh_token(&self, token: &str) {
+        self.shared
+            .update(|s| s.personal.refresh_token = token.to_owned());
+    }
+
+    /// `expiresIn` of the tokens the refresh endpoint issues.
+    pub fn set_token_lifetime(&self, d: Duration) {
+        self.shared.update(|s| s.personal.token_lifetime = d);
+    }
+
+    /// Who creates are attributed to (the idempotency key's identity).
+    pub fn set_identity(&self, identity: FakeIdentity) {
+        self.shared.update(|s| s.personal.identity = identity);
+    }
+
     /// The next `n` ticket requests are answered `status` with `body`.
     pub fn fail_next_tickets(&self, n: usize, status: u16, body: &str) {
         self.shared.update(|s| {
@@ -255,8 +413,23 @@ impl FakeDingTalk {
         });
     }
 
+    /// The next `n` refresh calls are answered `status` with `body`.
+    pub fn fail_next_refreshes(&self, n: usize, status: u16, body: &str) {
+        self.shared.update(|s| {
+            s.personal
+                .refresh_faults
+                .extend((0..n).map(|_| (status, body.to_owned())))
+        });
+    }
+
     pub fn set_ticket_shape(&self, shape: TicketShape) {
         self.shared.update(|s| s.personal.ticket_shape = shape);
+    }
+
+    /// Personal tickets come embedded in the endpoint's query, the
+    /// `ticket` field holding a decoy that no handshake accepts.
+    pub fn set_ticket_in_endpoint(&self, on: bool) {
+        self.shared.update(|s| s.personal.ticket_in_endpoint = on);
     }
 
     /// While held, ticket requests wait (up to 60 s) before being answered.
@@ -310,6 +483,7 @@ impl FakeDingTalk {
                         expires_at: String::new(),
                         ext: json!({"ruleType": "all"}),
                         active: true,
+                        gmt_create: now_ms().to_string(),
                     });
                     id
                 })
@@ -345,312 +519,11 @@ impl FakeDingTalk {
         self.with_state(|s| s.personal.lists.clone())
     }
 
+    pub fn refreshes(&self) -> Vec<HttpRecord> {
+        self.with_state(|s| s.personal.refreshes.clone())
+    }
+
     pub fn subscriptions(&self) -> Vec<FakeSubscription> {
         self.with_state(|s| s.personal.subscriptions.clone())
     }
-
-    /// Pushes a personal EVENT (tracked until acked, like
-    /// [`FakeDingTalk::push_event`]); returns its `messageId`.
-    pub fn push_personal(&self, ev: &PersonalEvent) -> String {
-        self.shared.update(|s| {
-            let mid = s.message_id();
-            let now = now_ms().to_string();
-            let style = ev.style.unwrap_or(s.personal.header_style);
-            let wrap = ev.wrap.unwrap_or(s.personal.data_wrap);
-            let mut headers = Map::new();
-            let mut put = |k: &str, v: &str| {
-                headers.insert(k.to_owned(), Value::String(v.to_owned()));
-            };
-            for (k, v) in [
-                ("topic", "*"),
-                ("messageId", mid.as_str()),
-                ("contentType", "application/json"),
-                ("time", now.as_str()),
-            ] {
-                put(k, v);
-            }
-            let rule = ev.rule_type.as_str();
-            match style {
-                HeaderStyle::Sdk => {
-                    put("eventId", &ev.event_id);
-                    put("eventType", &ev.event_key);
-                    put("eventBornTime", &now);
-                    put("eventCorpId", "dingfakecorp");
-                    put("SUB_ID", &ev.sub_id);
-                }
-                HeaderStyle::Upper => {
-                    put("MESSAGE_ID", &ev.event_id);
-                    put("EVENT_TYPE", &ev.event_key);
-                    put("SUB_ID", &ev.sub_id);
-                    put("SOURCE_ID", &ev.source_id);
-                    put("RULE_TYPE", rule);
-                }
-                HeaderStyle::Camel => {
-                    put("eventId", &ev.event_id);
-                    put("eventType", &ev.event_key);
-                    put("subscribeId", &ev.sub_id);
-                    put("ruleType", rule);
-                    put("sourceId", &ev.source_id);
-                }
-                HeaderStyle::DataOnly => {}
-            }
-            headers.retain(|_, v| v.as_str().is_some_and(|v| !v.is_empty()));
-            let mut data = json!({
-                "eventId": ev.event_id,
-                "eventKey": ev.event_key,
-                "occurredAtMs": now_ms(),
-                "subId": ev.sub_id,
-                "ext": {"ruleType": rule},
-                "payload": ev.payload,
-            })
-            .to_string();
-            for _ in 0..wrap {
-                data = Value::String(data).to_string();
-            }
-            s.log(|| {
-                format!(
-                    "push personal EVENT {mid} eventId={} key={} sub={} style={style:?} wrap={wrap}",
-                    ev.event_id, ev.event_key, ev.sub_id
-                )
-            });
-            s.enqueue_event(&mid, &ev.event_id, headers, &data);
-            mid
-        })
-    }
-}
-
-fn record(req: &HttpRequest, status: u16, issued: Option<String>) -> HttpRecord {
-    let (path, query) = req.path.split_once('?').unwrap_or((&req.path, ""));
-    HttpRecord {
-        at: Instant::now(),
-        method: req.method.clone(),
-        path: path.to_owned(),
-        query: parse_query(query),
-        headers: req.headers.clone(),
-        body: serde_json::from_slice(&req.body).unwrap_or(Value::Null),
-        status,
-        issued,
-    }
-}
-
-fn envelope_error(code: &str, message: &str) -> String {
-    json!({"success": false, "errorCode": code, "errorMsg": message}).to_string()
-}
-
-/// `POST /stream/connections/ticket`.
-pub(super) async fn handle_ticket(mut stream: TcpStream, shared: Arc<Shared>, req: HttpRequest) {
-    let mut held = shared.tickets_held.subscribe();
-    if *held.borrow() {
-        shared.update(|s| s.personal.tickets_waiting += 1);
-        let _ = tokio::time::timeout(Duration::from_secs(60), held.wait_for(|h| !*h)).await;
-        shared.update(|s| s.personal.tickets_waiting -= 1);
-    }
-    let (status, body) = shared.update(|s| {
-        let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-        let token_ok = req.header("x-user-access-token") == Some(s.options.user_token.as_str());
-        let body_ok = body.get("sourceId").and_then(Value::as_str).is_some()
-            && body.get("mode").and_then(Value::as_str).is_some();
-        let (status, answer, ticket) = match s.personal.ticket_faults.pop_front() {
-            Some((st, b)) => (st, b, None),
-            None if !token_ok => (
-                401,
-                envelope_error("UNAUTHORIZED", "invalid user access token"),
-                None,
-            ),
-            None if !body_ok => (
-                400,
-                envelope_error("INVALID_PARAM", "sourceId and mode are required"),
-                None,
-            ),
-            None => {
-                let t = new_uuid();
-                s.tickets.insert(
-                    t.clone(),
-                    Ticket {
-                        issued: Instant::now(),
-                        used: false,
-                    },
-                );
-                let pair = json!({
-                    "endpoint": format!("ws://{}{}", s.local, s.endpoint_path),
-                    "ticket": t,
-                });
-                let answer = match s.personal.ticket_shape {
-                    TicketShape::Result => json!({"success": true, "result": pair}),
-                    TicketShape::Data => json!({"success": true, "data": pair}),
-                    TicketShape::Bare => pair,
-                };
-                (200, answer.to_string(), Some(t))
-            }
-        };
-        s.log(|| {
-            format!(
-                "personal ticket #{} -> {status}",
-                s.personal.ticket_requests.len() + 1
-            )
-        });
-        s.personal
-            .ticket_requests
-            .push(record(&req, status, ticket));
-        (status, answer)
-    });
-    respond_with(&mut stream, status, &body, &[]).await;
-}
-
-/// `/dws/…`: create, list, cancel.
-pub(super) async fn handle_control(mut stream: TcpStream, shared: Arc<Shared>, req: HttpRequest) {
-    let path = req.path.split('?').next().unwrap_or("").to_owned();
-    let op = match (req.method.as_str(), path.as_str()) {
-        ("POST", CREATE_PATH) => Some(ControlOp::Create),
-        ("GET", LIST_PATH) => Some(ControlOp::List),
-        ("POST", CANCEL_PATH) => Some(ControlOp::Cancel),
-        _ => None,
-    };
-    let Some(op) = op else {
-        respond_with(
-            &mut stream,
-            404,
-            &envelope_error("NOT_FOUND", "no such endpoint"),
-            &[],
-        )
-        .await;
-        return;
-    };
-    let (status, body, headers) = shared.update(|s| {
-        let (status, body, headers, issued) = control(s, op, &req);
-        s.log(|| format!("personal {op:?} -> {status}"));
-        let rec = record(&req, status, issued);
-        match op {
-            ControlOp::Create => s.personal.creates.push(rec),
-            ControlOp::List => s.personal.lists.push(rec),
-            ControlOp::Cancel => s.personal.cancels.push(rec),
-        }
-        (status, body, headers)
-    });
-    respond_with(&mut stream, status, &body, &headers).await;
-}
-
-type Answer = (u16, String, Vec<(String, String)>, Option<String>);
-
-fn control(s: &mut FakeState, op: ControlOp, req: &HttpRequest) -> Answer {
-    if let Some(f) = s
-        .personal
-        .control_faults
-        .get_mut(&op)
-        .and_then(VecDeque::pop_front)
-    {
-        return (f.status, f.body, f.headers, None);
-    }
-    let token = s.options.user_token.clone();
-    let bearer = format!("Bearer {token}");
-    if req.header("authorization") != Some(bearer.as_str())
-        || req.header("x-user-access-token") != Some(token.as_str())
-    {
-        let body = json!({"success": false, "error": {"code": "UNAUTHORIZED", "message": "invalid user token"}});
-        return (401, body.to_string(), vec![], None);
-    }
-    let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-    let ok = |v: Value| (200, v.to_string(), vec![], None);
-    match op {
-        ControlOp::Create => match validate_create(&body) {
-            Err(m) => {
-                let e = json!({"success": false, "error": {"code": "INVALID_PARAM", "message": m}});
-                (400, e.to_string(), vec![], None)
-            }
-            Ok(()) => {
-                let text = |k: &str| body.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-                let id = s.personal.new_sub_id();
-                s.personal.subscriptions.push(FakeSubscription {
-                    sub_id: id.clone(),
-                    client_id: text("clientId"),
-                    source_id: text("sourceId"),
-                    event_key: text("eventKey"),
-                    rule_type: body["ext"]["ruleType"].as_str().unwrap_or("").to_owned(),
-                    filter_rule: text("filterRule"),
-                    delivery_pref: text("deliveryPref"),
-                    expires_at: text("expiresAt"),
-                    ext: body["ext"].clone(),
-                    active: true,
-                });
-                (
-                    200,
-                    json!({"success": true, "result": [id]}).to_string(),
-                    vec![],
-                    Some(id),
-                )
-            }
-        },
-        ControlOp::List => {
-            let (_, query) = req.path.split_once('?').unwrap_or(("", ""));
-            let q = parse_query(query);
-            let param = |k: &str| {
-                q.iter()
-                    .find(|(n, _)| n == k)
-                    .and_then(|(_, v)| v.parse::<usize>().ok())
-            };
-            let size = s
-                .personal
-                .list_page_size
-                .unwrap_or_else(|| param("pageSize").unwrap_or(100).clamp(1, 100));
-            let page_no = param("pageNo").unwrap_or(1).max(1);
-            let active = s.personal.active();
-            let items: Vec<Value> = active
-                .iter()
-                .skip((page_no - 1) * size)
-                .take(size)
-                .map(|x| {
-                    json!({"subId": x.sub_id, "eventKey": x.event_key, "ruleType": x.rule_type,
-                           "clientId": x.client_id, "sourceId": x.source_id,
-                           "deliveryPref": x.delivery_pref, "status": 1, "gmtCreate": now_ms()})
-                })
-                .collect();
-            ok(json!({"success": true, "result": {
-                "total": active.len(), "pageNo": page_no, "pageSize": size, "items": items,
-            }}))
-        }
-        ControlOp::Cancel => {
-            let id = body.get("subId").and_then(Value::as_str).unwrap_or("");
-            match s
-                .personal
-                .subscriptions
-                .iter_mut()
-                .find(|x| x.sub_id == id && x.active)
-            {
-                Some(x) => {
-                    x.active = false;
-                    ok(json!({"success": true}))
-                }
-                None => (
-                    200,
-                    envelope_error("PERSONAL_EVENT_NOT_FOUND", "subscription not found"),
-                    vec![],
-                    None,
-                ),
-            }
-        }
-    }
-}
-
-fn validate_create(body: &Value) -> Result<(), String> {
-    let text = |k: &str| {
-        body.get(k)
-            .and_then(Value::as_str)
-            .filter(|v| !v.is_empty())
-    };
-    text("clientId").ok_or("clientId is required")?;
-    text("eventKey").ok_or("eventKey is required")?;
-    let rule = text("filterRule").ok_or("filterRule must be a JSON string")?;
-    match serde_json::from_str::<Value>(rule) {
-        Ok(Value::Object(_)) => {}
-        _ => return Err("filterRule must hold a JSON object".into()),
-    }
-    if text("deliveryPref") != Some("realtime") {
-        return Err("deliveryPref must be realtime".into());
-    }
-    body.get("ext")
-        .and_then(|e| e.get("ruleType"))
-        .and_then(Value::as_str)
-        .filter(|r| !r.is_empty())
-        .ok_or("ext.ruleType is required")?;
-    Ok(())
 }

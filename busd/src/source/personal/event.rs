@@ -1,43 +1,58 @@
 //! Where a personal-stream event's identity comes from (protocol note §6.4).
 //! The gateway's header spelling is not settled (`SUB_ID`, `subscribeId`,
-//! …), so every field is read from the first non-empty source in a fixed
-//! order: header names exactly, then the same names case-insensitively,
-//! then the `data` envelope (`{"eventId","eventKey","occurredAtMs","subId",
-//! "payload"}`), which may arrive wrapped in one or two JSON strings.
+//! …), so every field is read as the reference CLI reads it
+//! (`internal/event/source/personal.go` `rawEventFromDataFrame`): from the
+//! first non-empty source in a fixed order, each header name tried exactly
+//! and then case-insensitively (`headerAny`), then the `data` envelope
+//! (`{"eventId","eventKey","occurredAtMs","subId","payload"}`, keys also
+//! case-insensitively), which may arrive wrapped in one or two JSON strings.
+//! The frame's `type` is not looked at.
 //!
 //! | field | headers | then `data` |
 //! |---|---|---|
-//! | event id | `eventId`, `messageId`, `MESSAGE_ID`, `event_id` | `eventId`, `event_id` |
+//! | event id | `eventId`, `messageId` (exactly); `MESSAGE_ID`, `messageId`, `event_id`, `eventId` | `eventId`, `event_id` |
 //! | born time | `eventBornTime`, `time`; top-level `time` | (now) |
-//! | event key | `eventType`, `EVENT_TYPE`, `event_type`, `EVENT_KEY`, `event_key`, `eventKey`; `topic` unless `*` | `eventKey`, `event_key`, `source.tag` |
+//! | event key | `eventType` (exactly); `EVENT_TYPE`, `event_type`, `eventType`, `EVENT_KEY`, `event_key`, `eventKey`; `TOPIC`/`topic` unless `*` | `eventKey`, `event_key`, `source.tag` |
 //! | upstream subscription | `SUB_ID`, `subscribe_id`, `subscribeId`, `sub_id`, `subId` | `subId`, `sub_id`, `subscribeId`, `subscribe_id` |
 //! | source id | `SOURCE_ID`, `source_id`, `sourceId` | (the configured `source_id`) |
 //! | rule type | `RULE_TYPE`, `rule_type`, `ruleType` | `ruleType`, `rule_type`, `ext.ruleType`, `ext.rule_type` |
 //! | scope | `event_scope`, `eventScope` | (`personal`) |
 //!
-//! An event without a key or without an upstream subscription id is no
-//! event (the runner counts it malformed and acks it 400). The bus event's
-//! dedup scope is `<scope>:<subscription>`, its `data` the payload object's
-//! JSON text (unwrapped), its headers the frame's.
+//! A frame without a key or without an upstream subscription id cannot be
+//! routed ([`Unroutable`]: the runner acks it 200, like the reference, and
+//! counts it per reason). The bus event's dedup scope is
+//! `<scope>:<subscription>`, its `data` the payload object's JSON text
+//! (unwrapped), its headers the frame's.
 
 use serde_json::{Map, Value};
 
 use crate::{
     hub::{now_ms, NewEvent},
-    source::stream::{frame::Frame, one_line},
+    source::stream::{frame::Frame, one_line, Unroutable},
 };
 
-const EVENT_ID: &[&str] = &["eventId", "messageId", "MESSAGE_ID", "event_id"];
+/// Reasons of unroutable personal frames (counted per reason).
+pub const NO_EVENT_KEY: &str = "no event key";
+pub const INVALID_EVENT_KEY: &str = "invalid event key";
+pub const NO_SUBSCRIPTION_ID: &str = "no subscription id";
+
+/// Tried exactly first (the SDK's `eventId`, the frame's `messageId`), then
+/// each of [`EVENT_ID`] exactly and ignoring case.
+const EVENT_ID_EXACT: &[&str] = &["eventId", "messageId"];
+const EVENT_ID: &[&str] = &["MESSAGE_ID", "messageId", "event_id", "eventId"];
 const BORN_TIME: &[&str] = &["eventBornTime", "time"];
+/// `eventType` exactly (the SDK header), then each of these exactly and
+/// ignoring case.
+const EVENT_TYPE_EXACT: &str = "eventType";
 const EVENT_TYPE: &[&str] = &[
-    "eventType",
     "EVENT_TYPE",
     "event_type",
+    "eventType",
     "EVENT_KEY",
     "event_key",
     "eventKey",
 ];
-const TOPIC: &[&str] = &["topic", "TOPIC"];
+const TOPIC: &[&str] = &["TOPIC", "topic"];
 const SUB_ID: &[&str] = &["SUB_ID", "subscribe_id", "subscribeId", "sub_id", "subId"];
 const SOURCE_ID: &[&str] = &["SOURCE_ID", "source_id", "sourceId"];
 const RULE_TYPE: &[&str] = &["RULE_TYPE", "rule_type", "ruleType"];
@@ -48,30 +63,50 @@ const DATA_EVENT_KEY: &[&str] = &["eventKey", "event_key"];
 const DATA_SUB_ID: &[&str] = &["subId", "sub_id", "subscribeId", "subscribe_id"];
 const DATA_RULE_TYPE: &[&str] = &["ruleType", "rule_type"];
 
-/// The first non-empty header of `names`: exact spellings first, then the
-/// same names ignoring case.
+/// The first non-empty header of `names`, trimmed: each name exactly, then
+/// ignoring case, before the next name (the reference's `headerAny`).
 fn header<'a>(f: &'a Frame, names: &[&str]) -> Option<&'a str> {
-    let usable = |v: &'a String| Some(v.as_str()).filter(|v| !v.trim().is_empty());
-    names
-        .iter()
-        .find_map(|n| f.headers.get(*n).and_then(usable))
-        .or_else(|| {
-            names.iter().find_map(|n| {
-                f.headers
-                    .iter()
-                    .find(|(k, v)| k.eq_ignore_ascii_case(n) && !v.trim().is_empty())
-                    .map(|(_, v)| v.as_str())
-            })
+    let usable = |v: &'a String| Some(v.trim()).filter(|v| !v.is_empty());
+    names.iter().find_map(|n| {
+        f.headers.get(*n).and_then(usable).or_else(|| {
+            f.headers
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(n))
+                .find_map(|(_, v)| usable(v))
         })
+    })
 }
 
-/// A string or number field of `m` as text, if non-empty.
+/// The header `name` exactly, trimmed, if non-empty.
+fn exact<'a>(f: &'a Frame, name: &str) -> Option<&'a str> {
+    f.headers
+        .get(name)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// A string (or number) field of `m` as trimmed text, if non-empty: `key`
+/// exactly, then ignoring case.
 fn text(m: &Map<String, Value>, key: &str) -> Option<String> {
-    match m.get(key)? {
-        Value::String(s) if !s.trim().is_empty() => Some(s.clone()),
+    let usable = |v: &Value| match v {
+        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
         Value::Number(n) => Some(n.to_string()),
         _ => None,
-    }
+    };
+    m.get(key).and_then(usable).or_else(|| {
+        m.iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(key))
+            .find_map(|(_, v)| usable(v))
+    })
+}
+
+/// The object under `key` (exactly, then ignoring case).
+fn object<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Map<String, Value>> {
+    m.get(key).and_then(Value::as_object).or_else(|| {
+        m.iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(key))
+            .find_map(|(_, v)| v.as_object())
+    })
 }
 
 /// The payload object and its JSON text: `data` itself, or peeled out of
@@ -89,8 +124,8 @@ pub fn payload(data: &str) -> (Option<Map<String, Value>>, String) {
     (None, data.to_owned())
 }
 
-/// The bus event for a personal EVENT frame, or why it is not one.
-pub fn to_event(f: &Frame, default_source_id: &str) -> Result<NewEvent, String> {
+/// The bus event for a personal frame, or why it cannot be routed.
+pub fn to_event(f: &Frame, default_source_id: &str) -> Result<NewEvent, Unroutable> {
     let (obj, data) = payload(&f.data);
     let from_data = |keys: &[&str]| {
         obj.as_ref()
@@ -98,20 +133,31 @@ pub fn to_event(f: &Frame, default_source_id: &str) -> Result<NewEvent, String> 
     };
     let nested = |outer: &str, keys: &[&str]| {
         obj.as_ref()
-            .and_then(|m| m.get(outer))
-            .and_then(Value::as_object)
+            .and_then(|m| object(m, outer))
             .and_then(|m| keys.iter().find_map(|k| text(m, k)))
     };
-    let event_type = header(f, EVENT_TYPE)
-        .or_else(|| header(f, TOPIC).filter(|t| t.trim() != "*"))
+    let event_type = exact(f, EVENT_TYPE_EXACT)
+        .or_else(|| header(f, EVENT_TYPE))
+        .or_else(|| header(f, TOPIC).filter(|t| *t != "*"))
         .map(str::to_owned)
         .or_else(|| from_data(DATA_EVENT_KEY))
         .or_else(|| nested("source", &["tag"]))
-        .ok_or_else(|| "no event key (eventType, EVENT_TYPE, eventKey, …)".to_owned())?;
+        .ok_or_else(|| {
+            Unroutable::new(
+                NO_EVENT_KEY,
+                "no eventType, EVENT_TYPE, eventKey, … header or data key",
+            )
+        })?;
     if !proto::pattern::is_valid_event_type(&event_type) {
-        return Err(format!("invalid event key {:?}", one_line(&event_type, 80)));
+        return Err(Unroutable::new(
+            INVALID_EVENT_KEY,
+            format!("{:?} is not a valid event type", one_line(&event_type, 80)),
+        ));
     }
-    let event_id = header(f, EVENT_ID)
+    let event_id = EVENT_ID_EXACT
+        .iter()
+        .find_map(|n| exact(f, n))
+        .or_else(|| header(f, EVENT_ID))
         .map(str::to_owned)
         .or_else(|| from_data(DATA_EVENT_ID))
         .unwrap_or_default();
@@ -128,8 +174,10 @@ pub fn to_event(f: &Frame, default_source_id: &str) -> Result<NewEvent, String> 
         .map(str::to_owned)
         .or_else(|| from_data(DATA_SUB_ID))
         .ok_or_else(|| {
-            "no upstream subscription id (SUB_ID, subscribeId, data subId, …): not routable"
-                .to_owned()
+            Unroutable::new(
+                NO_SUBSCRIPTION_ID,
+                format!("{event_type}: no SUB_ID, subscribeId, data subId, … to route it by"),
+            )
         })?;
     let source_id = header(f, SOURCE_ID).unwrap_or(default_source_id).to_owned();
     let rule_type = header(f, RULE_TYPE)
@@ -159,7 +207,7 @@ mod tests {
     use crate::source::stream::frame;
 
     fn ev(text: &str) -> NewEvent {
-        to_event(&frame::parse(text).unwrap(), "open").unwrap()
+        to_event(&frame::parse_lenient(text).unwrap(), "open").unwrap()
     }
 
     #[test]
@@ -268,6 +316,37 @@ mod tests {
         assert!(to_event(&frame::parse(&f.to_string()).unwrap(), "open").is_err());
     }
 
+    /// Each header name is tried exactly and then ignoring case before the
+    /// next one (`headerAny`), and data keys ignore case too.
+    #[test]
+    fn names_are_tried_in_the_reference_order() {
+        // `EVENT_TYPE` (case-insensitively `event_type`) comes before `EVENT_KEY`.
+        let e = ev(
+            r#"{"type":"x","headers":{"EVENT_KEY":"k.second","event_type":"k.first","Sub_Id":"s"},"data":""}"#,
+        );
+        assert_eq!(
+            (e.event_type.as_str(), e.upstream_subscription.as_str()),
+            ("k.first", "s")
+        );
+        // Values are trimmed.
+        let e = ev(r#"{"headers":{"eventType":" k.t ","SUB_ID":" s1 "}}"#);
+        assert_eq!(
+            (e.event_type.as_str(), e.upstream_subscription.as_str()),
+            ("k.t", "s1")
+        );
+        let e = ev(
+            r#"{"headers":{},"data":"{\"EventKey\":\"k.d\",\"SUBSCRIBE_ID\":\"s2\",\"Source\":{\"Tag\":\"x\"},\"EXT\":{\"RuleType\":\"all\"}}"}"#,
+        );
+        assert_eq!(
+            (
+                e.event_type.as_str(),
+                e.upstream_subscription.as_str(),
+                e.rule_type.as_str()
+            ),
+            ("k.d", "s2", "all")
+        );
+    }
+
     #[test]
     fn fallbacks_and_refusals() {
         let e = ev(
@@ -282,14 +361,12 @@ mod tests {
         assert_eq!(e.scope, "personal:s5");
         let f = frame::parse(r#"{"type":"EVENT","headers":{"eventType":"k.x","eventId":"e"}}"#)
             .unwrap();
-        assert!(to_event(&f, "open").unwrap_err().contains("not routable"));
+        assert_eq!(to_event(&f, "open").unwrap_err().reason, NO_SUBSCRIPTION_ID);
         assert!(e.event_born_time > 0);
         let f =
             frame::parse(r#"{"type":"EVENT","headers":{"topic":"*"},"data":"not json"}"#).unwrap();
-        assert!(to_event(&f, "open").unwrap_err().contains("no event key"));
+        assert_eq!(to_event(&f, "open").unwrap_err().reason, NO_EVENT_KEY);
         let f = frame::parse(r#"{"type":"EVENT","headers":{"eventType":"bad key"}}"#).unwrap();
-        assert!(to_event(&f, "open")
-            .unwrap_err()
-            .contains("invalid event key"));
+        assert_eq!(to_event(&f, "open").unwrap_err().reason, INVALID_EVENT_KEY);
     }
 }

@@ -8,6 +8,10 @@
 //! a `data` that is not a string) and strict where there is no sane reading
 //! (not JSON, not an object, no `type`, no `headers` object).
 //!
+//! [`parse_lenient`] is the reference CLI's reading (its frames are decoded
+//! as the Go SDK's `DataFrame`: any JSON object, `type` and `headers`
+//! optional), used by the streams that follow the reference.
+//!
 //! An ack is `{"code": N, "headers": {"messageId", "contentType"},
 //! "message": "…", "data": "<JSON text>"}`; the server correlates it with
 //! the push by `messageId` only.
@@ -44,6 +48,16 @@ impl Frame {
 /// Decodes one text frame, or says (briefly, without echoing the frame) why
 /// it is not a frame.
 pub fn parse(text: &str) -> Result<Frame, String> {
+    decode(text, true)
+}
+
+/// Like [`parse`], but `type` and `headers` may be missing (then `""` and
+/// none): any JSON object is a frame, as for the reference CLI.
+pub fn parse_lenient(text: &str) -> Result<Frame, String> {
+    decode(text, false)
+}
+
+fn decode(text: &str, strict: bool) -> Result<Frame, String> {
     let v: Value =
         serde_json::from_str(text).map_err(|e| format!("not JSON ({e}; {} bytes)", text.len()))?;
     let Value::Object(mut obj) = v else {
@@ -51,10 +65,12 @@ pub fn parse(text: &str) -> Result<Frame, String> {
     };
     let kind = match obj.remove("type") {
         Some(Value::String(s)) if !s.is_empty() => s,
+        None | Some(Value::Null) if !strict => String::new(),
         Some(_) => return Err("`type` is not a non-empty string".into()),
         None => return Err("no `type`".into()),
     };
     let headers = match obj.remove("headers") {
+        None | Some(Value::Null) if !strict => BTreeMap::new(),
         Some(Value::Object(h)) => h
             .into_iter()
             .filter_map(|(k, v)| match v {
@@ -96,14 +112,19 @@ pub fn ack(message_id: &str, code: u16, message: &str, data: &str) -> String {
     .to_string()
 }
 
+/// The `data` of a success ack: `{"status":"SUCCESS","message":"success"}`.
+pub const SUCCESS_DATA: &str = r#"{"status":"SUCCESS","message":"success"}"#;
+
 /// The ack for a consumed EVENT: code 200, `{"status":"SUCCESS"}`.
 pub fn event_success(message_id: &str) -> String {
-    ack(
-        message_id,
-        200,
-        "OK",
-        r#"{"status":"SUCCESS","message":"success"}"#,
-    )
+    ack(message_id, 200, "OK", SUCCESS_DATA)
+}
+
+/// The reference CLI's ack of every frame (Go SDK
+/// `NewSuccessDataFrameResponse` + `NewEventProcessResultSuccess`): code
+/// 200, an empty message, the SUCCESS data.
+pub fn reference_success(message_id: &str) -> String {
+    ack(message_id, 200, "", SUCCESS_DATA)
 }
 
 #[cfg(test)]
@@ -139,6 +160,13 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+        // Lenient: any object is a frame.
+        let f = parse_lenient(r#"{"data":"{}"}"#).unwrap();
+        assert_eq!((f.kind.as_str(), f.headers.len()), ("", 0));
+        assert!(parse_lenient(r#"{"type":"x","headers":{},"data":"{}"}"#).is_ok());
+        for bad in ["[]", "nope", r#"{"headers":[]}"#, r#"{"type":1}"#] {
+            assert!(parse_lenient(bad).is_err(), "{bad}");
+        }
         // The reason never echoes the frame.
         let e = parse("{\"secret-looking\": ").unwrap_err();
         assert!(!e.contains("secret-looking"), "{e}");
@@ -152,5 +180,12 @@ mod tests {
         assert_eq!(a["headers"]["contentType"], "application/json");
         let d: Value = serde_json::from_str(a["data"].as_str().unwrap()).unwrap();
         assert_eq!(d["status"], "SUCCESS");
+        let r: Value = serde_json::from_str(&reference_success("")).unwrap();
+        assert_eq!(
+            (r["code"].as_i64(), r["message"].as_str()),
+            (Some(200), Some(""))
+        );
+        assert_eq!(r["headers"]["messageId"], "");
+        assert_eq!(r["data"], SUCCESS_DATA);
     }
 }

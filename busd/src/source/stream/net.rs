@@ -1,204 +1,123 @@
-//! Network plumbing of the DingTalk stream sources: a small URL type (enough
-//! for the configured base URLs and the WebSocket endpoint a ticket comes
-//! with, whose query carries the ticket and must be redacted), the TLS
-//! client configuration (rustls with the `ring` provider and the webpki
-//! root store, shared by the HTTP client and the WebSocket dial), and the
-//! HTTP client of the JSON calls (`reqwest`, bounded in size and time).
-//! Plain `http://` / `ws://` is refused unless the host is a loopback
-//! address (tests, the demo).
+//! Network plumbing of the DingTalk sources: URLs (the `url` crate, plus the
+//! one rule of which hosts may be reached without TLS), the TLS client
+//! configuration (rustls with the `ring` provider and the webpki root store,
+//! shared by the HTTP client and the WebSocket dial), and the HTTP client of
+//! the JSON calls (`reqwest`, bounded in size and time).
+//!
+//! **The loopback rule** (owned here; the profile check uses it too): plain
+//! `http://` / `ws://` is allowed only to `localhost`, `127.0.0.0/8` and
+//! `::1` (tests, the demo); every other host needs `https://` / `wss://`.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
+
+pub use url::Url;
 
 /// Largest HTTP response body accepted from the upstream.
 pub const MAX_RESPONSE: usize = 1024 * 1024;
 
-/// A parsed absolute URL: `scheme://host[:port][/path][?query]`. Fragments
-/// are dropped; user info is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Url {
-    pub scheme: String,
-    /// Host as written, IPv6 literals without brackets.
-    pub host: String,
-    pub port: Option<u16>,
-    /// Always starts with `/` (an empty path becomes `/`).
-    pub path: String,
-    /// Without the leading `?`; empty when there is none.
-    pub query: String,
+/// Parses an absolute `http`, `https`, `ws` or `wss` URL with a host and no
+/// user info. The fragment is dropped.
+pub fn parse(s: &str) -> Result<Url, String> {
+    let s = s.trim();
+    let (scheme, rest) = s
+        .split_once("://")
+        .ok_or("not an absolute URL (no scheme://)")?;
+    // WHATWG parsing would read `wss:///x` as host `x`: refuse it first.
+    if rest.is_empty() || rest.starts_with(['/', '?', '#']) {
+        return Err("no host".into());
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    if !matches!(scheme.as_str(), "http" | "https" | "ws" | "wss") {
+        return Err(format!("unsupported scheme {scheme:?}"));
+    }
+    let mut url = Url::parse(s).map_err(|e| e.to_string())?;
+    if url.host().is_none() {
+        return Err("no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("user info in URLs is not supported".into());
+    }
+    url.set_fragment(None);
+    Ok(url)
 }
 
-impl Url {
-    pub fn parse(s: &str) -> Result<Url, String> {
-        let (scheme, rest) = s
-            .split_once("://")
-            .ok_or("not an absolute URL (no scheme://)")?;
-        let scheme = scheme.to_ascii_lowercase();
-        if !matches!(scheme.as_str(), "http" | "https" | "ws" | "wss") {
-            return Err(format!("unsupported scheme {scheme:?}"));
-        }
-        let rest = rest.split('#').next().unwrap_or("");
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(end);
-        if authority.contains('@') {
-            return Err("user info in URLs is not supported".into());
-        }
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6.split_once(']').ok_or("unterminated IPv6 literal")?;
-            let port = match after {
-                "" => None,
-                p => Some(p.strip_prefix(':').ok_or("garbage after IPv6 literal")?),
-            };
-            (h.to_owned(), port)
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_owned(), Some(p)),
-                None => (authority.to_owned(), None),
-            }
-        };
-        if host.is_empty() {
-            return Err("no host".into());
-        }
-        if !host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
-        {
-            return Err("invalid host".into());
-        }
-        let port = match port {
-            None => None,
-            Some(p) => Some(
-                p.parse::<u16>()
-                    .map_err(|_| format!("invalid port {p:?}"))?,
-            ),
-        };
-        let (path, query) = match tail.split_once('?') {
-            Some((p, q)) => (p, q),
-            None => (tail, ""),
-        };
-        let path = if path.is_empty() {
-            "/".to_owned()
-        } else {
-            path.to_owned()
-        };
-        if path.bytes().any(|b| b <= b' ' || b == 0x7f)
-            || query.bytes().any(|b| b <= b' ' || b == 0x7f)
-        {
-            return Err("whitespace or control characters in URL".into());
-        }
-        Ok(Url {
-            scheme,
-            host: host.to_ascii_lowercase(),
-            port,
-            path,
-            query: query.to_owned(),
-        })
-    }
+pub fn is_tls(url: &Url) -> bool {
+    matches!(url.scheme(), "https" | "wss")
+}
 
-    pub fn is_tls(&self) -> bool {
-        matches!(self.scheme.as_str(), "https" | "wss")
-    }
-
-    pub fn port_or_default(&self) -> u16 {
-        self.port.unwrap_or(if self.is_tls() { 443 } else { 80 })
-    }
-
-    /// `127.0.0.0/8`, `::1` or `localhost`.
-    pub fn is_loopback(&self) -> bool {
-        if self.host == "localhost" {
-            return true;
-        }
-        match self.host.parse::<std::net::IpAddr>() {
-            Ok(ip) => ip.is_loopback(),
-            Err(_) => false,
-        }
-    }
-
-    /// Plain (unencrypted) schemes are allowed only to loopback hosts.
-    pub fn check_transport(&self) -> Result<(), String> {
-        if self.is_tls() || self.is_loopback() {
-            Ok(())
-        } else {
-            Err(format!(
-                "plain {} to {} refused: only loopback hosts may be reached without TLS",
-                self.scheme, self.host
-            ))
-        }
-    }
-
-    /// `host[:port]` as it goes in a `Host` header / URL authority.
-    pub fn authority(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        match self.port {
-            Some(p) => format!("{host}:{p}"),
-            None => host,
-        }
-    }
-
-    /// Path plus query, as in an HTTP request line.
-    pub fn path_and_query(&self) -> String {
-        if self.query.is_empty() {
-            self.path.clone()
-        } else {
-            format!("{}?{}", self.path, self.query)
-        }
-    }
-
-    /// The same URL with query parameter `name` set to `value`
-    /// (percent-encoded): an existing `name` parameter is replaced, every
-    /// other parameter is kept as it was, in order.
-    pub fn with_query_param(&self, name: &str, value: &str) -> Url {
-        let mut parts: Vec<String> = self
-            .query
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .filter(|p| p.split('=').next() != Some(name))
-            .map(str::to_owned)
-            .collect();
-        parts.push(format!(
-            "{}={}",
-            percent_encode(name),
-            percent_encode(value)
-        ));
-        Url {
-            query: parts.join("&"),
-            ..self.clone()
-        }
-    }
-
-    /// The URL without its query: safe to log (the query carries the ticket).
-    pub fn redacted(&self) -> String {
-        format!("{}://{}{}", self.scheme, self.authority(), self.path)
+/// `localhost`, `127.0.0.0/8` or `::1`.
+pub fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
     }
 }
 
-impl fmt::Display for Url {
-    /// The full URL, query included. Never log this for a WebSocket endpoint
-    /// with a ticket; use [`Url::redacted`].
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}://{}{}",
-            self.scheme,
-            self.authority(),
-            self.path_and_query()
-        )
+/// Plain (unencrypted) schemes are allowed only to loopback hosts.
+pub fn check_transport(url: &Url) -> Result<(), String> {
+    if is_tls(url) || is_loopback(url) {
+        Ok(())
+    } else {
+        Err(format!(
+            "plain {} to {} refused: only loopback hosts may be reached without TLS",
+            url.scheme(),
+            url.host_str().unwrap_or("")
+        ))
     }
 }
 
-/// RFC 3986 unreserved characters pass; everything else is `%XX`.
-pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
+/// The rule for a configured base URL: `https://` anywhere, `http://` only
+/// to a loopback host.
+pub fn check_http_url(s: &str) -> Result<Url, String> {
+    let url = parse(s).map_err(|e| format!("not an http(s) URL ({e})"))?;
+    match url.scheme() {
+        "https" => Ok(url),
+        "http" if is_loopback(&url) => Ok(url),
+        "http" => Err("plain http is allowed only for loopback hosts; use https".into()),
+        _ => Err("not an http(s) URL".into()),
+    }
+}
+
+/// The URL without its query: safe to log (a query may carry a ticket).
+pub fn redacted(url: &Url) -> String {
+    let mut u = url.clone();
+    u.set_query(None);
+    u.to_string()
+}
+
+/// `url` with the query parameters `pairs` appended (form-encoded).
+pub fn with_query(url: &Url, pairs: &[(&str, String)]) -> Url {
+    let mut u = url.clone();
+    if !pairs.is_empty() {
+        let mut q = u.query_pairs_mut();
+        for (k, v) in pairs {
+            q.append_pair(k, v);
         }
     }
-    out
+    u
+}
+
+/// The WebSocket URL for `ticket` at `endpoint`: the query parameter
+/// `ticket` set (form-encoded), every other parameter kept in order. With
+/// `keep_embedded`, a non-empty `ticket` the endpoint already carries is
+/// kept as it is (the personal stream's rule); otherwise it is replaced.
+pub fn with_ticket(endpoint: &Url, ticket: &str, keep_embedded: bool) -> Url {
+    let pairs: Vec<(String, String)> = endpoint.query_pairs().into_owned().collect();
+    if keep_embedded && pairs.iter().any(|(k, v)| k == "ticket" && !v.is_empty()) {
+        return endpoint.clone();
+    }
+    let mut u = endpoint.clone();
+    u.set_query(None);
+    {
+        let mut q = u.query_pairs_mut();
+        for (k, v) in pairs.iter().filter(|(k, _)| k != "ticket") {
+            q.append_pair(k, v);
+        }
+        q.append_pair("ticket", ticket);
+    }
+    u
 }
 
 // ------------------------------------------------------------------ TLS
@@ -252,7 +171,7 @@ pub fn http_client(
 /// loopback host. The error is a transport-level message without the URL's
 /// query or the request body.
 pub async fn send(url: &Url, req: reqwest::RequestBuilder) -> Result<Response, String> {
-    url.check_transport()?;
+    check_transport(url)?;
     let mut resp = req.send().await.map_err(|e| describe(&e))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
@@ -301,48 +220,88 @@ mod tests {
 
     #[test]
     fn parse_and_rebuild() {
-        let u = Url::parse("wss://wss-open-connection.dingtalk.com:443/connect").unwrap();
-        assert_eq!(u.host, "wss-open-connection.dingtalk.com");
-        assert_eq!(u.port, Some(443));
-        assert_eq!(u.path, "/connect");
-        let t = u.with_query_param("ticket", "a b+c");
+        let u = parse("wss://wss-open-connection.dingtalk.com:443/connect").unwrap();
+        assert_eq!(u.host_str(), Some("wss-open-connection.dingtalk.com"));
+        assert_eq!(u.port_or_known_default(), Some(443));
+        assert_eq!(u.path(), "/connect");
+        let t = with_ticket(&u, "a b+c", false);
         assert_eq!(
-            t.to_string(),
-            "wss://wss-open-connection.dingtalk.com:443/connect?ticket=a%20b%2Bc"
+            t.as_str(),
+            "wss://wss-open-connection.dingtalk.com/connect?ticket=a+b%2Bc"
         );
         assert_eq!(
-            t.redacted(),
-            "wss://wss-open-connection.dingtalk.com:443/connect"
+            redacted(&t),
+            "wss://wss-open-connection.dingtalk.com/connect"
         );
 
-        let u = Url::parse("ws://127.0.0.1:9/gw/x?region=cn&ticket=old&b=2#frag").unwrap();
-        let t = u.with_query_param("ticket", "T-1");
+        let u = parse("ws://127.0.0.1:9/gw/x?region=cn&ticket=old&b=2#frag").unwrap();
+        let t = with_ticket(&u, "T-1", false);
+        assert_eq!(t.as_str(), "ws://127.0.0.1:9/gw/x?region=cn&b=2&ticket=T-1");
         assert_eq!(
-            t.to_string(),
-            "ws://127.0.0.1:9/gw/x?region=cn&b=2&ticket=T-1"
+            with_ticket(&u, "T-1", true).as_str(),
+            "ws://127.0.0.1:9/gw/x?region=cn&ticket=old&b=2",
+            "an embedded ticket is kept"
         );
-        assert!(u.is_loopback());
-        assert!(u.check_transport().is_ok());
-
-        let u = Url::parse("ws://[::1]:8080").unwrap();
+        let empty = parse("ws://127.0.0.1:9/c?ticket=&x=1").unwrap();
         assert_eq!(
-            (u.host.as_str(), u.path.as_str(), u.authority()),
-            ("::1", "/", "[::1]:8080".into())
+            with_ticket(&empty, "T", true).as_str(),
+            "ws://127.0.0.1:9/c?x=1&ticket=T",
+            "an empty one is not"
         );
-        assert!(u.is_loopback());
+        assert!(is_loopback(&u));
+        assert!(check_transport(&u).is_ok());
 
-        assert!(Url::parse("ws://example.com/connect")
-            .unwrap()
-            .check_transport()
-            .is_err());
-        assert!(Url::parse("wss://example.com/connect")
-            .unwrap()
-            .check_transport()
-            .is_ok());
-        assert!(Url::parse("ftp://x").is_err());
-        assert!(Url::parse("wss://u:p@x").is_err());
-        assert!(Url::parse("wss://x:99999").is_err());
-        assert!(Url::parse("wss:///p").is_err());
-        assert!(Url::parse("nope").is_err());
+        let u = parse("ws://[::1]:8080").unwrap();
+        assert_eq!((u.host_str(), u.path()), (Some("[::1]"), "/"));
+        assert!(is_loopback(&u));
+
+        assert!(check_transport(&parse("ws://example.com/connect").unwrap()).is_err());
+        assert!(check_transport(&parse("wss://example.com/connect").unwrap()).is_ok());
+        assert!(parse("ftp://x").is_err());
+        assert!(parse("wss://u:p@x").is_err());
+        assert!(parse("wss://x:99999").is_err());
+        assert!(parse("wss:///p").is_err());
+        assert!(parse("nope").is_err());
+        assert_eq!(
+            with_query(
+                &parse("http://127.0.0.1/l").unwrap(),
+                &[("a", "x y".into())]
+            )
+            .as_str(),
+            "http://127.0.0.1/l?a=x+y"
+        );
+    }
+
+    /// One rule for configured URLs and endpoints alike.
+    #[test]
+    fn the_loopback_rule() {
+        for ok in [
+            "https://api.dingtalk.com",
+            "http://127.0.0.1:9/",
+            "http://127.0.0.2:9/",
+            "http://localhost/x",
+            "http://LOCALHOST/x",
+            "http://[::1]:8080/x",
+        ] {
+            assert!(check_http_url(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("http://example.com", "only for loopback hosts"),
+            ("http://128.0.0.1", "only for loopback hosts"),
+            ("http://[::2]/", "only for loopback hosts"),
+            ("ftp://x", "not an http(s) URL"),
+            ("ws://127.0.0.1/", "not an http(s) URL"),
+            ("http:///x", "no host"),
+        ] {
+            let e = check_http_url(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        for (ws, ok) in [
+            ("ws://127.0.0.2:9/c", true),
+            ("ws://[::1]:9/c", true),
+            ("ws://10.0.0.1/c", false),
+        ] {
+            assert_eq!(check_transport(&parse(ws).unwrap()).is_ok(), ok, "{ws}");
+        }
     }
 }

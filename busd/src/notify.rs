@@ -1,0 +1,129 @@
+//! The systemd readiness protocol, spoken by `busd --foreground` when it runs
+//! under a service manager (`NOTIFY_SOCKET` set, e.g. a `Type=notify` unit):
+//!
+//! - `STATUS=starting …` as soon as the flags are parsed;
+//! - `READY=1` once the socket is bound and listening and the store is
+//!   recovered — a client connecting after it is served;
+//! - `STATUS=serving …` with the bus's counts, refreshed while they change
+//!   (at most every [`STATUS_INTERVAL`]), so `systemctl --user status` shows them;
+//! - `STOPPING=1` with `STATUS=stopping (<reason>)` when the shutdown starts.
+//!
+//! A bus that `dws` spawns (no `--foreground`) never notifies, even if it
+//! inherited `NOTIFY_SOCKET` from its spawner: the socket belongs to
+//! whoever started `dws`. Notification failures are logged, never fatal.
+//! See `contrib/systemd/dws-bus@.service`.
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use proto::{paths::Endpoint, v1::ByeReason};
+use sd_notify::NotifyState;
+
+use crate::{hub::Hub, shutdown::Shutdown};
+
+/// How often the `STATUS=` line is refreshed (only sent when it changed).
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(2);
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// `true` when this run is supervised by a service manager: `--foreground`
+/// and a non-empty `NOTIFY_SOCKET`. Decides the idle-timeout default too
+/// (see [`crate::config::Args::parse_from_argv`]).
+pub fn supervised(foreground: bool) -> bool {
+    foreground && std::env::var_os("NOTIFY_SOCKET").is_some_and(|s| !s.is_empty())
+}
+
+/// Turns notifications on for a supervised run and reports `starting`.
+/// Call once, right after the flags are parsed.
+pub fn init(foreground: bool, profile: Option<&str>) {
+    let on = supervised(foreground);
+    ENABLED.store(on, Ordering::Relaxed);
+    if on {
+        status(&format!(
+            "starting (profile {})",
+            profile.unwrap_or("from DWS_PROFILE or default")
+        ));
+    }
+}
+
+/// `true` once [`init`] found a service manager.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+fn send(states: &[NotifyState]) {
+    if !enabled() {
+        return;
+    }
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!("cannot notify the service manager: {e}");
+    }
+}
+
+/// Sends one `STATUS=` line.
+pub fn status(text: &str) {
+    send(&[NotifyState::Status(text)]);
+}
+
+/// `READY=1` with a first `STATUS=`; then keeps the status current until the
+/// shutdown starts. Call after the socket listens (the ready pipe's `R`).
+pub fn ready(hub: &Hub, endpoint: &Endpoint, mut shutdown: Shutdown) {
+    if !enabled() {
+        return;
+    }
+    let first = summary(hub, endpoint);
+    send(&[NotifyState::Ready, NotifyState::Status(&first)]);
+    let hub = hub.clone();
+    let endpoint = endpoint.clone();
+    tokio::spawn(async move {
+        let mut last = first;
+        loop {
+            tokio::select! {
+                _ = shutdown.recv() => return,
+                () = tokio::time::sleep(STATUS_INTERVAL) => {}
+            }
+            let now = summary(&hub, &endpoint);
+            if now != last {
+                status(&now);
+                last = now;
+            }
+        }
+    });
+}
+
+/// `STOPPING=1` and why. Call when the shutdown starts.
+pub fn stopping(reason: ByeReason) {
+    let text = format!("stopping ({})", proto::bye_reason_name(reason));
+    send(&[NotifyState::Stopping, NotifyState::Status(&text)]);
+}
+
+/// The one-line status: profile, counts, source state, socket.
+fn summary(hub: &Hub, endpoint: &Endpoint) -> String {
+    // Lists are not needed: with none listed, `truncated` carries the totals.
+    let doc = hub.status_json(0);
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    format!(
+        "serving profile {}: {} connection(s), {} subscription(s), source {} {}, head seq {}; socket {}",
+        endpoint.profile,
+        n(&doc["bus"]["connections"]),
+        n(&doc["truncated"]["subscriptions_total"]),
+        doc["source"]["kind"].as_str().unwrap_or("?"),
+        doc["source"]["state"].as_str().unwrap_or("?"),
+        n(&doc["log"]["head_seq"]),
+        endpoint.socket_path.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_foreground_run_is_supervised() {
+        // NOTIFY_SOCKET is whatever the test runner has; without
+        // --foreground it never counts.
+        assert!(!supervised(false));
+    }
+}

@@ -1,0 +1,410 @@
+//! The user's credentials: the access token in use, its refresh, and
+//! everything to redact.
+//!
+//! - The token is read from its source every time it is used (a token file
+//!   rewritten by another tool is picked up).
+//! - A rejected token (HTTP 401) goes through [`Credentials::refresh_rejected`]
+//!   (the reference's compare-and-refresh, `internal/auth/force_refresh.go`
+//!   `ForceRefreshRejectedToken`): if the source already holds another
+//!   token, that one is used; otherwise, with a refresh token, the bus
+//!   refreshes ([`super::oauth`]) and writes the new access token — and a
+//!   rotated refresh token — back to their files atomically (a 0600 temp
+//!   file, fsync, rename, fsync of the directory), or keeps them in memory
+//!   when they came from the environment or the config file. One refresh at
+//!   a time; callers rejected with the same token share it.
+//! - Once a refresh told the token's lifetime, [`Credentials::usable_token`]
+//!   refreshes ahead of expiry (5 minutes before it, like the reference's
+//!   `TokenData.IsAccessTokenValid`, or half the lifetime when that is
+//!   shorter).
+
+use std::{
+    fs::{File, OpenOptions},
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::Path,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use super::{
+    config::{RefreshConfig, TokenSource, UserAuth},
+    oauth,
+};
+use crate::{
+    profile::Secret,
+    source::stream::{net, net::Url, Scrub},
+};
+
+/// How long before expiry a known-lifetime token is refreshed.
+const REFRESH_AHEAD: Duration = Duration::from_secs(300);
+/// After a failed early refresh, the next one is tried this much later
+/// (the reference's `rejectedTokenRefreshFailureCooldown`).
+const RETRY_EARLY_REFRESH: Duration = Duration::from_secs(3);
+
+/// What [`Credentials::refresh_rejected`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refreshed {
+    /// Another token to retry with; `refreshed` when the bus refreshed it
+    /// (else it was found in the token's source).
+    Token { token: Secret, refreshed: bool },
+    /// No refresh token is configured and the source still holds the
+    /// rejected token.
+    NoRefreshToken,
+    /// Refreshing failed.
+    Failed(oauth::RefreshError),
+}
+
+struct Refresher {
+    cfg: RefreshConfig,
+    url: Url,
+    http: reqwest::Client,
+}
+
+#[derive(Default)]
+struct State {
+    scrub: Scrub,
+    /// A refreshed access token whose source cannot be written (env, inline).
+    access: Option<Secret>,
+    /// A rotated refresh token whose source cannot be written.
+    refresh: Option<Secret>,
+    /// When the access token should be refreshed, if its lifetime is known.
+    refresh_at: Option<Instant>,
+}
+
+pub struct Credentials {
+    access: TokenSource,
+    refresher: Option<Refresher>,
+    state: Mutex<State>,
+    /// One refresh at a time.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl Credentials {
+    /// Credentials without refresh.
+    pub fn new(access: TokenSource) -> Credentials {
+        Credentials {
+            access,
+            refresher: None,
+            state: Mutex::new(State::default()),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Credentials that refresh through `http` when `auth` has a refresh
+    /// token.
+    pub fn with_refresh(auth: &UserAuth, http: &reqwest::Client) -> Result<Credentials, String> {
+        let mut c = Credentials::new(auth.access_token.clone());
+        if let Some(r) = &auth.refresh {
+            let url = net::parse(&r.oauth_url).map_err(|e| format!("invalid oauth_url: {e}"))?;
+            if let Some(s) = &r.client_secret {
+                c.learn(s);
+            }
+            c.refresher = Some(Refresher {
+                cfg: r.clone(),
+                url,
+                http: http.clone(),
+            });
+        }
+        Ok(c)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on `secret` is redacted by [`Credentials::scrub`].
+    pub fn learn(&self, secret: &Secret) {
+        self.state().scrub.add(secret.expose());
+    }
+
+    pub fn has_refresh_token(&self) -> bool {
+        self.refresher.is_some()
+    }
+
+    /// The current access token (re-read from its file, if it has one).
+    pub fn token(&self) -> Result<Secret, String> {
+        let held = self.state().access.clone();
+        let token = match held {
+            Some(t) => t,
+            None => self
+                .access
+                .read()
+                .map_err(|e| format!("cannot read the user access token: {e}"))?,
+        };
+        if token.expose().is_empty() {
+            return Err("the user access token is empty".into());
+        }
+        self.learn(&token);
+        Ok(token)
+    }
+
+    /// The current refresh token, if one is configured.
+    fn refresh_token(&self) -> Option<Result<Secret, String>> {
+        let r = self.refresher.as_ref()?;
+        let held = self.state().refresh.clone();
+        Some(match held {
+            Some(t) => Ok(t),
+            None => r
+                .cfg
+                .refresh_token
+                .read()
+                .map_err(|e| format!("cannot read the refresh token: {e}"))
+                .and_then(|t| {
+                    if t.expose().is_empty() {
+                        Err("the refresh token is empty".into())
+                    } else {
+                        self.learn(&t);
+                        Ok(t)
+                    }
+                }),
+        })
+    }
+
+    /// The reference's local subject of the identity: `refresh:` + the
+    /// SHA-256 (hex) of the refresh token when there is one, else
+    /// `access:` + that of the access token (`personalTokenSubject`).
+    pub fn local_subject(&self) -> String {
+        let (kind, token) = match self.refresh_token() {
+            Some(Ok(t)) => ("refresh", t),
+            _ => match self.token() {
+                Ok(t) => ("access", t),
+                Err(_) => return String::new(),
+            },
+        };
+        let digest = ring::digest::digest(&ring::digest::SHA256, token.expose().trim().as_bytes());
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        format!("{kind}:{hex}")
+    }
+
+    /// The token to use now: refreshed first when its known lifetime is
+    /// nearly over (a failed early refresh is logged; the current token is
+    /// used).
+    pub async fn usable_token(&self) -> Result<Secret, String> {
+        let due = self
+            .state()
+            .refresh_at
+            .is_some_and(|at| Instant::now() >= at);
+        if due && self.refresher.is_some() {
+            let _one = self.refreshing.lock().await;
+            let still_due = self
+                .state()
+                .refresh_at
+                .is_some_and(|at| Instant::now() >= at);
+            if still_due {
+                tracing::info!("personal: the access token expires soon: refreshing it");
+                if let Err(e) = self.refresh_now().await {
+                    tracing::warn!(error = %self.scrub().clean(&e.message), "personal: refreshing the access token ahead of expiry failed");
+                    self.state().refresh_at = Some(Instant::now() + RETRY_EARLY_REFRESH);
+                }
+            }
+        }
+        self.token()
+    }
+
+    /// `rejected` was refused (HTTP 401): the token to retry with, if any.
+    pub async fn refresh_rejected(&self, rejected: &Secret) -> Refreshed {
+        let _one = self.refreshing.lock().await;
+        match self.token() {
+            Ok(current) if current != *rejected => {
+                return Refreshed::Token {
+                    token: current,
+                    refreshed: false,
+                }
+            }
+            _ => {}
+        }
+        if self.refresher.is_none() {
+            return Refreshed::NoRefreshToken;
+        }
+        match self.refresh_now().await {
+            Ok(token) => Refreshed::Token {
+                token,
+                refreshed: true,
+            },
+            Err(e) => Refreshed::Failed(oauth::RefreshError {
+                message: self.scrub().clean(&e.message),
+                transient: e.transient,
+            }),
+        }
+    }
+
+    /// Refreshes now (the caller holds `refreshing`) and stores the result.
+    async fn refresh_now(&self) -> Result<Secret, oauth::RefreshError> {
+        let Some(r) = &self.refresher else {
+            return Err(oauth::RefreshError {
+                message: "no refresh token".into(),
+                transient: false,
+            });
+        };
+        let refresh_token = match self.refresh_token() {
+            Some(Ok(t)) => t,
+            Some(Err(message)) => {
+                return Err(oauth::RefreshError {
+                    message,
+                    transient: false,
+                })
+            }
+            None => {
+                return Err(oauth::RefreshError {
+                    message: "no refresh token".into(),
+                    transient: false,
+                })
+            }
+        };
+        let grant = oauth::refresh(
+            &r.http,
+            &r.url,
+            &r.cfg.client_id,
+            r.cfg.client_secret.as_ref(),
+            &refresh_token,
+        )
+        .await?;
+        self.learn(&grant.access_token);
+        if let Some(t) = &grant.refresh_token {
+            self.learn(t);
+        }
+        self.store(&grant);
+        tracing::info!(
+            lifetime = ?grant.lifetime,
+            "personal: access token refreshed"
+        );
+        Ok(grant.access_token)
+    }
+
+    /// Writes a grant back where the tokens came from; a token that cannot
+    /// be written (no file, or the write failed) is held in memory.
+    fn store(&self, grant: &oauth::Grant) {
+        let write = |source: &TokenSource, token: &Secret, what: &str| match source.file() {
+            Some(f) => match write_private_atomic(f, token.expose()) {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::error!(file = %f.display(), error = %e, "personal: the {what} could not be written back; it is kept in memory only");
+                    Some(token.clone())
+                }
+            },
+            None => Some(token.clone()),
+        };
+        let held_access = write(&self.access, &grant.access_token, "refreshed access token");
+        let held_refresh = match (&grant.refresh_token, &self.refresher) {
+            (Some(new), Some(r)) => write(&r.cfg.refresh_token, new, "rotated refresh token"),
+            _ => None,
+        };
+        let mut st = self.state();
+        if held_access.is_some() {
+            st.access = held_access;
+        }
+        if held_refresh.is_some() {
+            st.refresh = held_refresh;
+        }
+        let ahead = REFRESH_AHEAD.min(grant.lifetime / 2);
+        st.refresh_at = Some(Instant::now() + grant.lifetime - ahead);
+    }
+
+    pub fn scrub(&self) -> Scrub {
+        self.state().scrub.clone()
+    }
+}
+
+/// Replaces `path` with `contents` (and a newline) atomically: a new 0600
+/// file next to it, fsynced, renamed over it, the directory fsynced.
+pub fn write_private_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "token".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(contents.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn private(path: &Path, body: &str) {
+        std::fs::write(path, body).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    #[test]
+    fn tokens_are_re_read_and_learned() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("tok");
+        private(&f, "TOKEN-one\n");
+        let c = Credentials::new(TokenSource::File(f.clone()));
+        assert_eq!(c.token().unwrap().expose(), "TOKEN-one");
+        std::fs::write(&f, "TOKEN-two").unwrap();
+        assert_eq!(c.token().unwrap().expose(), "TOKEN-two");
+        assert_eq!(
+            c.scrub().clean("a TOKEN-one b TOKEN-two"),
+            "a <redacted> b <redacted>"
+        );
+        std::fs::write(&f, "").unwrap();
+        assert!(c.token().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_rejected_token_is_replaced_by_a_newer_one_without_refresh() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("tok");
+        private(&f, "old");
+        let c = Credentials::new(TokenSource::File(f.clone()));
+        let old = c.token().unwrap();
+        assert_eq!(c.refresh_rejected(&old).await, Refreshed::NoRefreshToken);
+        private(&f, "new");
+        assert_eq!(
+            c.refresh_rejected(&old).await,
+            Refreshed::Token {
+                token: Secret::new("new"),
+                refreshed: false
+            }
+        );
+    }
+
+    #[test]
+    fn local_subject_is_the_reference_hash() {
+        let c = Credentials::new(TokenSource::Fixed(Secret::new("abc")));
+        // sha256("abc")
+        assert_eq!(
+            c.local_subject(),
+            "access:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn atomic_private_write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("tok");
+        private(&f, "old");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write_private_atomic(&f, "new").unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "new\n");
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temp file left behind");
+    }
+}

@@ -1,0 +1,210 @@
+//! The access-token refresh call, as the reference CLI makes it
+//! (`internal/auth/oauth_helpers.go`: `refreshViaMCP`, and the direct
+//! `refreshToken` with a client secret): `POST {oauth_url}` with
+//! `{"clientId","refreshToken","grantType":"refresh_token"}` (plus
+//! `clientSecret` when one is configured); a 200 answer
+//! `{"accessToken","refreshToken"?,"expiresIn"?}` (also accepted inside a
+//! `result`/`data` envelope). `errorCode`/`errorMsg`, a missing
+//! `accessToken` or another status is a failure: transient (retry later) for
+//! no response, 408, 429 and 5xx, final otherwise.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{
+    profile::Secret,
+    source::stream::{net, net::Url, one_line},
+};
+
+/// The reference's default lifetime when `expiresIn` is missing
+/// (`config.DefaultAccessTokenExpiry`).
+pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(7200);
+
+/// A refreshed token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub access_token: Secret,
+    /// A rotated refresh token, if the server sent one.
+    pub refresh_token: Option<Secret>,
+    pub lifetime: Duration,
+}
+
+/// Why a refresh failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefreshError {
+    pub message: String,
+    /// Worth trying again later (no response, 408, 429, 5xx).
+    pub transient: bool,
+}
+
+impl RefreshError {
+    fn fatal(message: impl Into<String>) -> RefreshError {
+        RefreshError {
+            message: message.into(),
+            transient: false,
+        }
+    }
+}
+
+/// One refresh call.
+pub async fn refresh(
+    http: &reqwest::Client,
+    url: &Url,
+    client_id: &str,
+    client_secret: Option<&Secret>,
+    refresh_token: &Secret,
+) -> Result<Grant, RefreshError> {
+    let mut body = serde_json::json!({
+        "clientId": client_id,
+        "refreshToken": refresh_token.expose(),
+        "grantType": "refresh_token",
+    });
+    if let Some(s) = client_secret {
+        body["clientSecret"] = Value::String(s.expose().to_owned());
+    }
+    let req = http
+        .post(url.as_str())
+        .header(reqwest::header::ACCEPT, "application/json")
+        .json(&body);
+    let resp = net::send(url, req).await.map_err(|e| RefreshError {
+        message: format!("token refresh failed: {e}"),
+        transient: true,
+    })?;
+    parse_grant(resp.status, &resp.body)
+}
+
+/// The answer of a refresh call.
+pub fn parse_grant(status: u16, body: &[u8]) -> Result<Grant, RefreshError> {
+    let json: Option<Value> = serde_json::from_slice(body).ok();
+    let text = |v: &Value, keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| {
+                v.get(*k)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.trim().is_empty())
+            })
+            .map(|s| s.trim().to_owned())
+    };
+    let detail = |v: Option<&Value>| {
+        let d = v
+            .map(|v| {
+                let e = v.get("error").filter(|e| e.is_object()).unwrap_or(v);
+                [
+                    text(e, &["errorCode", "code"]),
+                    text(e, &["errorMsg", "message", "msg"]),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(": ")
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+        let d = one_line(&d, 200);
+        if d.is_empty() {
+            d
+        } else {
+            format!(": {d}")
+        }
+    };
+    if status != 200 {
+        return Err(RefreshError {
+            message: format!(
+                "token refresh refused: HTTP {status}{}",
+                detail(json.as_ref())
+            ),
+            transient: matches!(status, 408 | 429 | 500..),
+        });
+    }
+    let Some(v) = json.filter(Value::is_object) else {
+        return Err(RefreshError::fatal(
+            "token refresh failed: the answer is not a JSON object",
+        ));
+    };
+    if text(&v, &["errorCode", "errorMsg"]).is_some()
+        || v.get("success") == Some(&Value::Bool(false))
+    {
+        return Err(RefreshError::fatal(format!(
+            "token refresh refused{}",
+            detail(Some(&v))
+        )));
+    }
+    let obj = ["result", "data"]
+        .iter()
+        .find_map(|k| v.get(*k).filter(|o| o.is_object()))
+        .unwrap_or(&v);
+    let access = text(obj, &["accessToken", "access_token"]).ok_or_else(|| {
+        RefreshError::fatal("token refresh failed: the answer has no accessToken")
+    })?;
+    let lifetime = match obj.get("expiresIn").or_else(|| obj.get("expires_in")) {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|s| *s > 0)
+    .map(Duration::from_secs)
+    .unwrap_or(DEFAULT_LIFETIME);
+    Ok(Grant {
+        access_token: Secret::new(access),
+        refresh_token: text(obj, &["refreshToken", "refresh_token"]).map(Secret::new),
+        lifetime,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants() {
+        let g = parse_grant(
+            200,
+            br#"{"accessToken":"A2","refreshToken":"R2","expiresIn":7200,"corpId":"c"}"#,
+        )
+        .unwrap();
+        assert_eq!(g.access_token.expose(), "A2");
+        assert_eq!(g.refresh_token.unwrap().expose(), "R2");
+        assert_eq!(g.lifetime, Duration::from_secs(7200));
+        let g = parse_grant(
+            200,
+            br#"{"success":true,"result":{"accessToken":"A3","expiresIn":"60"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (g.access_token.expose(), g.refresh_token, g.lifetime),
+            ("A3", None, Duration::from_secs(60))
+        );
+        let g = parse_grant(200, br#"{"accessToken":"A4"}"#).unwrap();
+        assert_eq!(g.lifetime, DEFAULT_LIFETIME);
+    }
+
+    #[test]
+    fn failures() {
+        let e = parse_grant(
+            200,
+            br#"{"errorCode":"invalidParameter.authCode.notFound","errorMsg":"gone"}"#,
+        )
+        .unwrap_err();
+        assert!(!e.transient);
+        assert!(
+            e.message
+                .contains("invalidParameter.authCode.notFound: gone"),
+            "{e:?}"
+        );
+        let e = parse_grant(200, br#"{"refreshToken":"x"}"#).unwrap_err();
+        assert!(e.message.contains("no accessToken") && !e.transient);
+        let e = parse_grant(400, br#"{"code":"invalid_grant","message":"expired"}"#).unwrap_err();
+        assert_eq!(
+            (e.message.as_str(), e.transient),
+            (
+                "token refresh refused: HTTP 400: invalid_grant: expired",
+                false
+            )
+        );
+        for s in [408, 429, 500, 503] {
+            assert!(parse_grant(s, b"").unwrap_err().transient, "{s}");
+        }
+        assert!(!parse_grant(401, b"").unwrap_err().transient);
+        assert!(!parse_grant(200, b"<html>").unwrap_err().transient);
+    }
+}

@@ -1,0 +1,214 @@
+//! The NDJSON event line — the consume contract's stdout format — in one
+//! place, for both binaries.
+//!
+//! `dws` writes [`EventLine`] for events it formats itself. The bus renders
+//! the same line for consumers that ask for it (`Subscribe.ndjson_lines`):
+//! the parts that do not depend on the delivery ([`parts`], once per event,
+//! shared by every consumer), then per delivery only the subscription id,
+//! the redelivered mark and the delivery count ([`write_line`]). The two
+//! produce the same bytes (a property test says so), so a consumer can pass
+//! the bus's lines to stdout untouched.
+//!
+//! Field order (fields are only ever added, at the end), empty optional
+//! fields omitted: `type, seq, event_id, event_born_time, event_corp_id,
+//! event_type, event_unified_app_id, subscribe_id, source_id, rule_type,
+//! data, headers, received_at_unix_ms, redelivered, delivery`.
+
+use std::{collections::BTreeMap, io::Write};
+
+use serde::Serialize;
+
+use crate::v1;
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// One event as a JSON object, in the contract's field order.
+#[derive(Serialize)]
+pub struct EventLine<'a> {
+    #[serde(flatten)]
+    head: Head<'a>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    subscribe_id: &'a str,
+    #[serde(flatten)]
+    tail: Tail<'a>,
+    redelivered: bool,
+    /// How many times the subscription delivered this event (this one too).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    delivery: u32,
+}
+
+#[derive(Serialize)]
+struct Head<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    seq: u64,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    event_id: &'a str,
+    #[serde(skip_serializing_if = "is_zero")]
+    event_born_time: i64,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    event_corp_id: &'a str,
+    event_type: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    event_unified_app_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct Tail<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    source_id: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    rule_type: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    data: &'a str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    headers: &'a BTreeMap<String, String>,
+    received_at_unix_ms: i64,
+}
+
+impl<'a> From<&'a v1::Event> for EventLine<'a> {
+    fn from(e: &'a v1::Event) -> Self {
+        EventLine {
+            head: head(e),
+            subscribe_id: &e.subscription_id,
+            tail: tail(e),
+            redelivered: e.redelivered,
+            delivery: e.delivery,
+        }
+    }
+}
+
+fn head(e: &v1::Event) -> Head<'_> {
+    Head {
+        kind: "event",
+        seq: e.seq,
+        event_id: &e.event_id,
+        event_born_time: e.event_born_time,
+        event_corp_id: &e.event_corp_id,
+        event_type: &e.event_type,
+        event_unified_app_id: &e.event_unified_app_id,
+    }
+}
+
+fn tail(e: &v1::Event) -> Tail<'_> {
+    Tail {
+        source_id: &e.source_id,
+        rule_type: &e.rule_type,
+        data: &e.data,
+        headers: &e.headers,
+        received_at_unix_ms: e.received_at_unix_ms,
+    }
+}
+
+/// The delivery-independent parts of an event's line: `{"type":…` up to
+/// before `subscribe_id`, and `"source_id":…` up to `received_at_unix_ms`.
+pub fn parts(e: &v1::Event) -> (Vec<u8>, Vec<u8>) {
+    let mut head = serde_json::to_vec(&head(e)).unwrap_or_default();
+    head.pop(); // the closing brace
+    let mut tail = serde_json::to_vec(&tail(e)).unwrap_or_default();
+    tail.pop();
+    if !tail.is_empty() {
+        tail.remove(0); // the opening brace
+    }
+    (head, tail)
+}
+
+/// Appends one line (with its newline) from [`parts`] and the per-delivery
+/// fields.
+pub fn write_line(
+    out: &mut Vec<u8>,
+    head: &[u8],
+    subscription_id: &str,
+    tail: &[u8],
+    redelivered: bool,
+    delivery: u32,
+) {
+    out.extend_from_slice(head);
+    if !subscription_id.is_empty() {
+        out.extend_from_slice(b",\"subscribe_id\":");
+        let _ = serde_json::to_writer(&mut *out, subscription_id);
+    }
+    if !tail.is_empty() {
+        out.push(b',');
+        out.extend_from_slice(tail);
+    }
+    out.extend_from_slice(if redelivered {
+        b",\"redelivered\":true"
+    } else {
+        b",\"redelivered\":false"
+    });
+    if delivery != 0 {
+        let _ = write!(out, ",\"delivery\":{delivery}");
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn full_line(e: &v1::Event) -> Vec<u8> {
+        let mut v = serde_json::to_vec(&EventLine::from(e)).unwrap();
+        v.push(b'\n');
+        v
+    }
+
+    #[test]
+    fn the_documented_order() {
+        let e = v1::Event {
+            seq: 3,
+            event_id: "ev-2".into(),
+            event_type: "demo.hello".into(),
+            subscription_id: "s1".into(),
+            data: "{\"n\":2}".into(),
+            received_at_unix_ms: 10,
+            delivery: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            String::from_utf8(full_line(&e)).unwrap(),
+            "{\"type\":\"event\",\"seq\":3,\"event_id\":\"ev-2\",\"event_type\":\"demo.hello\",\
+             \"subscribe_id\":\"s1\",\"data\":\"{\\\"n\\\":2}\",\"received_at_unix_ms\":10,\
+             \"redelivered\":false,\"delivery\":1}\n"
+        );
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "",
+            "[a-z0-9._-]{1,12}",
+            ".{0,30}",
+            "[\"\\\\\n\t\u{0}\u{1f}é😀]{0,10}"
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn the_bus_renders_exactly_what_the_client_would(
+            seq in any::<u64>(), born in any::<i64>(), at in any::<i64>(),
+            id in text(), corp in text(), ty in text(), app in text(), sub in text(),
+            src in text(), rule in text(), data in text(),
+            headers in prop::collection::btree_map(text(), text(), 0..3),
+            redelivered in any::<bool>(), delivery in any::<u32>(),
+        ) {
+            let e = v1::Event {
+                seq, event_id: id, event_born_time: born, event_corp_id: corp,
+                event_type: ty, event_unified_app_id: app, subscription_id: sub.clone(),
+                source_id: src, rule_type: rule, data, headers, received_at_unix_ms: at,
+                redelivered, delivery,
+            };
+            let (head, tail) = parts(&e);
+            let mut line = vec![];
+            write_line(&mut line, &head, &sub, &tail, redelivered, delivery);
+            let want = full_line(&e);
+            prop_assert_eq!(String::from_utf8_lossy(&line), String::from_utf8_lossy(&want));
+        }
+    }
+}

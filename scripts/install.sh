@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Installs dws and busd side by side (dws finds busd next to itself), plus
+# their man pages and shell completions under the same root.
+#
+# Usage: scripts/install.sh [--root DIR] [--debug] [--no-docs]
+#
+#   --root DIR   install into DIR/bin (default: cargo's, i.e. $CARGO_INSTALL_ROOT
+#                or ~/.cargo; make sure DIR/bin is on PATH)
+#   --debug      build without optimisations (faster to build, slower to run)
+#   --no-docs    binaries only
+#
+# Docs go to DIR/share: man/man1/{dws,dws-event-*,busd}.1,
+# bash-completion/completions/dws, zsh/site-functions/_dws and
+# fish/vendor_completions.d/dws.fish. The script prints how to enable them.
+# Needs a Rust toolchain. $CARGO names the cargo to run (default: cargo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+root=""
+debug=()
+docs=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --root) root="${2:?--root needs a directory}"; shift 2 ;;
+        --root=*) root="${1#--root=}"; shift ;;
+        --debug) debug=(--debug); shift ;;
+        --no-docs) docs=0; shift ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "install.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+cargo="${CARGO:-cargo}"
+root_args=()
+if [ -n "$root" ]; then
+    mkdir -p "$root"
+    root="$(cd "$root" && pwd)"
+    root_args=(--root "$root")
+else
+    root="${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}"
+fi
+
+for crate in busd dws-client; do
+    echo "install.sh: cargo install --locked --path $crate ${root_args[*]} ${debug[*]}" >&2
+    "$cargo" install --locked --path "$crate" "${root_args[@]}" "${debug[@]}"
+done
+
+bin="$root/bin"
+for b in dws busd; do
+    [ -x "$bin/$b" ] || { echo "install.sh: $bin/$b is missing after cargo install" >&2; exit 1; }
+done
+version="$("$bin/dws" --version)"
+if [ "$("$bin/busd" --version | sed 's/^busd //')" != "${version#dws }" ]; then
+    echo "install.sh: dws and busd versions differ: $version / $("$bin/busd" --version)" >&2
+    exit 1
+fi
+
+if [ "$docs" = 1 ]; then
+    share="$root/share"
+    man1="$share/man/man1"
+    "$bin/dws" manpages "$man1" >/dev/null
+    "$bin/busd" --generate-man "$man1" >/dev/null
+    mkdir -p "$share/bash-completion/completions" "$share/zsh/site-functions" \
+        "$share/fish/vendor_completions.d"
+    "$bin/dws" completions bash >"$share/bash-completion/completions/dws"
+    "$bin/dws" completions zsh >"$share/zsh/site-functions/_dws"
+    "$bin/dws" completions fish >"$share/fish/vendor_completions.d/dws.fish"
+fi
+
+echo "installed $version into $bin"
+case ":$PATH:" in
+    *":$bin:"*) ;;
+    *) echo "  add it to PATH:  export PATH=\"$bin:\$PATH\"" ;;
+esac
+if [ "$docs" = 1 ]; then
+    cat <<EOF
+  man pages:    MANPATH="$share/man:\$(manpath 2>/dev/null)" man dws-event-consume
+  bash:         source "$share/bash-completion/completions/dws"   (e.g. in ~/.bashrc)
+  zsh:          fpath=("$share/zsh/site-functions" \$fpath); autoload -U compinit; compinit
+  fish:         source "$share/fish/vendor_completions.d/dws.fish"
+EOF
+fi
