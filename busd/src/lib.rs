@@ -11,10 +11,13 @@
 //!   [`pattern`]: what a subscription selects.
 //! - [`store`]: the storage boundary (disk, memory); [`commit`]: the one
 //!   thread that writes to it.
-//! - [`source`]: upstream sources behind one trait.
-//! - [`shutdown`]: the one shutdown signal and its reason.
+//! - [`source`]: upstream sources behind one trait; [`upstream`]: the
+//!   upstream-control boundary between the hub and the sources.
+//! - [`shutdown`]: the one shutdown signal and its reason; [`clock`]: the
+//!   wall clock.
 //! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run.
 
+pub mod clock;
 pub mod commit;
 pub mod config;
 pub mod connection;
@@ -33,6 +36,7 @@ pub mod socket;
 pub mod source;
 pub mod store;
 pub mod subscription;
+pub mod upstream;
 
 use std::{
     fs,
@@ -215,7 +219,7 @@ fn write_meta(endpoint: &Endpoint) -> Result<(), StartError> {
         "protocol_version": proto::PROTOCOL_VERSION,
         "profile": endpoint.profile,
         "started_at": humantime::format_rfc3339_millis(now).to_string(),
-        "started_at_unix_ms": hub::now_ms(),
+        "started_at_unix_ms": clock::now_ms(),
         "socket": endpoint.socket_path,
         "work_dir": endpoint.work_dir,
         "log": endpoint.log_path(),

@@ -1,13 +1,6 @@
-//! The ready pipe: how a spawned bus tells the `dws` that spawned it whether
-//! start-up worked. One message, then the pipe is closed:
-//!
-//! - `R\n`: ready, the socket accepts connections;
-//! - `A\n`: another bus already serves this profile (connect to it);
-//! - `E<reason>\n`: start-up failed (a runtime failure), with the reason to print;
-//! - `U<reason>\n`: failed because of a wrong setting (a usage error);
-//! - `P<reason>\n`: failed because of a permission or credential problem.
-//!
-//! If the bus dies before writing, the reader sees EOF and reports that.
+//! The bus's end of the ready pipe: the fd `dws` handed it, the one verdict
+//! written to it (the format is `proto::ready`, shared with the spawner), and
+//! [`StartError`], a start-up failure classified for the client's exit code.
 
 use std::{
     fs::File,
@@ -45,31 +38,21 @@ impl ReadyPipe {
     }
 
     pub fn ready(&mut self) {
-        self.send("R\n");
+        self.send(&ReadyVerdict::Ready.encode());
     }
 
     pub fn already_running(&mut self) {
-        self.send("A\n");
+        self.send(&ReadyVerdict::AlreadyRunning.encode());
     }
 
     pub fn failed(&mut self, e: &StartError) {
-        let tag = match e.kind {
-            FailureKind::Runtime => 'E',
-            FailureKind::Usage => 'U',
-            FailureKind::Permission => 'P',
-        };
-        let one_line = e.message.replace('\n', " ");
-        self.send(&format!("{tag}{one_line}\n"));
+        self.send(&ReadyVerdict::Failed(e.kind, e.message.clone()).encode());
     }
 }
 
 /// How a start-up failure is classified for the spawning client's exit code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    Runtime,
-    Usage,
-    Permission,
-}
+pub use proto::ready::FailureKind;
+use proto::ready::ReadyVerdict;
 
 /// Why the bus could not start.
 #[derive(Debug, Clone)]

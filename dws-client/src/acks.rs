@@ -84,9 +84,18 @@ pub fn read_stdin() -> mpsc::Receiver<Input> {
                 Ok(0) => break,
                 Ok(_) => {
                     if !buf.ends_with(b"\n") && buf.len() == 4096 {
-                        // Skip the rest of an overlong line.
+                        // Skip the rest of an overlong line, 4 KiB at a time.
                         let mut rest = Vec::new();
-                        let _ = stdin.read_until(b'\n', &mut rest);
+                        loop {
+                            rest.clear();
+                            match (&mut stdin).take(4096).read_until(b'\n', &mut rest) {
+                                Ok(0) => break,
+                                Ok(_) if rest.ends_with(b"\n") => break,
+                                Ok(_) => continue,
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                                Err(_) => break,
+                            }
+                        }
                     }
                     n += 1;
                     let line = String::from_utf8_lossy(&buf).trim().to_owned();

@@ -74,7 +74,7 @@ pub enum EventCmd {
 ///
 /// stderr carries exactly a ready line, after the subscription is confirmed
 /// and before any event, and an exited line with the reason (limit, timeout,
-/// signal, bus_shutdown, source_lost); on failure it carries one `Error:` line
+/// signal, bus_shutdown, source_lost, halted); on failure it carries one `Error:` line
 /// instead, with exit code 1 (runtime), 2 (usage) or 3 (permission). A bus
 /// that vanished without saying goodbye (crash, kill -9) adds the line
 /// `[event] bus connection lost without goodbye` before the exited line.

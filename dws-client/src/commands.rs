@@ -10,7 +10,7 @@ use proto::{
 use crate::{
     bus::BusConn,
     cli::{PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
-    exit::{clip, quoted, CliError, Result},
+    exit::{clip, CliError, Result},
     print_stdout, validate,
 };
 
@@ -19,16 +19,9 @@ fn unexpected(what: &str) -> CliError {
 }
 
 pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
-    if !proto::pattern::is_valid_event_type(&args.event_type) {
-        return Err(CliError::usage(format!(
-            "invalid event type {}: use letters, digits and . _ - : / (no wildcards)",
-            quoted(&args.event_type)
-        )));
-    }
+    proto::limits::check_event_type(&args.event_type).map_err(CliError::usage)?;
     if let Some(id) = &args.id {
-        if id.is_empty() || id.len() > 256 {
-            return Err(CliError::usage("--id must be 1-256 bytes"));
-        }
+        proto::limits::check_event_id(id).map_err(|e| CliError::usage(format!("--id: {e}")))?;
     }
     let data = match args.data.as_deref() {
         Some("-") => {

@@ -1,6 +1,6 @@
 //! Starting a bus on demand: find `busd`, spawn it detached (its own session,
 //! stdio on /dev/null) with a ready pipe on fd 3, and read its one-line
-//! verdict (see `busd::ready`): `R` ready, `A` another bus already serves the
+//! verdict (`proto::ready`): `R` ready, `A` another bus already serves the
 //! profile, `E<reason>` / `U<reason>` / `P<reason>` start-up failed (a runtime,
 //! configuration or permission problem: exit 1, 2 or 3).
 
@@ -15,6 +15,7 @@ use std::{
 };
 
 use nix::fcntl::OFlag;
+use proto::ready::{FailureKind, ReadyVerdict};
 use tokio::io::AsyncReadExt;
 
 use crate::exit::{clip, CliError, Result};
@@ -102,22 +103,18 @@ pub async fn spawn_bus(profile: &str, timeout: Duration) -> Result<Spawned> {
         Ok(Err(e)) => Err(CliError::runtime(format!(
             "cannot read the ready pipe: {e}"
         ))),
-        Ok(Ok(_)) => match text.chars().next() {
-            Some('R') => Ok(Spawned::Ready),
-            Some('A') => Ok(Spawned::AlreadyRunning),
-            Some('E') => Err(CliError::runtime(format!(
-                "cannot start the bus: {}",
-                &text[1..]
-            ))),
-            Some('U') => Err(CliError::usage(format!(
-                "cannot start the bus: {}",
-                &text[1..]
-            ))),
-            Some('P') => Err(CliError::permission(format!(
-                "cannot start the bus: {}",
-                &text[1..]
-            ))),
-            _ => Err(CliError::runtime(
+        Ok(Ok(_)) => match ReadyVerdict::parse(&text) {
+            Some(ReadyVerdict::Ready) => Ok(Spawned::Ready),
+            Some(ReadyVerdict::AlreadyRunning) => Ok(Spawned::AlreadyRunning),
+            Some(ReadyVerdict::Failed(kind, reason)) => {
+                let message = format!("cannot start the bus: {reason}");
+                Err(match kind {
+                    FailureKind::Runtime => CliError::runtime(message),
+                    FailureKind::Usage => CliError::usage(message),
+                    FailureKind::Permission => CliError::permission(message),
+                })
+            }
+            None => Err(CliError::runtime(
                 "the bus exited during start-up without a reason (see bus.log in the work dir)",
             )),
         },

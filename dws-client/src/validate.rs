@@ -35,14 +35,7 @@ pub fn event_keys(args: &[String]) -> Result<Vec<String>> {
 
 /// A subscription id given as `flag`.
 pub fn subscription_id(flag: &str, id: &str) -> Result<()> {
-    if proto::is_valid_id(id) {
-        Ok(())
-    } else {
-        Err(CliError::usage(format!(
-            "invalid {flag} {}: use 1-64 characters from A-Z a-z 0-9 . _ -",
-            quoted(id)
-        )))
-    }
+    proto::limits::check_subscription_id(flag, id).map_err(CliError::usage)
 }
 
 /// The `--filter` regex; empty when absent.

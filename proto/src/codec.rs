@@ -126,8 +126,8 @@ impl<In, Out: Message> Encoder<&Out> for FrameCodec<In, Out> {
     }
 }
 
-/// Appends one length-prefixed frame to `dst` (the same layout the inner
-/// `LengthDelimitedCodec` decodes, written without an intermediate copy).
+/// Appends one length-prefixed frame to `dst` (the layout [`FrameCodec`]
+/// decodes), written without an intermediate copy.
 pub fn encode_frame(msg: &impl Message, dst: &mut BytesMut) -> Result<(), CodecError> {
     let len = msg.encoded_len();
     if len > MAX_FRAME_LEN {

@@ -7,7 +7,9 @@
 //! - [`pattern`]: event-key patterns (`a.b`, `a.*`, `*`).
 //! - [`limits`]: the bounds both sides enforce.
 //! - [`ndjson`]: the NDJSON event line of the consume contract.
+//! - [`ready`]: the ready pipe's verdict between a spawned bus and `dws`.
 //! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
+//! - [`time`]: `sleep_until_opt`, an optional deadline for `select!` loops.
 //!
 //! This crate does no socket I/O.
 
@@ -16,6 +18,8 @@ pub mod limits;
 pub mod ndjson;
 pub mod paths;
 pub mod pattern;
+pub mod ready;
+pub mod time;
 
 /// Generated protocol types (package `dws.bus.v1`).
 pub mod v1 {

@@ -49,9 +49,64 @@ pub fn quoted(s: &str) -> String {
     }
 }
 
+/// The subscription-id rule (`[A-Za-z0-9._-]{1,64}`) with its message;
+/// `what` names the id in it (`--subscribe-id`, `subscription id`).
+pub fn check_subscription_id(what: &str, id: &str) -> Result<(), String> {
+    if crate::is_valid_id(id) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid {what} {}: use 1-64 characters from A-Z a-z 0-9 . _ -",
+            quoted(id)
+        ))
+    }
+}
+
+/// The event-id rule: 1 to [`MAX_EVENT_ID_LEN`] bytes.
+pub fn check_event_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_EVENT_ID_LEN {
+        Err(format!(
+            "event id must be 1-{MAX_EVENT_ID_LEN} bytes (got {})",
+            id.len()
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// The event-type rule for publishing: an exact key, no wildcards.
+pub fn check_event_type(t: &str) -> Result<(), String> {
+    if crate::pattern::is_valid_event_type(t) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid event type {}: use letters, digits and . _ - : / (no wildcards)",
+            quoted(t)
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_id_and_type_rules_say_what_is_wrong() {
+        assert!(check_subscription_id("--id", "s.1_x-Y").is_ok());
+        let e = check_subscription_id("--id", "a b").unwrap_err();
+        assert_eq!(
+            e,
+            "invalid --id \"a b\": use 1-64 characters from A-Z a-z 0-9 . _ -"
+        );
+        assert!(check_event_id("").is_err());
+        assert!(check_event_id(&"x".repeat(257))
+            .unwrap_err()
+            .contains("1-256"));
+        assert!(check_event_type("a.b").is_ok());
+        assert!(check_event_type("a.*")
+            .unwrap_err()
+            .contains("no wildcards"));
+    }
 
     #[test]
     fn clip_keeps_short_input_and_cuts_long_input_on_a_char_boundary() {

@@ -184,6 +184,17 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
     assert_eq!(s1["halted"]["seq"], 1);
     assert_eq!(s1["halted"]["event_id"], "e1");
     assert_eq!(s1["halted"]["deliveries"], 2);
+    // A consumer attaching to a halted subscription is told at once.
+    let again = env
+        .dws(["event", "consume", "--subscribe-id", "s1"])
+        .run_with_timeout(LONG);
+    again.assert_clean_exit("halted", 0);
+    assert!(
+        again
+            .stderr_lines()
+            .contains(&"[event] subscription s1 halted at seq 1: delivered 2 times without ack"),
+        "{again}"
+    );
     // Not allowed: enable a halted subscription.
     let msg = verb(&env, &["enable", "s1"]).assert_error(1);
     assert!(msg.contains("halted"), "{msg}");

@@ -38,6 +38,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use dws_tests::common::*;
 use dws_tests::{
     fake_dingtalk::{Event, FakeDingTalk},
     wait_pid_gone, Output, Sig, TestEnv, EXIT_TIMEOUT,
@@ -55,59 +56,12 @@ fn store_dir(env: &TestEnv) -> PathBuf {
     env.work_dir().join("store")
 }
 
-fn sub<'a>(st: &'a Value, id: &str) -> Option<&'a Value> {
-    st["subscriptions"]
-        .as_array()
-        .unwrap_or_else(|| panic!("status has no subscriptions array: {st:#}"))
-        .iter()
-        .find(|s| s["id"] == id)
-}
-
-fn listed<'a>(st: &'a Value, id: &str) -> &'a Value {
-    sub(st, id).unwrap_or_else(|| panic!("subscription {id:?} is not listed in status:\n{st:#}"))
-}
-
 /// `status.store`, asserting the bus runs and the object is there.
 fn store_status(st: &Value) -> &Value {
     assert_eq!(st["running"], true, "{st:#}");
     let s = &st["store"];
     assert!(s.is_object(), "status has no `store` object:\n{st:#}");
     s
-}
-
-/// Polls `status --format json` every 100 ms until `cond` holds.
-fn wait_status(
-    env: &TestEnv,
-    timeout: Duration,
-    what: &str,
-    mut cond: impl FnMut(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let st = env.status();
-        if cond(&st) {
-            return st;
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "timed out after {timeout:?} waiting for status: {what}\nlast status:\n{st:#}\n{}",
-                env.bus_log_tail()
-            );
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn subscribe_ok(env: &TestEnv, args: &[&str], id: &str) {
-    let mut a = vec!["event", "subscribe"];
-    a.extend_from_slice(args);
-    let out = env.dws(&a).run_with_timeout(EXIT_TIMEOUT);
-    out.assert_code(0);
-    assert_eq!(
-        out.stdout,
-        format!("{id}\n"),
-        "subscribe prints the id\n{out}"
-    );
 }
 
 /// `dws event stop`, then waits until no `busd` of `env` is left.
@@ -138,47 +92,8 @@ fn consume(env: &TestEnv, args: &[&str]) -> Output {
     env.dws(&a).run_with_timeout(EXIT_TIMEOUT)
 }
 
-/// The complete NDJSON lines of `out.stdout` (a trailing partial line is
-/// ignored), parsed.
-fn complete_events(out: &Output) -> Vec<Value> {
-    let text = match out.stdout.rfind('\n') {
-        Some(i) => &out.stdout[..=i],
-        None => "",
-    };
-    text.lines()
-        .map(|l| {
-            serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON ({e})\n{out}"))
-        })
-        .collect()
-}
-
-fn str_of<'a>(v: &'a Value, k: &str) -> &'a str {
-    v[k].as_str()
-        .unwrap_or_else(|| panic!("field {k:?} missing or not a string in {v}"))
-}
-
-fn u64_of(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("field {k:?} missing or not a number in {v}"))
-}
-
-fn ids_of(events: &[Value]) -> Vec<String> {
-    events
-        .iter()
-        .map(|e| str_of(e, "event_id").to_owned())
-        .collect()
-}
-
 fn seqs_of(events: &[Value]) -> Vec<u64> {
     events.iter().map(|e| u64_of(e, "seq")).collect()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as u64
 }
 
 /// Publishes `(id, data)` of `event_type` one after the other; returns the
@@ -193,32 +108,6 @@ fn publish_seq(env: &TestEnv, event_type: &str, items: &[(String, String)]) -> V
             u64_of(&p, "seq")
         })
         .collect()
-}
-
-/// Publishes from `threads` concurrent publishers; returns the replies.
-fn publish_parallel(
-    env: &TestEnv,
-    event_type: &str,
-    items: &[(String, String)],
-    threads: usize,
-) -> Vec<Value> {
-    let chunk = items.len().div_ceil(threads.max(1)).max(1);
-    thread::scope(|s| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|part| {
-                s.spawn(move || {
-                    part.iter()
-                        .map(|(id, data)| env.publish(event_type, data, &["--id", id]))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("publisher thread panicked"))
-            .collect()
-    })
 }
 
 /// `(id, data)` pairs: ids `<prefix>-NNNN`, data `<marker>-NNNN` padded

@@ -13,11 +13,21 @@
 //!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
 //!   shutdown, idle shutdown, `stop`.
+//! - [`subscriptions`]: named, owned and detached subscriptions: resume
+//!   after `kill -9`, redelivery, takeover, TTL, gaps, stalled consumers,
+//!   stop, status.
+//! - [`sources`]: the exec source and profile configuration errors.
+//! - [`dingtalk`]: the app stream against the loopback fake gateway
+//!   (conformance IDs, reconnects, portal ticket mode).
+//! - [`personal`]: the personal stream against the fake: tickets, token
+//!   refresh, frames in every spelling, the control plane.
 //! - [`spawn`]: on-demand daemon start: one daemon for many clients, stale
 //!   lock/socket recovery, socket permissions, `--dry-run`, `busd --foreground`.
 //! - [`durability`]: the on-disk store: its files and status, restart after
 //!   `stop` and `kill -9`, torn tails, flipped bytes, format versions, a
 //!   failed write, and `kill -9` chaos (local publish and DingTalk).
+//! - [`repo`]: repository habits: a `//!` header on every source file, no
+//!   oversized product file without a reason.
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
 //!   keeps receiving.
 //! - [`limits`]: every bound a client can hit (connections, unread replies,
@@ -43,6 +53,7 @@ mod ecosystem;
 mod lifecycle;
 mod limits;
 mod personal;
+mod repo;
 mod sources;
 mod spawn;
 mod subscriptions;

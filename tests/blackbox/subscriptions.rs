@@ -11,97 +11,20 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
+use dws_tests::common::*;
 use dws_tests::{Child, Output, Sig, TestEnv, EXIT_TIMEOUT};
 use serde_json::Value;
 
 // ------------------------------------------------------------------ helpers
-
-/// `dws event status --format json`, asserting exit 0 and a JSON document.
-/// The subscription `id` in a status document, if listed.
-fn sub<'a>(st: &'a Value, id: &str) -> Option<&'a Value> {
-    st["subscriptions"]
-        .as_array()
-        .unwrap_or_else(|| panic!("status has no subscriptions array: {st:#}"))
-        .iter()
-        .find(|s| s["id"] == id)
-}
-
-/// Like [`sub`] but panics when `id` is not listed.
-fn listed<'a>(st: &'a Value, id: &str) -> &'a Value {
-    sub(st, id).unwrap_or_else(|| panic!("subscription {id:?} is not listed in status:\n{st:#}"))
-}
-
-/// Polls `status --format json` (every 100 ms) until `cond` holds; returns
-/// that document. Panics after `timeout` with the last one, naming `what`.
-fn wait_status(
-    env: &TestEnv,
-    timeout: Duration,
-    what: &str,
-    mut cond: impl FnMut(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let st = env.status();
-        if cond(&st) {
-            return st;
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "timed out after {timeout:?} waiting for status: {what}\nlast status:\n{st:#}\n{}",
-                env.bus_log_tail()
-            );
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// `dws event subscribe <args...>` run to completion.
 fn subscribe(env: &TestEnv, args: &[&str]) -> Output {
     let mut a = vec!["event", "subscribe"];
     a.extend_from_slice(args);
     env.dws(&a).run_with_timeout(EXIT_TIMEOUT)
-}
-
-/// `dws event subscribe <args...>`, asserting exit 0 and that exactly `id`
-/// is printed.
-fn subscribe_ok(env: &TestEnv, args: &[&str], id: &str) {
-    let out = subscribe(env, args);
-    out.assert_code(0);
-    assert_eq!(
-        out.stdout,
-        format!("{id}\n"),
-        "subscribe prints the id\n{out}"
-    );
-}
-
-/// Publishes `(event_id, data)` pairs of `event_type` from `threads`
-/// concurrent publishers; returns each publish's JSON in input order.
-fn publish_parallel(
-    env: &TestEnv,
-    event_type: &str,
-    items: &[(String, String)],
-    threads: usize,
-) -> Vec<Value> {
-    let chunk = items.len().div_ceil(threads.max(1)).max(1);
-    thread::scope(|s| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|part| {
-                s.spawn(move || {
-                    part.iter()
-                        .map(|(id, data)| env.publish(event_type, data, &["--id", id]))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("publisher thread panicked"))
-            .collect()
-    })
 }
 
 /// `n` distinct event ids `<prefix>-000`… with `payload_len` bytes of data each.
@@ -116,45 +39,6 @@ fn items(prefix: &str, range: std::ops::Range<usize>, payload_len: usize) -> Vec
             (id, data)
         })
         .collect()
-}
-
-/// The complete NDJSON lines of `out.stdout` (a trailing line without `\n`,
-/// cut by `kill -9`, is ignored), each parsed.
-fn complete_events(out: &Output) -> Vec<Value> {
-    let text = match out.stdout.rfind('\n') {
-        Some(i) => &out.stdout[..=i],
-        None => "",
-    };
-    text.lines()
-        .map(|l| {
-            serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON ({e})\n{out}"))
-        })
-        .collect()
-}
-
-fn str_of<'a>(v: &'a Value, k: &str) -> &'a str {
-    v[k].as_str()
-        .unwrap_or_else(|| panic!("field {k:?} missing or not a string in {v}"))
-}
-
-fn u64_of(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("field {k:?} missing or not a number in {v}"))
-}
-
-fn ids_of(events: &[Value]) -> Vec<String> {
-    events
-        .iter()
-        .map(|e| str_of(e, "event_id").to_owned())
-        .collect()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as u64
 }
 
 /// Asserts that the seqs of `events` strictly increase and no event id repeats.

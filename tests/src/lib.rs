@@ -27,6 +27,7 @@
 //! - **Binaries are located, not built.** Building from inside a test would
 //!   race with the build that is running the test; see [`bin_dir`].
 
+pub mod common;
 pub mod fake_dingtalk;
 pub mod wire;
 

@@ -84,29 +84,12 @@ impl Wire {
         Some(ServerFrame::decode(&body[..]).expect("bus sent an undecodable frame"))
     }
 
-    /// Reads until one frame arrives.
+    /// Reads until one frame arrives; panics if none comes within `timeout`
+    /// or the bus closes the connection first.
     pub fn read_frame(&mut self, timeout: Duration) -> ServerFrame {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(f) = self.take_frame() {
-                return f;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no frame from the bus within {timeout:?}"
-            );
-            let mut chunk = [0u8; 64 * 1024];
-            match self.s.read(&mut chunk) {
-                Ok(0) => panic!("bus closed the connection before sending a frame"),
-                Ok(n) => self.buf.put_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
-                Err(e) => panic!("read from bus: {e}"),
-            }
-        }
+        self.try_read_frame(timeout).unwrap_or_else(|| {
+            panic!("no frame from the bus within {timeout:?} (or it closed the connection)")
+        })
     }
 
     /// Reads one frame if it arrives within `timeout`; `None` on a timeout,

@@ -42,7 +42,8 @@ use super::{
     Source, SourceContext, SourceFuture,
 };
 use crate::{
-    hub::{now_ms, NewEvent},
+    clock::now_ms,
+    hub::NewEvent,
     profile::{ConfigError, Secret, SectionReader},
 };
 

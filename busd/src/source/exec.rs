@@ -21,7 +21,8 @@ use tokio::{
 
 use super::{stream::Backoff, Source, SourceContext, SourceFuture};
 use crate::{
-    hub::{now_ms, Hub, NewEvent},
+    clock::now_ms,
+    hub::{Hub, NewEvent},
     profile::{ConfigError, SectionReader},
 };
 

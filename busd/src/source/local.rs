@@ -18,7 +18,7 @@ impl Source for LocalSource {
             ctx.hub.set_source_state(
                 v1::SourceState {
                     state: v1::SourceStatus::Connected as i32,
-                    since_unix_ms: crate::hub::now_ms(),
+                    since_unix_ms: crate::clock::now_ms(),
                     ..Default::default()
                 },
                 None,

@@ -1,7 +1,10 @@
 //! Upstream sources, one file each, behind the [`Source`] trait. A source
 //! turns its upstream into [`crate::hub::NewEvent`]s appended to the hub and
 //! reports its state with [`crate::hub::Hub::set_source_state`]. Only code in
-//! this module does upstream I/O.
+//! this module does upstream I/O. A source with upstream subscriptions hands
+//! the hub an [`UpstreamControl`] (defined in [`crate::upstream`], the one
+//! boundary both sides depend on: sources use the hub's handle, the hub
+//! never uses this module).
 
 pub mod dingtalk;
 pub mod exec;
@@ -11,7 +14,7 @@ pub mod stream;
 
 use std::{future::Future, pin::Pin};
 
-use crate::{hub::Hub, shutdown::Shutdown};
+use crate::{hub::Hub, shutdown::Shutdown, upstream::UpstreamControl};
 
 /// What every source gets: where events go and when to stop.
 pub struct SourceContext {
@@ -20,31 +23,6 @@ pub struct SourceContext {
 }
 
 pub type SourceFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// A boxed future, for the object-safe async methods below.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// The upstream subscription control plane of a source that has one (the
-/// personal stream). The hub calls it when a local subscription is created
-/// and removed; identical upstream specs share one upstream subscription by
-/// reference count, which the implementation keeps.
-pub trait UpstreamControl: Send + Sync {
-    /// Binds a new local subscription (event keys, upstream spec, TTL) to an
-    /// upstream subscription, creating it if needed; returns its upstream id.
-    /// `ttl` is the TTL the user asked for explicitly, zero when none: only
-    /// then does the upstream subscription get an expiry.
-    /// A refusal reaches the consumer as an `Error` frame before any ready line.
-    fn acquire<'a>(
-        &'a self,
-        keys: &'a [String],
-        spec: &'a proto::v1::UpstreamSpec,
-        ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<String, crate::hub::Refusal>>;
-
-    /// A local subscription bound to `upstream_id` is gone; the last one
-    /// cancels the upstream subscription (in the background).
-    fn release(&self, upstream_id: &str);
-}
 
 pub trait Source: Send {
     /// Short name shown by status and HelloAck (`local`, `exec`, …).

@@ -42,9 +42,9 @@ use self::{
 };
 use super::{
     stream::{self, frame::Frame, net, Scrub, Ticket, TicketError, Unroutable},
-    Source, SourceContext, SourceFuture, UpstreamControl,
+    Source, SourceContext, SourceFuture,
 };
-use crate::hub::NewEvent;
+use crate::{hub::NewEvent, upstream::UpstreamControl};
 
 /// The ticket request, whole exchange.
 const TICKET_TIMEOUT: Duration = Duration::from_secs(30);
@@ -136,7 +136,7 @@ impl Source for PersonalSource {
             };
             stream::run(upstream, policy, tuning, s.tls, ctx).await;
             // The bus is stopping: the upstream subscriptions it holds would
-            // outlive it (its subscriptions are in memory); cancel them.
+            // outlive it (their bindings are not stored); cancel them.
             if let Some(c) = self.control {
                 c.cancel_all(CANCEL_ON_EXIT).await;
             }

@@ -15,9 +15,21 @@
 //!   send)), aggregate deliveries/s, p50/p99 publish-to-stdout latency, and
 //!   busd's peak RSS; each scenario runs `--runs` times (fresh bus each) and
 //!   the median run by deliveries/s is shown, since short runs on a shared
-//!   2-core machine are noisy.
+//!   2-core machine are noisy. Also CPU µs per delivery: utime + stime (from
+//!   /proc/<pid>/stat, in clock ticks) of busd and of every consumer process
+//!   from just before the first publish until the consumers exit (a consumer
+//!   is read as a zombie, before it is reaped), over N × E; the publisher is
+//!   this benchmark and is not counted. Median over the runs.
 //! - **Latency at a fixed rate**: 4 consumers, 256 B, 2000 events/s for ~3 s
-//!   (the design's reference point: Redis pub/sub p99 ≈ 90 µs at 2k msg/s).
+//!   (the design's reference point: Redis pub/sub p99 ≈ 90 µs at 2k msg/s),
+//!   with CPU µs per delivery as above.
+//! - **Redis pub/sub in the same run** (`--peers`): right after the fan-out
+//!   table, `../shared/peers/redis_fanout.py` for the table's rows among
+//!   N=4 and 16 at 256 B and N=4 at 4 KiB, and after the fixed-rate run
+//!   `redis_latency.py` at the same rate; their final JSON summary lines give
+//!   the medians printed next to ours (deliveries/s, CPU µs per delivery,
+//!   p50/p99), with the ratio. Needs python3, redis-server and
+//!   `$PEERS_BIN/redis_client`; without `--peers` one line says how.
 //! - **Memory with a stalled consumer**: one fast consumer plus one whose
 //!   stdout pipe is never read, 200 000 × 256 B events, retention 20 000
 //!   events. Reported: busd's peak RSS (VmHWM), that the fast consumer got
@@ -63,7 +75,11 @@ use std::{
 use bytes::BytesMut;
 use dws_tests::{busd_bin, dws_bin, TestEnv};
 use nix::{
-    sys::signal::{kill, SigSet, Signal},
+    sys::{
+        resource::{getrusage, UsageWho},
+        signal::{kill, SigSet, Signal},
+        wait::{waitid, Id, WaitPidFlag, WaitStatus},
+    },
     unistd::Pid,
 };
 use prost::Message;
@@ -138,6 +154,11 @@ struct Opts {
     durable_runs: usize,
     durable_rate: u64,
     compare_consumers: usize,
+    /// `--peers`: compare with Redis pub/sub (../shared/peers).
+    peers: bool,
+    peers_dir: PathBuf,
+    peers_msgs_small: u64,
+    peers_msgs_large: u64,
 }
 
 /// Which store a bus runs on (env `DWS_EVENT_BUS_STORE` and
@@ -232,6 +253,16 @@ fan-out on the disk store vs the memory store (256 B, flood, --runs each):
   --skip-store-compare       skip this comparison
   --only-store-compare       run only this comparison (combines with --only-durable)
 
+Redis pub/sub in the same run (the peer benchmarks, see DIR/README.md):
+  --peers                    after the fan-out table, run DIR/redis_fanout.py for N=4 and N=16 at 256 B
+                             and N=4 at 4 KiB (those --consumers has, --runs runs each), after the
+                             fixed-rate run DIR/redis_latency.py, and print ours vs Redis. Needs
+                             python3 and redis-server on PATH and $PEERS_BIN/redis_client (default
+                             DIR/bin): `make -C DIR BIN=$PEERS_BIN`
+  --peers-dir DIR            the peer benchmarks (default ../shared/peers, from the current dir)
+  --peers-msgs-256 M         messages per Redis 256 B run (default 200000)
+  --peers-msgs-4k M          messages per Redis 4 KiB run (default 20000)
+
   -h, --help                 this help
 ";
 
@@ -259,6 +290,10 @@ fn parse_opts() -> Res<Opts> {
         durable_runs: 3,
         durable_rate: 1000,
         compare_consumers: 4,
+        peers: false,
+        peers_dir: PathBuf::from("../shared/peers"),
+        peers_msgs_small: 200_000,
+        peers_msgs_large: 20_000,
     };
     let (mut only_durable, mut only_compare) = (false, false);
     let mut durability: Option<&'static str> = None;
@@ -323,6 +358,12 @@ fn parse_opts() -> Res<Opts> {
             "--durable-rate" => o.durable_rate = num(&a, args.next())?,
             "--compare-consumers" => o.compare_consumers = num(&a, args.next())?,
             "--skip-durable" => o.skip_durable = true,
+            "--peers" => o.peers = true,
+            "--peers-dir" => {
+                o.peers_dir = PathBuf::from(args.next().ok_or("--peers-dir needs a value")?)
+            }
+            "--peers-msgs-256" => o.peers_msgs_small = num(&a, args.next())?,
+            "--peers-msgs-4k" => o.peers_msgs_large = num(&a, args.next())?,
             "--only-durable" => only_durable = true,
             "--skip-store-compare" => o.skip_store_compare = true,
             "--only-store-compare" => only_compare = true,
@@ -356,9 +397,11 @@ fn parse_opts() -> Res<Opts> {
         || o.durable_runs == 0
         || o.durable_rate == 0
         || o.compare_consumers == 0
+        || o.peers_msgs_small == 0
+        || o.peers_msgs_large == 0
     {
         return Err(
-            "--durable-events-*, --durable-runs, --durable-rate and --compare-consumers must be at least 1"
+            "--durable-events-*, --durable-runs, --durable-rate, --compare-consumers and --peers-msgs-* must be at least 1"
                 .into(),
         );
     }
@@ -432,15 +475,8 @@ impl BusEnv {
         for (k, v) in &self.extra {
             cmd.env(k, v);
         }
-        // This process blocks the signals it sigwaits for, and a child
-        // inherits the mask: unblock them so consumers (and the busd they
-        // spawn) can be stopped with SIGTERM.
-        let watched = watched_signals();
-        // SAFETY: only pthread_sigmask, which is async-signal-safe, runs
-        // between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || watched.thread_unblock().map_err(std::io::Error::from));
-        }
+        // So consumers (and the busd they spawn) can be stopped with SIGTERM.
+        unblock_watched_in_child(&mut cmd);
         cmd
     }
 
@@ -586,6 +622,9 @@ struct ConsumerProc {
     stdout: Option<ChildStdout>,
     stderr: Arc<Mutex<Vec<u8>>>,
     status: Option<ExitStatus>,
+    /// utime + stime in clock ticks, read from /proc while the exited
+    /// process was still a zombie (reaping it removes /proc/<pid>).
+    final_cpu_ticks: Option<u64>,
 }
 
 impl ConsumerProc {
@@ -621,14 +660,32 @@ impl ConsumerProc {
             child,
             stderr,
             status: None,
+            final_cpu_ticks: None,
         })
     }
 
     fn exited(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
+            // Look without reaping first: an exited child stays a zombie, and
+            // its /proc/<pid>/stat still holds its final CPU times.
+            let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            match waitid(Id::Pid(Pid::from_raw(self.pid)), flags) {
+                Ok(WaitStatus::StillAlive) => return None,
+                Ok(_) => self.final_cpu_ticks = proc_cpu_ticks(self.pid as i64),
+                Err(_) => {}
+            }
             self.status = self.child.try_wait().ok().flatten();
         }
         self.status
+    }
+
+    /// CPU time (utime + stime, clock ticks) used so far, or in all once it
+    /// exited (then known only if [`ConsumerProc::exited`] saw it exit).
+    fn cpu_ticks(&mut self) -> Option<u64> {
+        match self.exited() {
+            Some(_) => self.final_cpu_ticks,
+            None => proc_cpu_ticks(self.pid as i64),
+        }
     }
 
     fn stderr_text(&self) -> String {
@@ -790,6 +847,8 @@ struct AckState {
     sent_at: VecDeque<(u64, Instant)>,
     /// With latency tracking: write-to-PublishAck time of every ack, in ns.
     ack_latencies: Vec<u64>,
+    /// CPU time of the ack reader thread over its life, in µs, set when it ends.
+    reader_cpu_us: Option<f64>,
 }
 
 type Shared = Arc<(Mutex<AckState>, Condvar)>;
@@ -1028,8 +1087,9 @@ impl Publisher {
         Ok(first)
     }
 
-    /// Says goodbye and closes the connection.
-    fn close(mut self) {
+    /// Says goodbye and closes the connection. Returns the CPU time the ack
+    /// reader thread used, in µs (`None` if it did not end within 2 s).
+    fn close(mut self) -> Option<f64> {
         let bye = ClientFrame {
             kind: Some(client_frame::Kind::Bye(Bye {
                 reason: ByeReason::ClientDone as i32,
@@ -1040,6 +1100,12 @@ impl Publisher {
             let _ = self.flush();
         }
         let _ = self.stream.shutdown(Shutdown::Both);
+        let (lock, cv) = &*self.acks;
+        let st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (st, _) = cv
+            .wait_timeout_while(st, Duration::from_secs(2), |st| st.reader_cpu_us.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        st.reader_cpu_us
     }
 }
 
@@ -1091,6 +1157,9 @@ fn drain_acks(stream: UnixStream, shared: Shared) {
             Err(e) => st.ended = Some(e),
         }
         let done = st.ended.is_some();
+        if done {
+            st.reader_cpu_us = Some(thread_cpu_us());
+        }
         drop(st);
         cv.notify_all();
         if done {
@@ -1100,6 +1169,34 @@ fn drain_acks(stream: UnixStream, shared: Shared) {
 }
 
 // ------------------------------------------------------------------ scenarios
+
+/// utime + stime of process `pid` (all its threads, not its children) in
+/// clock ticks, from /proc/<pid>/stat (fields 14 and 15).
+fn proc_cpu_ticks(pid: i64) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain anything.
+    let mut fields = text.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks per second of /proc's CPU times (sysconf(_SC_CLK_TCK)).
+fn clock_ticks_per_sec() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    match unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } {
+        t if t > 0 => t as f64,
+        _ => 100.0,
+    }
+}
+
+/// CPU time (user + system) of the calling thread, in µs.
+fn thread_cpu_us() -> f64 {
+    getrusage(UsageWho::RUSAGE_THREAD).map_or(f64::NAN, |u| {
+        let (user, sys) = (u.user_time(), u.system_time());
+        (user.tv_sec() + sys.tv_sec()) as f64 * 1e6 + (user.tv_usec() + sys.tv_usec()) as f64
+    })
+}
 
 fn read_proc_kb(pid: i64, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -1141,7 +1238,20 @@ struct FanoutResult {
     busd_hwm_kb: Option<u64>,
     /// The bus ran with retention raised to hold every event.
     retention_raised: bool,
+    /// CPU µs of busd and all consumer processes per delivery, from just
+    /// before the first publish until the consumers exited.
+    cpu_us_per_delivery: Option<f64>,
+    /// The same plus this benchmark's publisher threads (the publishing one
+    /// and its ack reader): comparable with peers that count their publisher.
+    cpu_with_pub_us_per_delivery: Option<f64>,
+    /// The clock ticks behind `cpu_us_per_delivery` (the fewest of the runs
+    /// in a table row): below [`COARSE_CPU_TICKS`] the figure is coarse.
+    cpu_ticks: Option<u64>,
 }
+
+/// CPU figures measured from fewer clock ticks than this are marked coarse:
+/// every process's figure is only good to ±1 tick.
+const COARSE_CPU_TICKS: u64 = 20;
 
 #[derive(Clone, Copy)]
 enum Mode {
@@ -1337,16 +1447,33 @@ fn run_fanout(
     }
     drop(tx);
 
+    // CPU baselines: busd and every consumer, and this (publishing) thread.
+    let busd_cpu0 = proc_cpu_ticks(bus_pid);
+    let consumers_cpu0: Vec<Option<u64>> = consumers.iter_mut().map(|c| c.cpu_ticks()).collect();
+    let pub_cpu0 = thread_cpu_us();
     let mut publisher = Publisher::connect(&socket)?;
     let first_send = match mode {
         Mode::Flood => publisher.flood(events, size, inflight, None)?,
         Mode::Rate(rate) => publisher.paced(events, size, rate, inflight)?,
     };
-    publisher.close();
+    let pub_cpu_us = thread_cpu_us() - pub_cpu0 + publisher.close().unwrap_or(f64::NAN);
 
     let results = collect(&rx, &progress, &mut consumers, events, &env)?;
     let busd_hwm_kb = read_proc_kb(bus_pid, "VmHWM");
+    // The consumers have exited (collect waited for each), busd still runs.
+    let mut ticks = busd_cpu0
+        .zip(proc_cpu_ticks(bus_pid))
+        .map(|(a, b)| b.saturating_sub(a));
+    for (c, before) in consumers.iter_mut().zip(consumers_cpu0) {
+        let used = before.zip(c.cpu_ticks()).map(|(a, b)| b.saturating_sub(a));
+        ticks = ticks.zip(used).map(|(t, u)| t + u);
+    }
     env.stop()?;
+    let deliveries = (n as u64 * events) as f64;
+    let cpu_us_per_delivery = ticks.map(|t| t as f64 / clock_ticks_per_sec() * 1e6 / deliveries);
+    let cpu_with_pub_us_per_delivery = cpu_us_per_delivery
+        .map(|c| c + pub_cpu_us / deliveries)
+        .filter(|c| c.is_finite());
 
     let rates: Vec<f64> = results
         .iter()
@@ -1369,6 +1496,9 @@ fn run_fanout(
         max_us: lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
         busd_hwm_kb,
         retention_raised: retention.is_some(),
+        cpu_us_per_delivery,
+        cpu_with_pub_us_per_delivery,
+        cpu_ticks: ticks,
     })
 }
 
@@ -1662,6 +1792,17 @@ fn watched_signals() -> SigSet {
     set
 }
 
+/// This process blocks the signals it sigwaits for, and a child inherits the
+/// mask: unblock them in `cmd`'s child so it can be stopped with SIGTERM.
+fn unblock_watched_in_child(cmd: &mut Command) {
+    let watched = watched_signals();
+    // SAFETY: only pthread_sigmask, which is async-signal-safe, runs
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || watched.thread_unblock().map_err(std::io::Error::from));
+    }
+}
+
 fn install_signal_watch() -> Res<()> {
     let set = watched_signals();
     // Blocked in every thread spawned from here on (and unblocked again in
@@ -1733,8 +1874,21 @@ fn main() {
     }
 }
 
-/// The fan-out table, the fixed-rate latency run and the memory run.
+/// The fan-out table, the fixed-rate latency run and the memory run; with
+/// `--peers`, Redis pub/sub runs right after the table and after the
+/// fixed-rate run, each followed by ours vs Redis.
 fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
+    // Checked first, so a missing prerequisite shows before the long runs.
+    let peers_ready = opts.peers && {
+        match peers_missing(&opts.peers_dir) {
+            Some(why) => {
+                println!();
+                println!("--peers: the Redis pub/sub comparison will be skipped: {why}");
+                false
+            }
+            None => true,
+        }
+    };
     println!();
     println!("Fan-out throughput: 1 publisher (pipelined, ≤{} in flight) → N × `dws event consume --format raw`", opts.inflight);
     println!("(bus on the {})", opts.store.describe());
@@ -1743,9 +1897,16 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
          saturation, see the fixed-rate run for unloaded latency)",
         opts.runs
     );
+    println!(
+        "(cpu µs/deliv: CPU time of busd plus every `dws event consume` process (utime + stime from /proc/<pid>/stat, \
+         in 1/{} s ticks), from just before the first publish until the consumers exit, divided by the N × events \
+         deliveries; median over the runs. Not counted: the publisher, which is this benchmark itself, and its \
+         stdout readers)",
+        clock_ticks_per_sec()
+    );
     println!();
     println!(
-        "{:>4}  {:>7}  {:>7}  {:>13}  {:>13}  {:>15}  {:>9}  {:>9}  {:>9}  {:>10}",
+        "{:>4}  {:>7}  {:>7}  {:>13}  {:>13}  {:>15}  {:>9}  {:>9}  {:>9}  {:>12}  {:>10}",
         "N",
         "payload",
         "events",
@@ -1755,9 +1916,13 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
         "p50 µs",
         "p99 µs",
         "max µs",
+        "cpu µs/deliv",
         "busd peak"
     );
     let mut raised_any = false;
+    let mut coarse_any = false;
+    // Every row's (N, payload, events, median result) for the Redis comparison.
+    let mut rows: Vec<(usize, usize, u64, Option<FanoutResult>)> = Vec::new();
     for &size in &[256usize, 4096] {
         for &n in &opts.consumers {
             if INTERRUPTED.load(Ordering::Relaxed) {
@@ -1769,21 +1934,34 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
                 opts.events_large
             };
             // The median of `runs` runs (by aggregate deliveries/s): short
-            // runs on a shared 2-core machine are noisy.
+            // runs on a shared 2-core machine are noisy. The CPU figures are
+            // medians of their own.
             let result = (0..opts.runs)
                 .map(|_| {
                     guarded(|| run_fanout(n, size, events, Mode::Flood, opts.inflight, opts.store))
                 })
                 .collect::<Res<Vec<_>>>()
                 .map(|mut rs| {
+                    let cpu = median(rs.iter().filter_map(|r| r.cpu_us_per_delivery).collect());
+                    let cpu_pub = median(
+                        rs.iter()
+                            .filter_map(|r| r.cpu_with_pub_us_per_delivery)
+                            .collect(),
+                    );
+                    let ticks = rs.iter().filter_map(|r| r.cpu_ticks).min();
                     rs.sort_by(|a, b| a.aggregate.total_cmp(&b.aggregate));
-                    rs.swap_remove(rs.len() / 2)
+                    let mut r = rs.swap_remove(rs.len() / 2);
+                    r.cpu_ticks = ticks;
+                    r.cpu_us_per_delivery = cpu;
+                    r.cpu_with_pub_us_per_delivery = cpu_pub;
+                    r
                 });
             match result {
                 Ok(r) => {
                     raised_any |= r.retention_raised;
+                    coarse_any |= r.cpu_coarse();
                     println!(
-                    "{:>4}  {:>7}  {:>7}  {:>13.0}  {:>13.0}  {:>15.0}  {:>9.0}  {:>9.0}  {:>9.0}  {:>10}",
+                    "{:>4}  {:>7}  {:>7}  {:>13.0}  {:>13.0}  {:>15.0}  {:>9.0}  {:>9.0}  {:>9.0}  {:>12}  {:>10}",
                     n,
                     size_name(size),
                     events,
@@ -1793,8 +1971,10 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
                     r.p50_us,
                     r.p99_us,
                     r.max_us,
+                    fmt_cpu(r.cpu_us_per_delivery, &r),
                     kb(r.busd_hwm_kb) + if r.retention_raised { " *" } else { "" }
-                    )
+                    );
+                    rows.push((n, size, events, Some(r)));
                 }
                 Err(e) => {
                     println!(
@@ -1804,6 +1984,7 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
                         events
                     );
                     failures.push(format!("fan-out N={n} payload={}: {e}", size_name(size)));
+                    rows.push((n, size, events, None));
                 }
             }
         }
@@ -1814,36 +1995,67 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
             "  * bus retention raised to hold every event (DWS_EVENT_BUS_RETENTION_EVENTS/BYTES)"
         );
     }
+    if coarse_any {
+        println!("{COARSE_NOTE}");
+    }
+
+    if !opts.peers {
+        println!();
+        println!(
+            "Redis pub/sub comparison: not run; pass --peers (needs python3, redis-server and $PEERS_BIN/redis_client, \
+             see {}/README.md)",
+            opts.peers_dir.display()
+        );
+    } else if peers_ready && !INTERRUPTED.load(Ordering::Relaxed) {
+        run_peer_fanout(opts, &rows, failures);
+    }
 
     if !opts.skip_latency && !INTERRUPTED.load(Ordering::Relaxed) {
         let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
         println!();
         println!(
-            "Latency at a fixed rate: {} events/s for {:.1} s, {} consumers, 256 B, disk store, fsync (reference: Redis pub/sub p99 ≈ 90 µs at 2k msg/s)",
-            opts.rate, opts.rate_secs, opts.rate_consumers
+            "Latency at a fixed rate: {} events/s for {:.1} s, {} consumers, 256 B, {} (reference: Redis pub/sub p99 ≈ 90 µs at 2k msg/s)",
+            opts.rate,
+            opts.rate_secs,
+            opts.rate_consumers,
+            opts.store.describe()
         );
-        match guarded(|| {
+        println!(
+            "(cpu µs/deliv: busd + consumers as in the table above; the publisher, this benchmark, not counted)"
+        );
+        let ours = match guarded(|| {
             run_fanout(
                 opts.rate_consumers,
                 256,
                 events,
                 Mode::Rate(opts.rate),
                 opts.inflight,
-                StoreSel::DISK_FSYNC,
+                opts.store,
             )
         }) {
-            Ok(r) => println!(
-                "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   ({} deliveries; busd peak {})",
-                r.p50_us,
-                r.p99_us,
-                r.max_us,
-                events * opts.rate_consumers as u64,
-                kb(r.busd_hwm_kb)
-            ),
+            Ok(r) => {
+                println!(
+                    "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   cpu {} µs/deliv   ({} deliveries; busd peak {})",
+                    r.p50_us,
+                    r.p99_us,
+                    r.max_us,
+                    fmt_cpu(r.cpu_us_per_delivery, &r),
+                    events * opts.rate_consumers as u64,
+                    kb(r.busd_hwm_kb)
+                );
+                if r.cpu_coarse() {
+                    println!("{COARSE_NOTE}");
+                }
+                Some(r)
+            }
             Err(e) => {
                 println!("  FAILED (see below)");
                 failures.push(format!("fixed-rate latency: {e}"));
+                None
             }
+        };
+        if peers_ready && !INTERRUPTED.load(Ordering::Relaxed) {
+            run_peer_latency(opts, ours.as_ref(), failures);
         }
     }
 
@@ -1861,6 +2073,399 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
             }
         }
     }
+}
+
+const COARSE_NOTE: &str =
+    "  ~ CPU from fewer than 20 clock ticks: coarse, each process counts only to ±1 tick \
+     (more events make it finer)";
+
+impl FanoutResult {
+    fn cpu_coarse(&self) -> bool {
+        self.cpu_ticks.is_some_and(|t| t < COARSE_CPU_TICKS)
+    }
+}
+
+/// A CPU µs/delivery figure of `r`, "~"-marked when coarse.
+fn fmt_cpu(v: Option<f64>, r: &FanoutResult) -> String {
+    let s = fmt_opt(v, 2);
+    if r.cpu_coarse() && v.is_some() {
+        format!("~{s}")
+    } else {
+        s
+    }
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// `v` with `prec` decimals, "?" when unknown.
+fn fmt_opt(v: Option<f64>, prec: usize) -> String {
+    v.filter(|x| x.is_finite())
+        .map_or("?".into(), |x| format!("{x:.prec$}"))
+}
+
+// ------------------------------------------------------------------ Redis pub/sub (--peers)
+
+/// The (N, payload) fan-out scenarios run on Redis pub/sub too.
+const PEER_SCENARIOS: [(usize, usize); 3] = [(4, 256), (16, 256), (4, 4096)];
+
+/// The longest a peer script may take per fan-out run it makes.
+const PEER_TIMEOUT_PER_RUN: Duration = Duration::from_secs(120);
+/// The runs benchlib.py makes when not given `--runs`.
+const PEER_DEFAULT_RUNS: u32 = 3;
+
+/// Where the peers' C clients are: $PEERS_BIN, else DIR/bin (as benchlib.py).
+fn peers_bin(dir: &Path) -> PathBuf {
+    std::env::var_os("PEERS_BIN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| dir.join("bin"), PathBuf::from)
+}
+
+fn find_on_path(exe: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(exe))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Why the Redis runs cannot happen here, if they cannot.
+fn peers_missing(dir: &Path) -> Option<String> {
+    let mut missing = Vec::new();
+    for exe in ["python3", "redis-server"] {
+        if find_on_path(exe).is_none() {
+            missing.push(format!("`{exe}` is not on PATH"));
+        }
+    }
+    for script in ["redis_fanout.py", "redis_latency.py"] {
+        let p = dir.join(script);
+        if !p.is_file() {
+            missing.push(format!("{} not found (--peers-dir)", p.display()));
+        }
+    }
+    let bin = peers_bin(dir);
+    let client = bin.join("redis_client");
+    if !client.is_file() {
+        missing.push(format!(
+            "{} not found (build it: make -C {} BIN={}; set PEERS_BIN to that dir)",
+            client.display(),
+            dir.display(),
+            bin.display()
+        ));
+    }
+    (!missing.is_empty()).then(|| missing.join("; "))
+}
+
+/// Runs `python3 DIR/<script> <args>` (stopped after `timeout`) and returns
+/// its final JSON line, which has a "summary", and how long it took.
+fn run_peer(
+    opts: &Opts,
+    script: &str,
+    args: &[String],
+    timeout: Duration,
+) -> Res<(Value, Duration)> {
+    let path = opts.peers_dir.join(script);
+    let what = format!("python3 {} {}", path.display(), args.join(" "));
+    let mut cmd = Command::new("python3");
+    cmd.arg(&path)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    unblock_watched_in_child(&mut cmd);
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot spawn `{what}`: {e}"))?;
+    let out = capture(child.stdout.take());
+    let err = capture(child.stderr.take());
+    let deadline = started + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) => {
+                let why = if INTERRUPTED.load(Ordering::Relaxed) {
+                    Some("interrupted by a signal".to_string())
+                } else if Instant::now() >= deadline {
+                    Some(format!("did not finish within {:?}", deadline - started))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    // SIGTERM first: benchlib.py then stops the redis-server
+                    // and clients it started.
+                    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+                    let grace = Instant::now() + Duration::from_secs(10);
+                    while matches!(child.try_wait(), Ok(None)) && Instant::now() < grace {
+                        thread::sleep(POLL);
+                    }
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("`{what}` {why}"));
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(format!("waiting for `{what}`: {e}")),
+        }
+    };
+    let took = started.elapsed();
+    let out =
+        String::from_utf8_lossy(&out.recv_timeout(Duration::from_secs(3)).unwrap_or_default())
+            .into_owned();
+    let err =
+        String::from_utf8_lossy(&err.recv_timeout(Duration::from_secs(3)).unwrap_or_default())
+            .into_owned();
+    let summary = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["summary"].is_object());
+    match summary {
+        Some(v) if status.success() => Ok((v, took)),
+        _ => {
+            let tail = |s: &str| {
+                let lines: Vec<&str> = s.trim().lines().collect();
+                lines[lines.len().saturating_sub(15)..].join("\n    ")
+            };
+            Err(format!(
+                "`{what}` failed ({status}, no JSON summary line)\n  stdout:\n    {}\n  stderr:\n    {}",
+                tail(&out),
+                tail(&err)
+            ))
+        }
+    }
+}
+
+/// "7.0.15" out of benchlib's "Redis server v=7.0.15 sha=…".
+fn redis_version(v: &Value) -> Option<String> {
+    let full = v["version"].as_str()?;
+    Some(
+        full.split_whitespace()
+            .find_map(|w| w.strip_prefix("v="))
+            .unwrap_or(full)
+            .to_string(),
+    )
+}
+
+fn summary_median(v: &Value, key: &str) -> Option<f64> {
+    v["summary"][key]["median"].as_f64()
+}
+
+/// Messages lost per run, as benchlib.py reports them (one entry per run).
+fn summary_lost(v: &Value) -> Vec<u64> {
+    v["summary"]["lost_per_run"]
+        .as_array()
+        .map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect())
+        .unwrap_or_default()
+}
+
+/// Redis pub/sub for the rows of the fan-out table that are in
+/// [`PEER_SCENARIOS`], then ours vs Redis.
+fn run_peer_fanout(
+    opts: &Opts,
+    rows: &[(usize, usize, u64, Option<FanoutResult>)],
+    failures: &mut Vec<String>,
+) {
+    let scenarios: Vec<_> = PEER_SCENARIOS
+        .iter()
+        .filter_map(|&(n, size)| rows.iter().find(|r| r.0 == n && r.1 == size))
+        .collect();
+    println!();
+    if scenarios.is_empty() {
+        println!(
+            "Redis pub/sub fan-out: not run, the table has none of its scenarios (N=4 and N=16 at 256 B, N=4 at 4 KiB; see --consumers)"
+        );
+        return;
+    }
+    println!(
+        "Redis pub/sub fan-out in the same run (private redis-server on a Unix socket, persists nothing; \
+         hiredis C clients: 1 publisher pipelining PUBLISH, N subscriber processes counting in memory):"
+    );
+    let mut peer: Vec<Option<Value>> = Vec::new();
+    let mut version = None;
+    for &&(n, size, _, _) in &scenarios {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return;
+        }
+        let msgs = if size == 256 {
+            opts.peers_msgs_small
+        } else {
+            opts.peers_msgs_large
+        };
+        let args: Vec<String> = [
+            "--subs".into(),
+            n.to_string(),
+            "--msgs".into(),
+            msgs.to_string(),
+            "--size".into(),
+            size.to_string(),
+            "--runs".into(),
+            opts.runs.to_string(),
+        ]
+        .into();
+        let timeout = Duration::from_secs(60) + PEER_TIMEOUT_PER_RUN * opts.runs as u32;
+        match run_peer(opts, "redis_fanout.py", &args, timeout) {
+            Ok((v, took)) => {
+                println!(
+                    "  python3 {} {}   ({:.1} s)",
+                    opts.peers_dir.join("redis_fanout.py").display(),
+                    args.join(" "),
+                    took.as_secs_f64()
+                );
+                version = version.or_else(|| redis_version(&v));
+                peer.push(Some(v));
+            }
+            Err(e) => {
+                println!(
+                    "  python3 {} {}   FAILED (see below)",
+                    opts.peers_dir.join("redis_fanout.py").display(),
+                    args.join(" ")
+                );
+                failures.push(format!(
+                    "Redis fan-out N={n} payload={}: {e}",
+                    size_name(size)
+                ));
+                peer.push(None);
+            }
+        }
+    }
+
+    println!();
+    println!(
+        "Ours vs Redis pub/sub{}, flood fan-out; ours = the table above, on the {}",
+        version.map_or(String::new(), |v| format!(" {v}")),
+        opts.store.describe()
+    );
+    println!(
+        "(ours: {} events per 256 B scenario, {} per 4 KiB; Redis: {} / {} messages; medians of {} run(s) each; \
+         ratio = ours / Redis)",
+        opts.events_small, opts.events_large, opts.peers_msgs_small, opts.peers_msgs_large, opts.runs
+    );
+    println!(
+        "(cpu µs/deliv: ours = busd + consumers, the publisher not counted; ours+pub = that plus this benchmark's \
+         publisher threads; Redis = redis-server + subscribers + its publisher process, as benchlib.py counts)"
+    );
+    println!();
+    println!(
+        "{:>12}  {:>13}  {:>13}  {:>10}  {:>17}  {:>12}  {:>18}",
+        "scenario",
+        "ours deliv/s",
+        "Redis deliv/s",
+        "ours/Redis",
+        "ours cpu µs/deliv",
+        "ours+pub cpu",
+        "Redis cpu µs/deliv"
+    );
+    let mut lossy = Vec::new();
+    let mut coarse_any = false;
+    for (&&(n, size, _, ref ours), peer) in scenarios.iter().zip(&peer) {
+        coarse_any |= ours.as_ref().is_some_and(|r| r.cpu_coarse());
+        let ours_rate = ours.as_ref().map(|r| r.aggregate);
+        let redis_rate = peer.as_ref().and_then(|v| summary_median(v, "total_rate"));
+        let ratio = ours_rate.zip(redis_rate).map(|(a, b)| a / b);
+        let lost = peer.as_ref().map(summary_lost).unwrap_or_default();
+        let scenario = format!("N={n}, {}", size_name(size));
+        if lost.iter().any(|&l| l > 0) {
+            lossy.push(format!("{scenario}: lost per run {lost:?}"));
+        }
+        println!(
+            "{:>12}  {:>13}  {:>13}  {:>10}  {:>17}  {:>12}  {:>18}",
+            scenario,
+            fmt_opt(ours_rate, 0),
+            fmt_opt(redis_rate, 0),
+            fmt_opt(ratio, 2),
+            ours.as_ref()
+                .map_or("?".into(), |r| fmt_cpu(r.cpu_us_per_delivery, r)),
+            ours.as_ref()
+                .map_or("?".into(), |r| fmt_cpu(r.cpu_with_pub_us_per_delivery, r)),
+            fmt_opt(
+                peer.as_ref()
+                    .and_then(|v| summary_median(v, "cpu_us_per_delivery")),
+                2
+            ),
+        );
+    }
+    if coarse_any {
+        println!("{COARSE_NOTE}");
+    }
+    if !lossy.is_empty() {
+        println!(
+            "  Redis lost messages (a subscriber over client-output-buffer-limit pubsub is disconnected; its rate \
+             counts only what arrived): {}",
+            lossy.join("; ")
+        );
+    }
+}
+
+/// Redis pub/sub at the fixed rate of the latency run, then ours vs Redis.
+fn run_peer_latency(opts: &Opts, ours: Option<&FanoutResult>, failures: &mut Vec<String>) {
+    let args: Vec<String> = [
+        "--subs".into(),
+        opts.rate_consumers.to_string(),
+        "--rate".into(),
+        opts.rate.to_string(),
+        "--duration".into(),
+        opts.rate_secs.to_string(),
+    ]
+    .into();
+    let cmd = format!(
+        "python3 {} {}",
+        opts.peers_dir.join("redis_latency.py").display(),
+        args.join(" ")
+    );
+    let timeout =
+        (Duration::from_secs(60) + Duration::from_secs_f64(opts.rate_secs)) * PEER_DEFAULT_RUNS;
+    let v = match run_peer(opts, "redis_latency.py", &args, timeout) {
+        Ok((v, took)) => {
+            println!(
+                "  Redis pub/sub at the same rate: {cmd}   ({:.1} s, median of {} run(s))",
+                took.as_secs_f64(),
+                summary_lost(&v).len()
+            );
+            v
+        }
+        Err(e) => {
+            println!("  Redis pub/sub at the same rate: {cmd}   FAILED (see below)");
+            failures.push(format!("Redis fixed-rate latency: {e}"));
+            return;
+        }
+    };
+    println!(
+        "  {:>8}  {:>20}  {:>8}  {:>10}",
+        "",
+        format!("ours ({}, {})", opts.store.kind, opts.store.durability),
+        format!(
+            "Redis{}",
+            redis_version(&v).map_or(String::new(), |s| format!(" {s}"))
+        ),
+        "ours/Redis"
+    );
+    for (name, ours_v, key) in [
+        ("p50 µs", ours.map(|r| r.p50_us), "p50_us"),
+        ("p99 µs", ours.map(|r| r.p99_us), "p99_us"),
+    ] {
+        let redis = summary_median(&v, key);
+        println!(
+            "  {:>8}  {:>20}  {:>8}  {:>10}",
+            name,
+            fmt_opt(ours_v, 0),
+            fmt_opt(redis, 0),
+            fmt_opt(ours_v.zip(redis).map(|(a, b)| a / b), 2)
+        );
+    }
+    let lost = summary_lost(&v);
+    if lost.iter().any(|&l| l > 0) {
+        println!("  Redis lost messages per run: {lost:?}");
+    }
+    println!(
+        "  (ours: publisher send → line read from a consumer's stdout, one run; Redis: publisher send → subscriber \
+         receive)"
+    );
 }
 
 /// Durable-publish throughput (durability × payload × publishers) and the

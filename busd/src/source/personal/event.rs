@@ -27,7 +27,8 @@
 use serde_json::{Map, Value};
 
 use crate::{
-    hub::{now_ms, NewEvent},
+    clock::now_ms,
+    hub::NewEvent,
     source::stream::{frame::Frame, one_line, Unroutable},
 };
 

@@ -9,7 +9,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::hub::now_ms;
+use crate::clock::now_ms;
 
 /// Exponential backoff with jitter: the n-th delay is `b + U[0, b/4]` with
 /// `b = min·2ⁿ`, never more than `max`. Delays never decrease until

@@ -65,7 +65,10 @@ pub use self::{
     runner::run,
     scrub::Scrub,
 };
-use crate::hub::{now_ms, Hub, NewEvent};
+use crate::{
+    clock::now_ms,
+    hub::{Hub, NewEvent},
+};
 
 /// The `User-Agent` of every upstream request.
 pub fn user_agent() -> String {

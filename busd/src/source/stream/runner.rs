@@ -25,10 +25,7 @@ use super::{
     Url,
 };
 use crate::{
-    hub::{now_ms, Hub},
-    ratelimit::LogLimit,
-    shutdown::Shutdown,
-    source::SourceContext,
+    clock::now_ms, hub::Hub, ratelimit::LogLimit, shutdown::Shutdown, source::SourceContext,
 };
 
 /// TCP + TLS + WebSocket handshake (a ticket is valid for 90 s).

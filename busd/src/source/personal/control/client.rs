@@ -28,7 +28,6 @@ use super::{
     CANCEL_PATH, CREATE_PATH, LIST_PATH,
 };
 use crate::{
-    hub::Refusal,
     profile::Secret,
     source::{
         personal::{
@@ -37,8 +36,8 @@ use crate::{
             ticket::{header_value, secret_header},
         },
         stream::net,
-        BoxFuture, UpstreamControl,
     },
+    upstream::{BoxFuture, Refusal, UpstreamControl},
 };
 
 /// A retryable create failure is retried inside the acquire (the consumer

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use proto::v1::ErrorCode;
 
-use crate::{hub::Refusal, source::stream::one_line};
+use crate::{source::stream::one_line, upstream::Refusal};
 
 /// How a failed call may be treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,8 +22,8 @@ use crate::{
     source::{
         personal::credentials::Credentials,
         stream::{self, net},
-        UpstreamControl,
     },
+    upstream::UpstreamControl,
 };
 
 fn control(fake: &FakeDingTalk, token: &str) -> Control {

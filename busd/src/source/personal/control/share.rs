@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use tokio::sync::oneshot;
 
-use crate::hub::Refusal;
+use crate::upstream::Refusal;
 
 /// The result a waiting acquire receives.
 pub type Created = Result<String, Refusal>;

@@ -1,0 +1,179 @@
+//! The outbound side of a connection: every frame goes into its outbound
+//! buffer through [`Connection::send`]. This file owns delivery — moving
+//! events, gaps and source-state changes from the hub into that buffer
+//! within [`OUT_HIGH_WATER`] ([`Connection::fill`]), as `Event` frames or as
+//! `EventLines` batches of NDJSON lines rendered here — and the frames that
+//! end a connection or a request: `Error` and `Bye` (including the `Bye` of a
+//! halted subscription and the `Error` of a failed store).
+
+use std::sync::Arc;
+
+use proto::{
+    codec::{encode_event_frame, encode_frame},
+    ndjson,
+    v1::{self, server_frame::Kind as S, ByeReason, ErrorCode},
+};
+
+use super::{replies::store_failed_message, Connection, Phase};
+use crate::eventlog::LoggedEvent;
+
+/// Stop pulling events into the outbound buffer above this many bytes: the
+/// consumer is not keeping up, and the credit window already bounds what is
+/// in flight.
+const OUT_HIGH_WATER: usize = 256 * 1024;
+
+/// Events pulled from the hub per wake-up.
+const PULL_BATCH: usize = 256;
+
+impl Connection {
+    /// Appends one frame to the outbound buffer.
+    pub(super) fn send(&mut self, kind: S) {
+        let frame = v1::ServerFrame { kind: Some(kind) };
+        if let Err(e) = encode_frame(&frame, &mut self.out) {
+            // Only a reply over MAX_FRAME_LEN can fail here.
+            tracing::error!(conn = self.id, cause = %e, "cannot encode a reply");
+        }
+    }
+
+    pub(super) fn error(&mut self, request_id: u64, code: ErrorCode, message: impl Into<String>) {
+        self.send(S::Error(v1::Error {
+            request_id,
+            code: code as i32,
+            message: message.into(),
+        }));
+    }
+
+    /// Sends the source state if it changed since this connection last saw it.
+    /// The generation is read without the hub lock: this runs on every wake-up.
+    fn source_state_if_changed(&mut self) {
+        if self.hub.source_gen() != self.source_gen {
+            let (state, gen) = self.hub.source_state();
+            self.source_gen = gen;
+            self.send(S::SourceState(state));
+        }
+    }
+
+    pub(super) fn bye(&mut self, reason: ByeReason) {
+        // A bus stopped by its store says so: it is an error, not a goodbye.
+        if let Some(why) = self.hub.store_error() {
+            self.error(0, ErrorCode::Internal, store_failed_message(&why));
+            self.closing = true;
+            return;
+        }
+        // A source that was lost says why before the Bye that follows it.
+        if matches!(self.phase, Phase::Ready) {
+            self.source_state_if_changed();
+        }
+        self.send(S::Bye(v1::Bye {
+            reason: reason as i32,
+            message: String::new(),
+        }));
+        self.closing = true;
+    }
+
+    /// Moves deliverable events (and gaps, and source-state changes) from the
+    /// hub into the outbound buffer, within the high-water mark.
+    pub(super) fn fill(&mut self) {
+        self.source_state_if_changed();
+        self.redeliver_at = None;
+        while self.out.len() < OUT_HIGH_WATER {
+            let (d, next_due) = self.hub.pull(self.id, PULL_BATCH);
+            self.redeliver_at = next_due;
+            let Some(d) = d else {
+                break;
+            };
+            if let Some(gap) = d.gap {
+                self.send(S::Gap(gap));
+            }
+            let damaged = d.damaged;
+            let n = d.events.len();
+            if self.lines {
+                self.send_lines(&d.subscription_id, &d.events);
+            } else {
+                for (event, redelivered, delivery) in &d.events {
+                    self.send_event(event, &d.subscription_id, *redelivered, *delivery);
+                }
+            }
+            if let Some(why) = damaged {
+                tracing::error!(conn = self.id, "{why}");
+                self.error(0, ErrorCode::Internal, why);
+                self.closing = true;
+                break;
+            }
+            if let Some(line) = d.halted {
+                self.send(S::Bye(v1::Bye {
+                    reason: ByeReason::Halted as i32,
+                    message: line,
+                }));
+                self.hub.detach(self.id);
+                self.closing = true;
+                break;
+            }
+            if n < PULL_BATCH {
+                break;
+            }
+        }
+    }
+
+    fn send_event(
+        &mut self,
+        event: &LoggedEvent,
+        subscription_id: &str,
+        redelivered: bool,
+        delivery: u32,
+    ) {
+        if let Err(e) = encode_event_frame(
+            &event.encoded,
+            subscription_id,
+            redelivered,
+            delivery,
+            &mut self.out,
+        ) {
+            tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
+        }
+    }
+
+    /// One `EventLines` frame for a pulled batch: each event's line is its
+    /// shared rendered parts plus this delivery's fields. A line too large
+    /// for a frame goes as an `Event` frame (the client formats it).
+    fn send_lines(&mut self, subscription_id: &str, events: &[(Arc<LoggedEvent>, bool, u32)]) {
+        const FRAME_BUDGET: usize = 1 << 20;
+        let mut seqs = Vec::with_capacity(events.len());
+        let mut buf = std::mem::take(&mut self.line_buf);
+        buf.clear();
+        for (event, redelivered, delivery) in events {
+            let (head, tail) = event.line_parts();
+            let start = buf.len();
+            ndjson::write_line(
+                &mut buf,
+                head,
+                subscription_id,
+                tail,
+                *redelivered,
+                *delivery,
+            );
+            if buf.len() - start > proto::MAX_FRAME_LEN - 4096 {
+                buf.truncate(start);
+                self.flush_lines(&mut seqs, &mut buf);
+                self.send_event(event, subscription_id, *redelivered, *delivery);
+                continue;
+            }
+            seqs.push(event.seq);
+            if buf.len() >= FRAME_BUDGET {
+                self.flush_lines(&mut seqs, &mut buf);
+            }
+        }
+        self.flush_lines(&mut seqs, &mut buf);
+        self.line_buf = buf;
+    }
+
+    fn flush_lines(&mut self, seqs: &mut Vec<u64>, buf: &mut Vec<u8>) {
+        if seqs.is_empty() {
+            return;
+        }
+        self.send(S::EventLines(v1::EventLines {
+            seqs: std::mem::take(seqs),
+            lines: std::mem::take(buf),
+        }));
+    }
+}

@@ -1,0 +1,268 @@
+//! One client connection: reads `ClientFrame`s, answers them through the
+//! [`Hub`], and streams deliveries to an attached consumer.
+//!
+//! This module owns [`serve`]: the `select!` loop of one connection, its
+//! deadlines and the buffering of its input with the bounds on it. The rest
+//! is split by job:
+//! - `requests`: frame dispatch (Hello, subscribe, publish, stop, status,
+//!   subscription control) and bad frames;
+//! - `replies`: replies that wait for the store (`Awaited`);
+//! - `delivery`: the outbound buffer — events pulled from the hub, NDJSON
+//!   line batches, source-state changes, `Error` and `Bye`.
+//!
+//! Each connection owns an outbound buffer. Frames are appended to it and the
+//! buffer is written with one `write` per wake-up, so a burst of events costs
+//! one syscall (and one reader wake-up) instead of one per frame. Reading,
+//! writing, hub wake-ups and the shutdown signal are all arms of one
+//! `select!`, so a consumer that stops reading only stalls its own writes: the
+//! connection still sees shutdown and kicks, and the hub never waits for it.
+//!
+//! A bad frame (oversized, undecodable, truncated, wrong version) gets an
+//! `Error` frame where the socket still allows it, then the connection is
+//! closed. Nothing a peer sends can take down the bus or another connection.
+//!
+//! Every resource a client can make a connection spend is bounded: requests
+//! are not read while [`OUT_READ_PAUSE`] bytes of replies wait unread (a
+//! client that never reads stalls itself); input is buffered as it arrives,
+//! never by the length a frame announces, and what all connections hold
+//! beyond their first 64 KiB is charged to one global bound; a client must
+//! say Hello within [`HELLO_DEADLINE`] and finish a started frame within
+//! [`FRAME_DEADLINE`].
+
+mod delivery;
+mod replies;
+mod requests;
+
+use std::{collections::VecDeque, time::Duration};
+
+use bytes::BytesMut;
+use proto::{time::sleep_until_opt, v1::ErrorCode, CodecError, ServerCodec};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::UnixStream,
+    sync::watch,
+    time::Instant,
+};
+use tokio_util::codec::Decoder;
+
+use crate::{
+    hub::{ConnId, Durable, Hub, RefusedKind},
+    ratelimit::LogLimit,
+    shutdown::Shutdown,
+    warn_limited,
+};
+
+use replies::Awaited;
+
+/// How long a closing connection may take to flush its final frames (Bye)
+/// before it is dropped. Bounds the whole bus's shutdown drain.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Read buffer size: read the socket in large chunks.
+const READ_CAPACITY: usize = 64 * 1024;
+
+/// Requests are not read while this many bytes of output wait unread.
+pub const OUT_READ_PAUSE: usize = 1 << 20;
+/// Requests are not read while this many publishes wait for the disk.
+const MAX_AWAITING: usize = 65_536;
+/// A client must send Hello within this.
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+/// A frame, once its first byte arrived, must be complete within this.
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long a closing connection waits for its peer's EOF (reading and
+/// discarding), so its last frames are not lost to a reset.
+const CLOSE_LINGER: Duration = Duration::from_millis(200);
+
+/// One `bus.log` line per interval for clients refused or dropped.
+static CLIENT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
+
+enum Phase {
+    AwaitHello,
+    Ready,
+}
+
+pub struct Connection {
+    hub: Hub,
+    id: ConnId,
+    out: BytesMut,
+    phase: Phase,
+    /// Set once the connection is going away; it then only flushes.
+    closing: bool,
+    source_gen: u64,
+    /// Replies waiting for the store, in request order (see [`Awaited`]).
+    awaiting: VecDeque<Awaited>,
+    durable: watch::Receiver<Durable>,
+    /// When an event held back (a nack's delay, an explicit ack's wait)
+    /// becomes deliverable: the connection wakes then.
+    redeliver_at: Option<std::time::Instant>,
+    /// The consumer takes NDJSON lines rendered here (`EventLines`).
+    lines: bool,
+    /// Reused buffer for a batch of lines.
+    line_buf: Vec<u8>,
+}
+
+/// Serves one accepted connection until it closes. Errors stay here.
+pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
+    let (id, handle) = hub.register_conn();
+    let mut conn = Connection {
+        hub: hub.clone(),
+        id,
+        out: BytesMut::with_capacity(8 * 1024),
+        phase: Phase::AwaitHello,
+        closing: false,
+        source_gen: 0,
+        awaiting: VecDeque::new(),
+        durable: hub.durable(),
+        redeliver_at: None,
+        lines: false,
+        line_buf: Vec::new(),
+    };
+    let peer_ok = stream
+        .peer_cred()
+        .map(|cred| cred.uid() == nix::unistd::geteuid().as_raw());
+    match peer_ok {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!("refused a connection from a foreign uid");
+            conn.error(
+                0,
+                ErrorCode::PermissionDenied,
+                "connection from another user refused",
+            );
+            conn.closing = true;
+        }
+        Err(e) => {
+            tracing::warn!(cause = %e, "cannot read peer credentials");
+            conn.closing = true;
+        }
+    }
+    let (mut rd, mut wr) = stream.into_split();
+    let mut codec = ServerCodec::new();
+    let mut input = BytesMut::with_capacity(READ_CAPACITY);
+    let mut charged = 0;
+    let mut frame_started: Option<Instant> = None;
+    let hello_deadline = Instant::now() + HELLO_DEADLINE;
+    let mut drain_deadline = conn.closing.then(|| Instant::now() + DRAIN_TIMEOUT);
+
+    loop {
+        conn.answer_durable();
+        if !conn.closing {
+            if let Some(reason) = handle.take_kick() {
+                conn.bye(reason);
+            } else if matches!(conn.phase, Phase::Ready) {
+                conn.fill();
+            }
+        }
+        if conn.closing {
+            drain_deadline.get_or_insert_with(|| Instant::now() + DRAIN_TIMEOUT);
+            // Publishes still waiting for the disk are answered first.
+            if conn.out.is_empty() && conn.awaiting.is_empty() {
+                let _ = wr.shutdown().await;
+                // Close with nothing unread: a socket closed with unread
+                // input resets the peer, which could lose our last frames
+                // (an Error it has not read yet). Linger briefly for its EOF.
+                let mut scratch = [0u8; 16 * 1024];
+                let _ = tokio::time::timeout(CLOSE_LINGER, async {
+                    while matches!(rd.read(&mut scratch).await, Ok(n) if n > 0) {}
+                })
+                .await;
+                break;
+            }
+        }
+        let can_read =
+            !conn.closing && conn.out.len() < OUT_READ_PAUSE && conn.awaiting.len() < MAX_AWAITING;
+        let client_deadline = if conn.closing {
+            None
+        } else {
+            let hello = matches!(conn.phase, Phase::AwaitHello).then_some(hello_deadline);
+            let frame = frame_started.map(|t| t + FRAME_DEADLINE);
+            hello.into_iter().chain(frame).min()
+        };
+        let deadline = drain_deadline.into_iter().chain(client_deadline).min();
+        tokio::select! {
+            reason = shutdown.recv(), if !conn.closing => conn.bye(reason),
+            res = wr.write_buf(&mut conn.out), if !conn.out.is_empty() => {
+                if let Err(e) = res {
+                    tracing::debug!(conn = id, cause = %e, "write failed");
+                    break;
+                }
+            }
+            res = rd.read_buf(&mut input), if can_read => match res {
+                Ok(0) => {
+                    // The client is done sending; answer what it asked, then close.
+                    if !input.is_empty() {
+                        conn.bad_frame(&CodecError::Truncated);
+                    }
+                    conn.closing = true;
+                }
+                Ok(_) => {
+                    let mut decoded = false;
+                    while !conn.closing {
+                        match codec.decode(&mut input) {
+                            Ok(Some(frame)) => {
+                                decoded = true;
+                                conn.handle(frame).await;
+                            }
+                            Ok(None) => break,
+                            Err(e) => conn.bad_frame(&e),
+                        }
+                    }
+                    frame_started = match (input.is_empty(), frame_started) {
+                        (true, _) => None,
+                        (false, Some(t)) if !decoded => Some(t),
+                        (false, _) => Some(Instant::now()),
+                    };
+                    if input.is_empty() && input.capacity() > READ_CAPACITY {
+                        input = BytesMut::with_capacity(READ_CAPACITY);
+                    } else if input.capacity() - input.len() < READ_CAPACITY / 4 {
+                        input.reserve(READ_CAPACITY);
+                    }
+                    let over = input.capacity().saturating_sub(READ_CAPACITY);
+                    if !hub.charge_input(&mut charged, over) {
+                        warn_limited!(CLIENT_WARNINGS, conn = id, "input bound reached; client refused");
+                        hub.count_refused(RefusedKind::InputBudget);
+                        conn.error(
+                            0,
+                            ErrorCode::ResourceExhausted,
+                            format!(
+                                "the bus holds too much partially received input ({} MiB across \
+                                 all connections); this connection is closed, try again later",
+                                crate::hub::MAX_BUFFERED_INPUT >> 20
+                            ),
+                        );
+                        conn.closing = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(conn = id, cause = %e, "read failed");
+                    break;
+                }
+            },
+            _ = handle.wake.notified() => {}
+            _ = conn.durable.changed(), if !conn.awaiting.is_empty() => {}
+            _ = sleep_until_opt(conn.redeliver_at.map(Instant::from_std)), if !conn.closing => {}
+            _ = sleep_until_opt(deadline) => {
+                if conn.closing {
+                    warn_limited!(CLIENT_WARNINGS, conn = id, "drain timed out; dropping connection");
+                    break;
+                }
+                hub.count_refused(RefusedKind::SlowClient);
+                let message = if matches!(conn.phase, Phase::AwaitHello) {
+                    format!("no Hello within {}s; closing", HELLO_DEADLINE.as_secs())
+                } else {
+                    format!(
+                        "a frame was started but not completed within {}s; closing",
+                        FRAME_DEADLINE.as_secs()
+                    )
+                };
+                warn_limited!(CLIENT_WARNINGS, conn = id, "slow client: {message}");
+                conn.error(0, ErrorCode::BadRequest, message);
+                conn.closing = true;
+            }
+        }
+    }
+    hub.charge_input(&mut charged, 0);
+    drop(wr);
+    hub.unregister_conn(id);
+}

@@ -1,0 +1,79 @@
+//! Replies that may only leave once the store has caught up with the change
+//! they answer: a published event is durable, or a subscription change is
+//! saved. They wait here, in request order, instead of in the request
+//! handler, so the connection keeps reading and pipelined requests share one
+//! fsync. If the store fails, every waiting request is answered with the
+//! error and the connection closes.
+
+use proto::v1::{server_frame::Kind as S, ErrorCode};
+
+use super::Connection;
+use crate::hub::Durable;
+
+/// A reply waiting for the store (see the module doc).
+pub(super) struct Awaited {
+    request_id: u64,
+    until: Until,
+    reply: S,
+}
+
+/// What the store must have reached before an [`Awaited`] reply leaves.
+pub(super) enum Until {
+    /// Every event up to this seq is durable.
+    Seq(u64),
+    /// Every subscription change up to this generation is saved.
+    SubsGen(u64),
+}
+
+impl Until {
+    fn reached(&self, d: &Durable) -> bool {
+        match *self {
+            Until::Seq(seq) => d.seq >= seq,
+            Until::SubsGen(gen) => d.subs_gen >= gen,
+        }
+    }
+}
+
+impl Connection {
+    /// Sends `reply` now, or queues it until the store reaches `until`
+    /// (replies leave in request order).
+    pub(super) fn reply_after(&mut self, request_id: u64, until: Option<Until>, reply: S) {
+        if until.is_none() && self.awaiting.is_empty() {
+            return self.send(reply);
+        }
+        self.awaiting.push_back(Awaited {
+            request_id,
+            until: until.unwrap_or(Until::Seq(0)),
+            reply,
+        });
+        self.answer_durable();
+    }
+
+    /// Sends the replies the store has caught up with, in order; if the store
+    /// failed, answers every waiting request with the error.
+    pub(super) fn answer_durable(&mut self) {
+        if self.awaiting.is_empty() {
+            return;
+        }
+        let d = self.durable.borrow_and_update().clone();
+        while self.awaiting.front().is_some_and(|a| a.until.reached(&d)) {
+            if let Some(a) = self.awaiting.pop_front() {
+                self.send(a.reply);
+            }
+        }
+        if let Some(why) = &d.failed {
+            for a in std::mem::take(&mut self.awaiting) {
+                self.error(a.request_id, ErrorCode::Internal, store_failed_message(why));
+            }
+            self.closing = true;
+        }
+    }
+}
+
+/// What a client is told when the store failed under it.
+pub(super) fn store_failed_message(why: &str) -> String {
+    format!(
+        "the bus stopped: its store failed ({why}); events acknowledged before are safe on \
+         disk, and the next start recovers them"
+    )
+}

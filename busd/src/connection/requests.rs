@@ -1,0 +1,264 @@
+//! Frame dispatch: what the connection does with each decoded `ClientFrame`
+//! — Hello first (and the version check), then subscribe (binding an
+//! upstream subscription first where the source has a control plane),
+//! unsubscribe, acks, subscription control, publish, stop, status,
+//! heartbeat and the client's Bye — and with a frame that could not be
+//! decoded ([`Connection::bad_frame`]). Replies that must wait for the store
+//! go through [`Connection::reply_after`].
+
+use std::time::Duration;
+
+use proto::{
+    limits::MAX_EVENT_ID_LEN,
+    v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason, ErrorCode},
+    CodecError,
+};
+
+use super::{replies::Until, Connection, Phase, CLIENT_WARNINGS};
+use crate::{
+    hub::{NewEvent, RefusedKind},
+    pattern::Pattern,
+    warn_limited,
+};
+
+impl Connection {
+    /// Answers a frame that could not be decoded with an `Error` (where the
+    /// socket still allows it) and closes the connection.
+    pub(super) fn bad_frame(&mut self, e: &CodecError) {
+        warn_limited!(CLIENT_WARNINGS, conn = self.id, cause = %e, "bad frame; closing connection");
+        self.hub.count_refused(RefusedKind::BadFrame);
+        match e {
+            CodecError::TooLarge => self.error(0, ErrorCode::FrameTooLarge, e.to_string()),
+            CodecError::Decode(_) | CodecError::Truncated => {
+                self.error(0, ErrorCode::BadRequest, e.to_string())
+            }
+            CodecError::Io(_) => {}
+        }
+        self.closing = true;
+    }
+
+    pub(super) async fn handle(&mut self, frame: v1::ClientFrame) {
+        let Some(kind) = frame.kind else {
+            self.error(0, ErrorCode::BadRequest, "empty frame: no message set");
+            self.closing = true;
+            return;
+        };
+        if let Phase::AwaitHello = self.phase {
+            let C::Hello(hello) = kind else {
+                self.error(0, ErrorCode::BadRequest, "the first frame must be Hello");
+                self.closing = true;
+                return;
+            };
+            return self.hello(hello);
+        }
+        match kind {
+            C::Hello(_) => self.error(0, ErrorCode::BadRequest, "Hello sent twice"),
+            C::Subscribe(req) => self.subscribe(req).await,
+            C::Unsubscribe(req) => {
+                let (removed, not_found, save) =
+                    self.hub.unsubscribe(self.id, &req.subscription_ids);
+                let reply = S::Unsubscribed(v1::Unsubscribed {
+                    request_id: req.request_id,
+                    removed,
+                    not_found,
+                });
+                self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
+            }
+            C::Ack(ack) => self.hub.ack(self.id, &ack),
+            C::SubscriptionControl(req) => match self.hub.control(&req) {
+                Ok((doc, save)) => {
+                    let reply = S::SubscriptionState(v1::SubscriptionState {
+                        request_id: req.request_id,
+                        json: doc.to_string(),
+                    });
+                    self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
+                }
+                Err(r) => self.error(req.request_id, r.code, r.message),
+            },
+            C::Bye(_) => {
+                self.hub.detach(self.id);
+                self.closing = true;
+            }
+            C::StatusRequest(req) => {
+                let json = self.status_that_fits();
+                self.send(S::StatusReply(v1::StatusReply {
+                    request_id: req.request_id,
+                    json,
+                }));
+            }
+            C::StopRequest(req) => self.stop(req),
+            C::Publish(req) => self.publish(req),
+            C::Heartbeat(_) => self.send(S::Heartbeat(v1::Heartbeat {
+                unix_ms: crate::clock::now_ms(),
+            })),
+        }
+    }
+
+    /// Subscribe, binding an upstream subscription first when the source has
+    /// a control plane. That call may take a while (it is HTTP); it stalls
+    /// only this connection, and its refusal is this request's `Error`.
+    async fn subscribe(&mut self, req: v1::Subscribe) {
+        let mut upstream_id = None;
+        match (self.hub.upstream_for(&req), &req.upstream) {
+            (Some(ctl), Some(spec)) => {
+                // Only an explicit TTL bounds the upstream subscription: the
+                // bus's default TTL is about detached *local* subscriptions,
+                // and an attached consumer must not lose its upstream at it.
+                // Without one, the last local release cancels it.
+                let ttl = Duration::from_millis(req.ttl_ms);
+                match ctl.acquire(&req.patterns, spec, ttl).await {
+                    Ok(id) => upstream_id = Some(id),
+                    Err(r) => return self.error(req.request_id, r.code, r.message),
+                }
+            }
+            (Some(_), None) => {
+                return self.error(
+                    req.request_id,
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the {} source needs an upstream rule for a new subscription (--rule and its target)",
+                        self.hub.config().source_kind
+                    ),
+                )
+            }
+            (None, Some(_)) if !self.hub.has_upstream_control() => {
+                return self.error(
+                    req.request_id,
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the {} source has no upstream subscriptions: --rule, --user, --open-dingtalk-id, \
+                         --group, --query and --filter-json apply to the personal source",
+                        self.hub.config().source_kind
+                    ),
+                )
+            }
+            (None, _) => {}
+        }
+        match self.hub.subscribe(self.id, &req, upstream_id) {
+            // A named subscription is on disk before anyone is told it exists.
+            Ok((reply, save)) => {
+                self.lines = req.attach && req.ndjson_lines;
+                self.reply_after(
+                    req.request_id,
+                    save.map(Until::SubsGen),
+                    S::Subscribed(reply),
+                )
+            }
+            Err(r) => self.error(req.request_id, r.code, r.message),
+        }
+    }
+
+    fn hello(&mut self, hello: v1::Hello) {
+        if hello.protocol_version != proto::PROTOCOL_VERSION {
+            self.error(
+                0,
+                ErrorCode::UnsupportedVersion,
+                format!(
+                    "protocol version {} is not supported; this bus (busd {}) speaks version {}",
+                    hello.protocol_version,
+                    proto::BUILD,
+                    proto::PROTOCOL_VERSION
+                ),
+            );
+            self.closing = true;
+            return;
+        }
+        self.hub
+            .identify_conn(self.id, hello.client_pid, &hello.client_name);
+        let (state, gen) = self.hub.source_state();
+        self.source_gen = gen;
+        let cfg = self.hub.config();
+        self.send(S::HelloAck(v1::HelloAck {
+            protocol_version: proto::PROTOCOL_VERSION,
+            bus_pid: std::process::id(),
+            bus_build: proto::BUILD.to_owned(),
+            idle_timeout_ms: cfg.idle_timeout.as_millis() as u64,
+            source_kind: cfg.source_kind.clone(),
+            source_state: Some(state),
+        }));
+        self.phase = Phase::Ready;
+    }
+
+    fn stop(&mut self, req: v1::StopRequest) {
+        if req.subscription_ids.is_empty() {
+            let reply = v1::StopReply {
+                request_id: req.request_id,
+                consumer_pids: self.hub.consumer_pids(),
+                bus_stopping: !req.dry_run,
+                ..Default::default()
+            };
+            self.send(S::StopReply(reply));
+            if !req.dry_run {
+                tracing::info!("stop requested by a client");
+                self.hub.shutdown_trigger().trigger(ByeReason::StopRequest);
+            }
+        } else {
+            let mut reply = self.hub.stop_consumers(&req.subscription_ids, req.dry_run);
+            reply.request_id = req.request_id;
+            self.send(S::StopReply(reply));
+        }
+    }
+
+    /// The status document, with its lists cut until it fits in one frame.
+    fn status_that_fits(&self) -> String {
+        let mut listed = usize::MAX;
+        loop {
+            let json = self.hub.status_json(listed).to_string();
+            if json.len() + 64 <= proto::MAX_FRAME_LEN || listed == 0 {
+                return json;
+            }
+            let doc = self.hub.status_json(usize::MAX);
+            let n = doc["subscriptions"]
+                .as_array()
+                .map_or(0, Vec::len)
+                .max(doc["consumers"].as_array().map_or(0, Vec::len));
+            listed = listed.min(n) / 2;
+        }
+    }
+
+    fn publish(&mut self, req: v1::Publish) {
+        if let Err(m) = Pattern::parse(&req.event_type).and_then(|p| match p {
+            Pattern::Exact(_) => Ok(()),
+            _ => Err(format!(
+                "invalid event type {:?}: wildcards are for subscribing",
+                req.event_type
+            )),
+        }) {
+            return self.error(
+                req.request_id,
+                ErrorCode::BadRequest,
+                m.replace("event key", "event type"),
+            );
+        }
+        if req.event_id.len() > MAX_EVENT_ID_LEN {
+            return self.error(
+                req.request_id,
+                ErrorCode::BadRequest,
+                format!("event id longer than {MAX_EVENT_ID_LEN} bytes"),
+            );
+        }
+        let appended = self.hub.append(NewEvent {
+            scope: "local".into(),
+            event_id: req.event_id,
+            event_type: req.event_type,
+            source_id: "local".into(),
+            data: req.data,
+            headers: req.headers.into_iter().collect(),
+            event_born_time: crate::clock::now_ms(),
+            ..NewEvent::default()
+        });
+        let appended = match appended {
+            Ok(a) => a,
+            Err(r) => return self.error(req.request_id, r.code, r.message),
+        };
+        // The reply waits until the event is durable; later requests are not
+        // held up meanwhile.
+        let reply = S::PublishAck(v1::PublishAck {
+            request_id: req.request_id,
+            seq: appended.seq,
+            event_id: appended.event_id,
+            duplicate: appended.duplicate,
+        });
+        self.reply_after(req.request_id, Some(Until::Seq(appended.seq)), reply);
+    }
+}

@@ -1,0 +1,136 @@
+//! The operator verbs (`dws event subscription VERB ID`): show, parked,
+//! restart, skip, disable, enable, seek and replay-parked, applied to a copy
+//! of the subscription so a dry run or a refused verb changes nothing.
+
+use super::{
+    status::{subscription_doc, SeekDoc, VerbDoc},
+    Hub,
+};
+use crate::upstream::Refusal;
+use proto::v1::{self, ErrorCode};
+
+impl Hub {
+    /// `dws event subscription VERB ID`: applies the verb (or, with
+    /// `dry_run`, shows what it would do) and returns the subscription's
+    /// state after it, with the generation to save before replying.
+    pub fn control(
+        &self,
+        req: &v1::SubscriptionControl,
+    ) -> Result<(serde_json::Value, Option<u64>), Refusal> {
+        use crate::subscription::State as S;
+        let mut st = self.state();
+        let head = st.log.head_seq();
+        let oldest = st.log.oldest_seq().unwrap_or(head + 1);
+        let Some(current) = st.subs.get(&req.subscription_id) else {
+            return Err(Refusal::new(
+                ErrorCode::NotFound,
+                format!(
+                    "subscription {} not found",
+                    proto::limits::clip(&req.subscription_id)
+                ),
+            ));
+        };
+        let mut sub = current.clone();
+        let refuse = |m: String| Refusal::new(ErrorCode::BadRequest, m);
+        let not_now = |m: String| Refusal::new(ErrorCode::FailedPrecondition, m);
+        let (mut skipped_seq, mut seek, mut replayed) = (None, None, None);
+        let changed = match req.verb.as_str() {
+            "show" | "parked" => false,
+            "restart" => sub.restart().map(|()| true).map_err(not_now)?,
+            "skip" => {
+                let seq = sub.skip().map_err(not_now)?;
+                skipped_seq = Some(seq);
+                true
+            }
+            "disable" => {
+                let was = sub.state == S::Disabled;
+                sub.disable().map_err(not_now)?;
+                !was
+            }
+            "enable" => {
+                let was = sub.state == S::Active;
+                sub.enable().map_err(not_now)?;
+                !was
+            }
+            "seek" => {
+                let start = match req.target.as_str() {
+                    "earliest" => 0,
+                    "latest" => head + 1,
+                    t => match t.strip_prefix("t:") {
+                        Some(ms) => {
+                            let ms: i64 = ms.parse().map_err(|_| {
+                                refuse(format!("seek: bad time {:?}", proto::limits::clip(t)))
+                            })?;
+                            st.log
+                                .since(0)
+                                .find(|e| e.received_at_unix_ms >= ms)
+                                .map_or(head + 1, |e| e.seq)
+                        }
+                        None => t.parse::<u64>().map_err(|_| {
+                            refuse(format!(
+                                "seek: target {} is not earliest, latest, a seq or a time",
+                                proto::limits::quoted(t)
+                            ))
+                        })?,
+                    },
+                };
+                let from = start.max(oldest).min(head + 1);
+                let gone = from.saturating_sub(start.max(1));
+                sub.seek(from.saturating_sub(1));
+                for e in st.log.since(from) {
+                    sub.offer(e);
+                }
+                seek = Some(SeekDoc {
+                    requested: &req.target,
+                    from_seq: from,
+                    gone,
+                });
+                true
+            }
+            "replay-parked" => {
+                let n = sub.replay_parked(&req.seqs);
+                replayed = Some(n);
+                n > 0
+            }
+            other => {
+                return Err(refuse(format!(
+                    "unknown verb {}: use restart, skip, disable, enable, seek, parked or replay-parked",
+                    proto::limits::quoted(other)
+                )))
+            }
+        };
+        let doc = VerbDoc {
+            subscription: subscription_doc(&sub, head, req.verb == "parked"),
+            verb: &req.verb,
+            dry_run: req.dry_run,
+            changed,
+            skipped_seq,
+            seek,
+            replayed,
+        }
+        .to_json();
+        if req.dry_run || !changed {
+            return Ok((doc, None));
+        }
+        tracing::info!(subscription = %sub.id, verb = %req.verb, "subscription changed by an operator");
+        let wake = sub
+            .consumer()
+            .and_then(|c| st.conns.get(&c))
+            .map(|c| c.handle.clone());
+        let named = !sub.owned;
+        st.subs.insert(sub.id.clone(), sub);
+        let gen = named.then(|| {
+            st.subs_gen += 1;
+            st.subs_dirty = true;
+            st.subs_gen
+        });
+        drop(st);
+        if gen.is_some() {
+            self.shared.commit_wake.notify_one();
+        }
+        if let Some(w) = wake {
+            w.wake.notify_one();
+        }
+        Ok((doc, gen))
+    }
+}

@@ -1,0 +1,311 @@
+//! The event path through the hub: staging an upstream event ([`Hub::append`]:
+//! size check, dedup, seq, per-type counters), fanning a committed batch out
+//! to the subscriptions and applying retention ([`Hub::committed`]), and a
+//! consumer's side of delivery ([`Hub::pull`], [`Hub::ack`]).
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use prost::Message;
+use proto::{
+    limits::MAX_EVENT_ENCODED,
+    v1::{self, ErrorCode},
+};
+
+use super::{ConnId, Hub, State};
+use crate::{clock::now_ms, eventlog::LoggedEvent, store::StoreInfo, upstream::Refusal};
+
+/// An event on its way into the log, before it has a seq.
+#[derive(Debug, Default, Clone)]
+pub struct NewEvent {
+    /// Dedup scope: the upstream subscription the event came through.
+    pub scope: String,
+    /// Empty: generated, and the event is not deduplicated.
+    pub event_id: String,
+    pub event_type: String,
+    pub event_born_time: i64,
+    pub event_corp_id: String,
+    pub event_unified_app_id: String,
+    pub source_id: String,
+    pub rule_type: String,
+    /// The upstream subscription the event was routed to (personal stream):
+    /// only local subscriptions bound to it receive the event. Empty: route
+    /// by event type alone.
+    pub upstream_subscription: String,
+    pub data: String,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Result of [`Hub::append`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    pub seq: u64,
+    pub event_id: String,
+    pub duplicate: bool,
+}
+
+/// What a consumer connection should send next.
+#[derive(Debug, Default)]
+pub struct Delivery {
+    pub subscription_id: String,
+    pub gap: Option<v1::Gap>,
+    /// Events with their redelivered mark and delivery count.
+    pub events: Vec<(Arc<LoggedEvent>, bool, u32)>,
+    /// Delivery stopped at an event the store found damaged: why.
+    pub damaged: Option<String>,
+    /// The subscription halted at a poison event: the consumer's last words.
+    pub halted: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct TypeCounters {
+    pub(super) received: u64,
+    pub(super) duplicates: u64,
+}
+
+impl Hub {
+    /// Accepts an event unless its id is in the dedup window: gives it the
+    /// next seq and stages it for the committer. Never waits for anyone. The
+    /// event is durable (and delivered) once [`Hub::wait_durable`] for its
+    /// seq returns; a duplicate's seq is the original's, which may itself be
+    /// still staged, so callers wait on duplicates too.
+    ///
+    /// An event whose deliveries would not fit in a frame is refused here,
+    /// at the door, so nothing is ever acked that cannot be delivered.
+    pub fn append(&self, ev: NewEvent) -> Result<Appended, Refusal> {
+        let mut st = self.state();
+        count_type(&mut st.types, &ev.event_type).received += 1;
+        let dedup_key = (!ev.event_id.is_empty()).then(|| (ev.scope.clone(), ev.event_id.clone()));
+        if let Some(key) = &dedup_key {
+            if let Some(&seq) = st.dedup.get(key) {
+                count_type(&mut st.types, &ev.event_type).duplicates += 1;
+                return Ok(Appended {
+                    seq,
+                    event_id: ev.event_id,
+                    duplicate: true,
+                });
+            }
+        }
+        let seq = st.next_seq;
+        let event_id = if ev.event_id.is_empty() {
+            format!("{}-{seq}", self.shared.started_at_ms)
+        } else {
+            ev.event_id.clone()
+        };
+        let received_at_unix_ms = now_ms();
+        let encoded = v1::Event {
+            seq,
+            event_id: event_id.clone(),
+            event_born_time: ev.event_born_time,
+            event_corp_id: ev.event_corp_id,
+            event_type: ev.event_type.clone(),
+            event_unified_app_id: ev.event_unified_app_id,
+            subscription_id: String::new(),
+            source_id: ev.source_id,
+            rule_type: ev.rule_type,
+            data: ev.data,
+            headers: ev.headers.into_iter().collect(),
+            received_at_unix_ms,
+            redelivered: false,
+            delivery: 0,
+        }
+        .encode_to_vec();
+        if encoded.len() > MAX_EVENT_ENCODED {
+            st.refused.too_large_events += 1;
+            return Err(Refusal::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "event too large: {} bytes encoded (data, headers and ids together); the most \
+                     is {MAX_EVENT_ENCODED}, so that every delivery fits in one frame",
+                    encoded.len()
+                ),
+            ));
+        }
+        st.next_seq += 1;
+        let (scope, key_id) = dedup_key.clone().unwrap_or_default();
+        st.staged.push(Arc::new(LoggedEvent {
+            seq,
+            event_type: ev.event_type,
+            received_at_unix_ms,
+            encoded: Bytes::from(encoded),
+            scope,
+            event_id: key_id,
+            route: ev.upstream_subscription,
+            damaged: false,
+            line_parts: Default::default(),
+        }));
+        if let Some(key) = dedup_key {
+            st.dedup.put(key, seq);
+        }
+        let first = st.staged.len() == 1;
+        drop(st);
+        if first {
+            self.shared.commit_wake.notify_one();
+        }
+        Ok(Appended {
+            seq,
+            event_id,
+            duplicate: false,
+        })
+    }
+
+    /// A batch is durable: append it to the log, fan it out, apply
+    /// retention, and tell the waiters.
+    pub fn committed(&self, batch: Vec<Arc<LoggedEvent>>, info: StoreInfo) {
+        let mut wake = vec![];
+        let mut st = self.state();
+        st.store = info;
+        let State {
+            subs, conns, log, ..
+        } = &mut *st;
+        for e in batch {
+            for sub in subs.values_mut() {
+                if sub.offer(&e) {
+                    if let Some(c) = sub.consumer().and_then(|c| conns.get(&c)) {
+                        wake.push(c.handle.clone());
+                    }
+                }
+            }
+            log.append(e);
+        }
+        // Retention: evict from the front; a subscription loses an evicted
+        // event only if it had not been sent yet, and is told with a Gap.
+        let mut evicted = false;
+        while let Some(old) = log.evict_one() {
+            evicted = true;
+            for sub in subs.values_mut() {
+                sub.evicted(old.seq);
+            }
+        }
+        let head = log.head_seq();
+        // Cursors of named subscriptions and the log floor moved.
+        st.subs_dirty |= evicted || st.subs.values().any(|s| !s.owned);
+        drop(st);
+        self.shared.durable.send_modify(|d| d.seq = head);
+        wake.sort_by_key(Arc::as_ptr);
+        wake.dedup_by_key(|h| Arc::as_ptr(h));
+        for w in wake {
+            w.wake.notify_one();
+        }
+    }
+
+    /// Takes what `conn` may send now: a pending Gap and up to its credit of
+    /// events. Marks them in flight.
+    pub fn pull(&self, conn: ConnId, max_events: usize) -> (Option<Delivery>, Option<Instant>) {
+        let mut st = self.state();
+        let head = st.log.head_seq();
+        let State {
+            subs,
+            conns,
+            store,
+            subs_dirty,
+            ..
+        } = &mut *st;
+        let Some((c, sub)) = conns
+            .get_mut(&conn)
+            .and_then(|c| Some((c.attached.clone()?, c)))
+            .and_then(|(id, c)| Some((c, subs.get_mut(&id)?)))
+        else {
+            return (None, None);
+        };
+        let pulled = sub.pull(max_events, head, Instant::now());
+        c.delivered += pulled.events.len() as u64;
+        let damaged = pulled.damaged_at.map(|seq| {
+            let at = store
+                .damaged
+                .iter()
+                .find(|d| (d.from_seq..=d.to_seq).contains(&seq))
+                .map(|d| format!(" ({} at offset {})", d.file, d.offset))
+                .unwrap_or_default();
+            format!(
+                "the bus's store is damaged: event seq {seq} of subscription {} failed its \
+                 checksum{at}; it is never delivered, and this subscription cannot read past it \
+                 (see `dws event status`)",
+                sub.id
+            )
+        });
+        let halted = pulled.halted.map(|h| {
+            tracing::warn!(subscription = %sub.id, seq = h.seq, deliveries = h.deliveries, "subscription halted at a poison event");
+            *subs_dirty = true;
+            halted_line(&sub.id, h.seq, h.deliveries)
+        });
+        if !pulled.events.is_empty() && !sub.owned {
+            // Delivery counts are stored.
+            *subs_dirty = true;
+        }
+        let next_due = pulled.next_due;
+        if pulled.gap.is_none() && pulled.events.is_empty() && damaged.is_none() && halted.is_none()
+        {
+            return (None, next_due);
+        }
+        let d = Delivery {
+            subscription_id: sub.id.clone(),
+            gap: pulled.gap,
+            events: pulled.events,
+            damaged,
+            halted,
+        };
+        (Some(d), next_due)
+    }
+
+    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`), and
+    /// nacks (deliver again after a delay).
+    pub fn ack(&self, conn: ConnId, ack: &v1::Ack) {
+        let mut st = self.state();
+        let State { subs, conns, .. } = &mut *st;
+        let Some(c) = conns.get_mut(&conn) else {
+            return;
+        };
+        let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
+            return;
+        };
+        let mut n = if ack.seq > 0 { sub.ack(ack.seq) } else { 0 };
+        for &seq in &ack.seqs {
+            n += u64::from(sub.ack_one(seq));
+        }
+        let now = Instant::now();
+        let mut nacked = false;
+        for nack in &ack.nacks {
+            nacked |= sub.nack(nack.seq, now + Duration::from_millis(nack.delay_ms));
+        }
+        c.acked += n;
+        let more = sub.has_unsent() || nacked;
+        let named = !sub.owned;
+        let handle = c.handle.clone();
+        st.subs_dirty |= named && (n > 0 || nacked);
+        drop(st);
+        if more {
+            handle.wake.notify_one();
+        }
+    }
+}
+
+/// Most distinct event types counted one by one in status; the rest are
+/// counted together under [`OTHER_TYPES`], so an exec feed that invents
+/// types cannot grow the map for the bus's life.
+pub const MAX_EVENT_TYPES: usize = 1000;
+/// The status row that counts every event type past [`MAX_EVENT_TYPES`].
+pub const OTHER_TYPES: &str = "(other)";
+
+fn count_type<'a>(
+    types: &'a mut BTreeMap<String, TypeCounters>,
+    event_type: &str,
+) -> &'a mut TypeCounters {
+    let key = if types.contains_key(event_type) || types.len() < MAX_EVENT_TYPES {
+        event_type
+    } else {
+        OTHER_TYPES
+    };
+    types.entry(key.to_owned()).or_default()
+}
+
+/// The consumer's line when its subscription halts (also in the Bye).
+pub fn halted_line(id: &str, seq: u64, deliveries: u32) -> String {
+    format!(
+        "[event] subscription {id} halted at seq {seq}: delivered {deliveries} times without ack"
+    )
+}

@@ -1,0 +1,71 @@
+//! Clients refused because they hit a bound (README "Limits"): the
+//! [`Refused`] counters shown by status, and the global bound on partially
+//! received input that all connections share ([`Hub::charge_input`]).
+
+use std::sync::atomic::Ordering;
+
+use super::Hub;
+
+/// Clients refused because they hit a bound (see README "Limits").
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Refused {
+    /// Connections over [`crate::server::MAX_CONNECTIONS`].
+    pub connections: u64,
+    /// Connections closed because all connections together held too much
+    /// partially received input.
+    pub input_budget: u64,
+    /// Connections that sent no Hello, or did not finish a frame, in time.
+    pub slow_clients: u64,
+    /// Bad frames (oversized, undecodable, truncated, wrong version).
+    pub bad_frames: u64,
+    /// Events refused at the door for their size.
+    pub too_large_events: u64,
+}
+
+/// Which bound a client hit.
+#[derive(Debug, Clone, Copy)]
+pub enum RefusedKind {
+    Connections,
+    InputBudget,
+    SlowClient,
+    BadFrame,
+    TooLargeEvent,
+}
+
+/// Most bytes of partially received input all connections together may
+/// hold beyond their first 64 KiB each (see [`Hub::charge_input`]).
+pub const MAX_BUFFERED_INPUT: usize = 256 << 20;
+
+impl Hub {
+    /// Sets a connection's charge against the global input bound to `want`
+    /// bytes (`charged` is what it holds now). `false` when the bound would
+    /// be passed: the connection must refuse its client.
+    pub fn charge_input(&self, charged: &mut usize, want: usize) -> bool {
+        let total = &self.shared.input_buffered;
+        if want <= *charged {
+            total.fetch_sub(*charged - want, Ordering::Relaxed);
+            *charged = want;
+            return true;
+        }
+        let more = want - *charged;
+        let before = total.fetch_add(more, Ordering::Relaxed);
+        if before + more > MAX_BUFFERED_INPUT {
+            total.fetch_sub(more, Ordering::Relaxed);
+            return false;
+        }
+        *charged = want;
+        true
+    }
+
+    /// Counts a client refused for hitting a bound.
+    pub fn count_refused(&self, kind: RefusedKind) {
+        let r = &mut self.state().refused;
+        match kind {
+            RefusedKind::Connections => r.connections += 1,
+            RefusedKind::InputBudget => r.input_budget += 1,
+            RefusedKind::SlowClient => r.slow_clients += 1,
+            RefusedKind::BadFrame => r.bad_frames += 1,
+            RefusedKind::TooLargeEvent => r.too_large_events += 1,
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The committer's side of the hub: its work queue
+//! ([`Hub::next_commit_work`]: staged batches first, then lazy or urgent
+//! subscription saves, then the final snapshot), the snapshots and the log
+//! floor the store must keep, what the committer reports back ([`Hub::saved`],
+//! [`Hub::store_failed`]), closing, and the [`Durable`] progress that replies
+//! and upstream acks wait on ([`Hub::wait_durable`]). The batches themselves
+//! come back through [`Hub::committed`] (`delivery`).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use proto::v1::ByeReason;
+use tokio::sync::watch;
+
+use super::{Hub, State};
+use crate::{
+    clock::now_ms,
+    eventlog::LoggedEvent,
+    store::{Snapshot, StoreInfo, SNAPSHOT_FORMAT},
+    subscription::Subscription,
+};
+
+/// How far the store has come, published by the committer.
+#[derive(Debug, Clone, Default)]
+pub struct Durable {
+    /// Every event up to this seq is durable (and fanned out).
+    pub seq: u64,
+    /// Every subscription change up to this generation is saved.
+    pub subs_gen: u64,
+    /// The store failed: nothing more will become durable.
+    pub failed: Option<Arc<str>>,
+}
+
+/// One round of work for the committer (see [`Hub::next_commit_work`]).
+pub enum CommitWork {
+    /// Make these staged events durable, then call [`Hub::committed`].
+    Append(Vec<Arc<LoggedEvent>>),
+    /// Save the subscriptions; then events below `keep_from` may be
+    /// released; then call [`Hub::saved`] with `gen`.
+    Save {
+        snapshot: Snapshot,
+        keep_from: u64,
+        gen: u64,
+    },
+    /// The bus is closing and everything is flushed: save this last
+    /// snapshot (marked clean) and stop.
+    Final(Snapshot),
+    /// Stop now (the store failed).
+    Stop,
+}
+
+/// Subscription state is saved at most this often while only cursors move.
+pub const SAVE_INTERVAL: Duration = Duration::from_millis(200);
+
+impl Hub {
+    /// The committer's next round: blocks (on a condvar, in the committer's
+    /// own thread) until there is something to do. Staged events first, so
+    /// the next batch forms while the previous one is being synced.
+    pub fn next_commit_work(&self, last_save: Instant) -> CommitWork {
+        let mut st = self.state();
+        loop {
+            if st.store_error.is_some() {
+                return CommitWork::Stop;
+            }
+            if !st.staged.is_empty() {
+                return CommitWork::Append(std::mem::take(&mut st.staged));
+            }
+            let urgent = st.subs_gen > st.subs_saved_gen;
+            if st.closing {
+                return CommitWork::Final(self.snapshot_locked(&st, true).0);
+            }
+            let due = last_save + SAVE_INTERVAL;
+            if st.subs_dirty && (urgent || Instant::now() >= due) {
+                st.subs_dirty = false;
+                let (snapshot, keep_from) = self.snapshot_locked(&st, false);
+                return CommitWork::Save {
+                    snapshot,
+                    keep_from,
+                    gen: st.subs_gen,
+                };
+            }
+            st = if st.subs_dirty {
+                let wait = due.saturating_duration_since(Instant::now());
+                self.shared
+                    .commit_wake
+                    .wait_timeout(st, wait)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0)
+            } else {
+                self.shared
+                    .commit_wake
+                    .wait(st)
+                    .unwrap_or_else(|p| p.into_inner())
+            };
+        }
+    }
+
+    /// The subscriptions as they are now, and the lowest seq the store must
+    /// keep: the log's oldest retained event, the events pinned in flight,
+    /// and the dedup window.
+    fn snapshot_locked(&self, st: &State, clean: bool) -> (Snapshot, u64) {
+        let head = st.log.head_seq();
+        let log_floor = st.log.oldest_seq().unwrap_or(head + 1);
+        let subscriptions: Vec<_> = st
+            .subs
+            .values()
+            .filter(|s| !s.owned)
+            .map(|s| s.record(log_floor, head))
+            .collect();
+        // Pinned in-flight events and parked ones outlive the log.
+        let pinned_floor = st
+            .subs
+            .values()
+            .filter(|s| !s.owned)
+            .filter_map(Subscription::oldest_kept)
+            .min()
+            .unwrap_or(u64::MAX);
+        let dedup_floor = (head + 1).saturating_sub(self.shared.config.dedup_capacity as u64);
+        let keep_from = log_floor.min(pinned_floor).min(dedup_floor);
+        let snapshot = Snapshot {
+            format: SNAPSHOT_FORMAT,
+            clean,
+            head_seq: head,
+            log_floor,
+            saved_at_unix_ms: now_ms(),
+            subscriptions,
+        };
+        (snapshot, keep_from)
+    }
+
+    /// The snapshot written at start-up, before anything is served: marks
+    /// the store as in use (not clean) until the next clean exit.
+    pub fn startup_snapshot(&self) -> Snapshot {
+        self.snapshot_locked(&self.state(), false).0
+    }
+
+    /// The subscriptions of generation `gen` are saved.
+    pub fn saved(&self, gen: u64, info: StoreInfo) {
+        let mut st = self.state();
+        st.store = info;
+        st.subs_saved_gen = st.subs_saved_gen.max(gen);
+        drop(st);
+        self.shared
+            .durable
+            .send_modify(|d| d.subs_gen = d.subs_gen.max(gen));
+    }
+
+    /// The store failed: nothing more can be made durable. Fatal — the bus
+    /// stops, and every consumer and waiting publisher is told why. Never
+    /// retried: after a failed fsync the kernel may have dropped the pages.
+    pub fn store_failed(&self, why: String) {
+        tracing::error!(cause = %why, "the store failed; the bus stops (the next start recovers what is on disk)");
+        let why: Arc<str> = why.into();
+        self.state().store_error = Some(why.clone());
+        self.shared
+            .durable
+            .send_modify(|d| d.failed = Some(why.clone()));
+        self.shared.shutdown.trigger(ByeReason::Shutdown);
+    }
+
+    /// Asks the committer to flush what is staged, save the subscriptions
+    /// marked clean, and stop.
+    pub fn close_store(&self) {
+        self.state().closing = true;
+        self.shared.commit_wake.notify_one();
+    }
+
+    /// Waits until every event up to `seq` is durable. Fails when the store
+    /// failed (the bus is stopping), with the cause.
+    pub async fn wait_durable(&self, seq: u64) -> Result<(), Arc<str>> {
+        let mut rx = self.shared.durable.subscribe();
+        let d = rx
+            .wait_for(|d| d.seq >= seq || d.failed.is_some())
+            .await
+            .map_err(|_| Arc::<str>::from("the bus is stopping"))?;
+        match (&d.failed, d.seq >= seq) {
+            (_, true) => Ok(()),
+            (Some(e), false) => Err(e.clone()),
+            (None, false) => Err("the bus is stopping".into()),
+        }
+    }
+
+    /// A receiver of the committer's progress (connections wait on it for
+    /// their pipelined publish replies).
+    pub fn durable(&self) -> watch::Receiver<Durable> {
+        self.shared.durable.subscribe()
+    }
+
+    /// Why the store failed, once it did.
+    pub fn store_error(&self) -> Option<Arc<str>> {
+        self.state().store_error.clone()
+    }
+}

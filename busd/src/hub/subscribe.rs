@@ -1,0 +1,347 @@
+//! Subscribing: creating and attaching subscriptions (the takeover, window
+//! and ack-mode rules), binding a new one to an upstream subscription and
+//! releasing that binding, removing subscriptions, and stopping their
+//! consumers.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use proto::{
+    limits::MAX_SUBSCRIPTIONS,
+    v1::{self, ByeReason, ErrorCode},
+};
+
+use super::{detach_locked, ConnId, Hub};
+use crate::{
+    clock::now_ms,
+    pattern::Selector,
+    subscription::{self, Subscription},
+    upstream::{Refusal, UpstreamControl, UpstreamId},
+};
+
+impl Hub {
+    /// The upstream control plane, when a Subscribe for `req` must first
+    /// bind an upstream subscription: the source has one and `req` would
+    /// create a new local subscription.
+    pub fn upstream_for(&self, req: &v1::Subscribe) -> Option<Arc<dyn UpstreamControl>> {
+        let upstream = self.shared.upstream.clone()?;
+        let exists =
+            !req.subscription_id.is_empty() && self.state().subs.contains_key(&req.subscription_id);
+        (!exists && !req.must_exist).then_some(upstream)
+    }
+
+    pub fn has_upstream_control(&self) -> bool {
+        self.shared.upstream.is_some()
+    }
+
+    /// Creates or attaches a subscription. `upstream_id` binds a newly
+    /// created one to an upstream subscription (see [`Hub::upstream_for`]);
+    /// if the subscription is not created after all, the binding is released.
+    /// With the reply comes the subscription generation that must be saved
+    /// before it is sent (a named subscription was created).
+    pub fn subscribe(
+        &self,
+        conn: ConnId,
+        req: &v1::Subscribe,
+        upstream_id: Option<UpstreamId>,
+    ) -> Result<(v1::Subscribed, Option<u64>), Refusal> {
+        let result = self.subscribe_locked(conn, req, upstream_id.clone());
+        if let (Some(up), Some(ctl)) = (&upstream_id, &self.shared.upstream) {
+            if !result.as_ref().is_ok_and(|(r, _)| r.created) {
+                ctl.release(up);
+            }
+        }
+        result
+    }
+
+    fn subscribe_locked(
+        &self,
+        conn: ConnId,
+        req: &v1::Subscribe,
+        upstream_id: Option<UpstreamId>,
+    ) -> Result<(v1::Subscribed, Option<u64>), Refusal> {
+        let cfg = &self.shared.config;
+        if !req.subscription_id.is_empty() && !proto::is_valid_id(&req.subscription_id) {
+            return Err(Refusal::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "invalid subscription id {:?}: use 1-64 characters from A-Z a-z 0-9 . _ -",
+                    req.subscription_id
+                ),
+            ));
+        }
+        let patterns_given = !req.patterns.is_empty();
+        let selector = if patterns_given || !req.must_exist {
+            Some(
+                Selector::new(&req.patterns, &req.filter)
+                    .map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?,
+            )
+        } else {
+            None
+        };
+        let mut kicked = None;
+        let mut save_gen = None;
+        let mut st = self.state();
+        let head = st.log.head_seq();
+        let exists = st.subs.contains_key(&req.subscription_id);
+        let created = !exists;
+        if exists {
+            let sub = &st.subs[&req.subscription_id];
+            if let Some(sel) = &selector {
+                if !sub.selector.same_spec(sel) {
+                    return Err(Refusal::new(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "subscription {} exists with event keys {} and filter {:?}; \
+                             this request asks for {} and {:?}",
+                            sub.id,
+                            sub.selector.pattern_strings().join(","),
+                            sub.selector.filter_str(),
+                            sel.pattern_strings().join(","),
+                            sel.filter_str()
+                        ),
+                    ));
+                }
+            }
+        } else if req.must_exist {
+            return Err(Refusal::new(
+                ErrorCode::NotFound,
+                format!("subscription {} not found", req.subscription_id),
+            ));
+        }
+        let id = if req.subscription_id.is_empty() {
+            loop {
+                let id = format!("sub-{}-{}", std::process::id(), st.next_generated);
+                st.next_generated += 1;
+                if !st.subs.contains_key(&id) {
+                    break id;
+                }
+            }
+        } else {
+            req.subscription_id.clone()
+        };
+        if created && st.subs.len() >= MAX_SUBSCRIPTIONS {
+            return Err(Refusal::new(
+                ErrorCode::ResourceExhausted,
+                format!("too many subscriptions ({MAX_SUBSCRIPTIONS}); unsubscribe some first"),
+            ));
+        }
+        if created {
+            let Some(selector) = selector else {
+                return Err(Refusal::new(
+                    ErrorCode::BadRequest,
+                    "at least one event key is required",
+                ));
+            };
+            let start_from = match v1::StartPosition::try_from(req.start).unwrap_or_default() {
+                v1::StartPosition::StartLatest => head + 1,
+                v1::StartPosition::StartEarliest => 0,
+                v1::StartPosition::StartSeq => req.start_seq,
+            };
+            let ttl = if req.ttl_ms == 0 {
+                cfg.default_ttl
+            } else {
+                Duration::from_millis(req.ttl_ms)
+            };
+            let mut sub = Subscription::new(
+                id.clone(),
+                selector,
+                req.owned,
+                ttl,
+                upstream_id,
+                start_from.saturating_sub(1),
+                (Instant::now(), now_ms()),
+                cfg.default_window as usize,
+            );
+            sub.max_deliver = req.max_deliver;
+            sub.on_poison = v1::PoisonPolicy::try_from(req.on_poison).unwrap_or_default();
+            for e in st.log.since(start_from) {
+                sub.offer(e);
+            }
+            st.subs.insert(id.clone(), sub);
+            if !req.owned {
+                st.subs_gen += 1;
+                save_gen = Some(st.subs_gen);
+            }
+        }
+        if req.attach {
+            if st.subs[&id].state == subscription::State::Disabled {
+                return Err(Refusal::new(
+                    ErrorCode::FailedPrecondition,
+                    format!(
+                        "subscription {id} is disabled: it collects events but delivers none \
+                         (dws event subscription enable {id})"
+                    ),
+                ));
+            }
+            let holder = st.subs[&id].consumer().filter(|c| *c != conn);
+            if let Some(holder) = holder {
+                if !req.takeover {
+                    let pid = st.conns.get(&holder).map_or(0, |c| c.pid);
+                    return Err(Refusal::new(
+                        ErrorCode::AlreadyAttached,
+                        format!(
+                            "subscription {id} is already attached to a consumer (pid {pid}); \
+                             use --takeover to replace it"
+                        ),
+                    ));
+                }
+                detach_locked(&mut st, holder);
+                kicked = st.conns.get(&holder).map(|c| c.handle.clone());
+            }
+            // A connection consumes one subscription at a time.
+            if st.conns.get(&conn).and_then(|c| c.attached.as_ref()) != Some(&id) {
+                detach_locked(&mut st, conn);
+            }
+            let window = if req.window == 0 {
+                cfg.default_window
+            } else {
+                req.window
+            };
+            let sub = st
+                .subs
+                .get_mut(&id)
+                .ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
+            let explicit = req
+                .explicit_ack
+                .then(|| Duration::from_millis(req.ack_wait_ms.max(1)));
+            sub.attach(conn, window as usize, explicit);
+            if let Some(c) = st.conns.get_mut(&conn) {
+                c.attached = Some(id.clone());
+            }
+        }
+        let sub = &st.subs[&id];
+        let reply = v1::Subscribed {
+            request_id: req.request_id,
+            subscription_id: id.clone(),
+            created,
+            patterns: sub.selector.pattern_strings(),
+            filter: sub.selector.filter_str().to_owned(),
+            cursor: sub.cursor(head),
+            head_seq: head,
+            attached: req.attach,
+            upstream_subscription_id: sub.upstream_id.clone().unwrap_or_default(),
+        };
+        let wake = req
+            .attach
+            .then(|| st.conns.get(&conn).map(|c| c.handle.clone()))
+            .flatten();
+        st.subs_dirty = true;
+        self.touch(&mut st);
+        drop(st);
+        if save_gen.is_some() {
+            self.shared.commit_wake.notify_one();
+        }
+        if let Some(k) = kicked {
+            k.kick(ByeReason::TakenOver);
+        }
+        if let Some(w) = wake {
+            w.wake.notify_one();
+        }
+        Ok((reply, save_gen))
+    }
+
+    /// Removes subscriptions. A consumer attached to one (other than the
+    /// requester itself) gets `Bye{UNSUBSCRIBED}`.
+    /// Returns the removed and unknown ids, and the subscription generation
+    /// to save before replying (a named subscription was removed).
+    pub fn unsubscribe(
+        &self,
+        requester: ConnId,
+        ids: &[String],
+    ) -> (Vec<String>, Vec<String>, Option<u64>) {
+        let mut removed = vec![];
+        let mut save_gen = None;
+        let mut not_found = vec![];
+        let mut kicks = vec![];
+        let mut released = vec![];
+        let mut st = self.state();
+        for id in ids {
+            match st.subs.remove(id) {
+                Some(sub) => {
+                    if !sub.owned {
+                        st.subs_gen += 1;
+                        save_gen = Some(st.subs_gen);
+                        st.subs_dirty = true;
+                    }
+                    released.extend(sub.upstream_id.clone());
+                    if let Some(c) = sub.consumer() {
+                        if let Some(conn) = st.conns.get_mut(&c) {
+                            conn.attached = None;
+                            if c != requester {
+                                kicks.push(conn.handle.clone());
+                            }
+                        }
+                    }
+                    removed.push(id.clone());
+                }
+                None => not_found.push(id.clone()),
+            }
+        }
+        self.touch(&mut st);
+        drop(st);
+        if save_gen.is_some() {
+            self.shared.commit_wake.notify_one();
+        }
+        for k in kicks {
+            k.kick(ByeReason::Unsubscribed);
+        }
+        self.release_upstream(released);
+        (removed, not_found, save_gen)
+    }
+
+    /// Releases upstream bindings whose local subscriptions are gone.
+    pub(super) fn release_upstream(&self, ids: Vec<UpstreamId>) {
+        if let Some(ctl) = &self.shared.upstream {
+            for id in ids {
+                ctl.release(&id);
+            }
+        }
+    }
+
+    /// Closes the consumers attached to `ids` (Bye SUBSCRIPTION_STOPPED) and
+    /// leaves the subscriptions in place.
+    pub fn stop_consumers(&self, ids: &[String], dry_run: bool) -> v1::StopReply {
+        let mut reply = v1::StopReply::default();
+        let mut kicks = vec![];
+        let mut st = self.state();
+        for id in ids {
+            let Some(holder) = st.subs.get(id).map(Subscription::consumer) else {
+                reply.not_found.push(id.clone());
+                continue;
+            };
+            reply.subscription_ids.push(id.clone());
+            if let Some(c) = holder {
+                if let Some(conn) = st.conns.get(&c) {
+                    reply.consumer_pids.push(conn.pid);
+                    kicks.push(conn.handle.clone());
+                }
+                if !dry_run {
+                    detach_locked(&mut st, c);
+                }
+            }
+        }
+        if !dry_run {
+            self.touch(&mut st);
+        }
+        drop(st);
+        if !dry_run {
+            for k in kicks {
+                k.kick(ByeReason::SubscriptionStopped);
+            }
+        }
+        reply
+    }
+
+    /// Pids of every consumer currently attached (for a dry-run stop).
+    pub fn consumer_pids(&self) -> Vec<u32> {
+        let st = self.state();
+        st.conns
+            .values()
+            .filter(|c| c.attached.is_some())
+            .map(|c| c.pid)
+            .collect()
+    }
+}

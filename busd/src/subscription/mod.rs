@@ -1,0 +1,524 @@
+//! [`Subscription`]: the delivery state of one subscription — what it
+//! selects, what is pending, what is in flight, what was lost or parked,
+//! whether it is active, halted or disabled — as a pure state machine. No
+//! I/O, no locks, no clocks of its own: the hub calls it under its lock and
+//! passes the time in.
+//!
+//! `pending` holds the matched events not yet acked, in seq order, each in a
+//! [`Slot`]: unsent, in flight to the attached consumer, acked out of order
+//! (explicit acks; dropped once everything before it is acked too), or
+//! nacked with a delay. In-flight events are pinned: retention does not take
+//! them from the subscription (at most one window of them), so they can be
+//! delivered again if the consumer goes away without acking. Everything else
+//! in `pending` is also in the log; when retention evicts it before it was
+//! sent, it is dropped and counted as lost, and the next consumer to read
+//! past it gets a gap.
+//!
+//! Every delivery of an event is counted. With `max_deliver`, an event about
+//! to be delivered again after that many deliveries is poison: the
+//! subscription halts at it (`halt`) or moves it to its parked list (`park`).
+//!
+//! Here: the state, fan-out, eviction, attach/detach, pull and acks. The
+//! stored form (`record`, `restore`) is in `record`, the operator verbs in
+//! `verbs`; unit tests in `tests`, the property test against a model in
+//! `model`.
+
+#[cfg(test)]
+mod model;
+mod record;
+#[cfg(test)]
+mod tests;
+mod verbs;
+
+use std::{
+    collections::VecDeque,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use proto::v1::{self, PoisonPolicy};
+
+use crate::{
+    eventlog::LoggedEvent,
+    pattern::Selector,
+    store::{HaltRecord, SubCounters},
+};
+
+pub type ConnId = u64;
+
+/// Most events one subscription keeps parked; past it the oldest is dropped
+/// (and counted in `parked_dropped`).
+pub const MAX_PARKED: usize = 1000;
+
+/// Where one pending event stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Unsent,
+    InFlight {
+        since: Instant,
+    },
+    /// Acked while an earlier event is still unacked (explicit acks).
+    Acked,
+    /// Nacked: not to be delivered again before `until`.
+    Delayed {
+        until: Instant,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    event: Arc<LoggedEvent>,
+    slot: Slot,
+    deliveries: u32,
+}
+
+/// An event on the parked (dead-letter) list.
+#[derive(Debug, Clone)]
+pub struct Parked {
+    pub event: Arc<LoggedEvent>,
+    pub deliveries: u32,
+    pub parked_at_ms: i64,
+}
+
+/// Whether a subscription delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    Active,
+    /// Stopped at a poison event until `restart` or `skip`.
+    Halted(HaltRecord),
+    /// Collects (bounded by retention, gaps reported) but delivers nothing.
+    Disabled,
+}
+
+impl State {
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Active => "active",
+            State::Halted(_) => "halted",
+            State::Disabled => "disabled",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub id: String,
+    pub selector: Selector,
+    /// Created by one `consume` run and removed by it: never stored.
+    pub owned: bool,
+    pub ttl: Duration,
+    pub created_at_ms: i64,
+    /// The upstream subscription this one is bound to (personal stream).
+    pub upstream_id: Option<String>,
+    pub max_deliver: u32,
+    pub on_poison: PoisonPolicy,
+    pub state: State,
+    pending: VecDeque<Entry>,
+    /// Entries in `pending` that are `Acked`.
+    acked_in_queue: usize,
+    in_flight: usize,
+    parked: VecDeque<Parked>,
+    /// Highest seq ever sent: anything at or below it that is sent again is
+    /// marked redelivered.
+    max_sent_seq: u64,
+    /// Every matching event at or below it was acked or reported lost.
+    acked_through: u64,
+    consumer: Option<ConnId>,
+    window: usize,
+    /// The consumer acks event by event; unacked events in flight longer
+    /// than `ack_wait` are delivered again.
+    explicit: Option<Duration>,
+    /// When it was last left without a consumer (for the TTL; wall clock for
+    /// status and the store).
+    detached_at: Option<(Instant, i64)>,
+    /// Unsent events evicted by retention since the last gap was reported.
+    gap_lost: u64,
+    /// The attached consumer was told that the subscription is halted.
+    halt_told: bool,
+    pub counters: SubCounters,
+}
+
+/// What [`Subscription::pull`] hands a consumer.
+#[derive(Debug, Default)]
+pub struct Pulled {
+    pub gap: Option<v1::Gap>,
+    /// Events with their redelivered mark and delivery count.
+    pub events: Vec<(Arc<LoggedEvent>, bool, u32)>,
+    /// The next event to deliver is damaged in the store and everything
+    /// before it is acked: delivery stops here.
+    pub damaged_at: Option<u64>,
+    /// The subscription halted at a poison event during this pull.
+    pub halted: Option<HaltRecord>,
+    /// When something not deliverable now becomes deliverable (a nack's
+    /// delay, an explicit ack's wait): the connection wakes then.
+    pub next_due: Option<Instant>,
+}
+
+/// Why an operator verb does not apply.
+pub type VerbError = String;
+
+impl Subscription {
+    /// A new subscription, detached, whose backlog starts after `start_after`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: String,
+        selector: Selector,
+        owned: bool,
+        ttl: Duration,
+        upstream_id: Option<String>,
+        start_after: u64,
+        now: (Instant, i64),
+        window: usize,
+    ) -> Subscription {
+        Subscription {
+            id,
+            selector,
+            owned,
+            ttl,
+            created_at_ms: now.1,
+            upstream_id,
+            max_deliver: 0,
+            on_poison: PoisonPolicy::PoisonHalt,
+            state: State::Active,
+            pending: VecDeque::new(),
+            acked_in_queue: 0,
+            in_flight: 0,
+            parked: VecDeque::new(),
+            max_sent_seq: 0,
+            acked_through: start_after,
+            consumer: None,
+            window: window.max(1),
+            explicit: None,
+            detached_at: Some(now),
+            gap_lost: 0,
+            halt_told: false,
+            counters: SubCounters::default(),
+        }
+    }
+
+    /// The lowest seq this subscription needs kept in the store beyond the
+    /// log: pinned in-flight events and parked ones.
+    pub fn oldest_kept(&self) -> Option<u64> {
+        let pending = self.pending.front().map(|e| e.event.seq);
+        let parked = self.parked.iter().map(|p| p.event.seq).min();
+        pending.into_iter().chain(parked).min()
+    }
+
+    /// Whether this subscription wants `e` (a damaged placeholder's type is
+    /// unknown: every subscription must stop at it).
+    pub fn selects(&self, e: &LoggedEvent) -> bool {
+        e.damaged
+            || (e.routed_to(self.upstream_id.as_deref()) && self.selector.matches(&e.event_type))
+    }
+
+    /// Fan-out: takes `e` if it matches. Returns whether it did.
+    pub fn offer(&mut self, e: &Arc<LoggedEvent>) -> bool {
+        if e.seq <= self.acked_through || !self.selects(e) {
+            return false;
+        }
+        self.pending.push_back(Entry {
+            event: e.clone(),
+            slot: Slot::Unsent,
+            deliveries: 0,
+        });
+        self.counters.matched += 1;
+        true
+    }
+
+    /// Retention evicted `seq` from the log. If it was pending and not in
+    /// flight it is lost, and reported with the next delivery.
+    pub fn evicted(&mut self, seq: u64) {
+        if let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) {
+            match self.pending[i].slot {
+                Slot::Unsent | Slot::Delayed { .. } => {
+                    self.pending.remove(i);
+                    self.gap_lost += 1;
+                    self.counters.lost += 1;
+                    self.acked_through = self.acked_through.max(seq);
+                }
+                Slot::InFlight { .. } | Slot::Acked => {}
+            }
+        }
+    }
+
+    pub fn consumer(&self) -> Option<ConnId> {
+        self.consumer
+    }
+
+    /// `explicit`: the consumer acks one by one, and what it leaves unacked
+    /// for that long is delivered again.
+    pub fn attach(&mut self, conn: ConnId, window: usize, explicit: Option<Duration>) {
+        self.consumer = Some(conn);
+        self.detached_at = None;
+        self.window = window.max(1);
+        self.explicit = explicit;
+        self.halt_told = false;
+        self.unsend_in_flight(|_| true);
+    }
+
+    /// The consumer left: what was in flight is pending again, and stays
+    /// pinned until it is acked or the subscription ends.
+    pub fn detach(&mut self, now: (Instant, i64)) {
+        self.consumer = None;
+        self.explicit = None;
+        self.unsend_in_flight(|_| true);
+        self.detached_at = Some(now);
+    }
+
+    fn unsend_in_flight(&mut self, mut which: impl FnMut(Instant) -> bool) {
+        for e in self.pending.iter_mut() {
+            if let Slot::InFlight { since } = e.slot {
+                if which(since) {
+                    e.slot = Slot::Unsent;
+                    self.in_flight -= 1;
+                }
+            }
+        }
+    }
+
+    /// Up to `max` events within the window, and a gap first if one is due.
+    pub fn pull(&mut self, max: usize, head: u64, now: Instant) -> Pulled {
+        let mut out = Pulled::default();
+        if self.gap_lost > 0 {
+            let resume_seq = self
+                .pending
+                .iter()
+                .find(|e| e.slot == Slot::Unsent)
+                .map_or(head + 1, |e| e.event.seq);
+            out.gap = Some(v1::Gap {
+                subscription_id: self.id.clone(),
+                lost: self.gap_lost,
+                resume_seq,
+            });
+            self.gap_lost = 0;
+        }
+        // A consumer attaching to a halted subscription is told so (and ends
+        // with reason `halted`) instead of waiting for nothing.
+        if let State::Halted(h) = &self.state {
+            if self.consumer.is_some() && !self.halt_told {
+                out.halted = Some(h.clone());
+            }
+        }
+        if out.halted.is_some() {
+            self.halt_told = true;
+        }
+        // Explicit acks: what waited too long goes out again.
+        if let Some(wait) = self.explicit {
+            self.unsend_in_flight(|since| since + wait <= now);
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            let entry = &self.pending[i];
+            let due = match entry.slot {
+                Slot::Unsent => true,
+                Slot::Delayed { until } if until <= now => true,
+                Slot::Delayed { until } => {
+                    out.next_due = Some(out.next_due.map_or(until, |d| d.min(until)));
+                    false
+                }
+                Slot::InFlight { since } => {
+                    if let Some(wait) = self.explicit {
+                        let at = since + wait;
+                        out.next_due = Some(out.next_due.map_or(at, |d| d.min(at)));
+                    }
+                    false
+                }
+                Slot::Acked => false,
+            };
+            if !due {
+                i += 1;
+                continue;
+            }
+            if self.state != State::Active
+                || self.in_flight >= self.window
+                || out.events.len() >= max
+            {
+                break;
+            }
+            if entry.event.damaged {
+                // Reported only once everything before it is acked, so the
+                // consumer has written every good event before it stops.
+                if self.in_flight == 0 && out.events.is_empty() {
+                    out.damaged_at = Some(entry.event.seq);
+                }
+                break;
+            }
+            if self.max_deliver > 0 && entry.deliveries >= self.max_deliver {
+                let halt = HaltRecord {
+                    seq: entry.event.seq,
+                    event_id: entry.event.event_id.clone(),
+                    deliveries: entry.deliveries,
+                    since_unix_ms: crate::clock::now_ms(),
+                };
+                if self.on_poison == PoisonPolicy::PoisonPark {
+                    self.park_at(i);
+                    continue;
+                }
+                self.state = State::Halted(halt.clone());
+                self.halt_told = true;
+                out.halted = Some(halt);
+                break;
+            }
+            let entry = &mut self.pending[i];
+            entry.slot = Slot::InFlight { since: now };
+            entry.deliveries += 1;
+            let redelivered = entry.event.seq <= self.max_sent_seq || entry.deliveries > 1;
+            if redelivered {
+                self.counters.redelivered += 1;
+            }
+            self.max_sent_seq = self.max_sent_seq.max(entry.event.seq);
+            out.events
+                .push((entry.event.clone(), redelivered, entry.deliveries));
+            self.in_flight += 1;
+            i += 1;
+        }
+        self.counters.delivered += out.events.len() as u64;
+        out
+    }
+
+    /// Moves `pending[i]` to the parked list.
+    fn park_at(&mut self, i: usize) {
+        let Some(entry) = self.pending.remove(i) else {
+            return;
+        };
+        if let Slot::InFlight { .. } = entry.slot {
+            self.in_flight -= 1;
+        }
+        self.acked_through = self.acked_through.max(entry.event.seq);
+        self.counters.parked += 1;
+        if self.parked.len() >= MAX_PARKED {
+            self.parked.pop_front();
+            self.counters.parked_dropped += 1;
+        }
+        self.parked.push_back(Parked {
+            event: entry.event,
+            deliveries: entry.deliveries,
+            parked_at_ms: crate::clock::now_ms(),
+        });
+    }
+
+    /// Drops acked events from the front; returns how many were acked now.
+    fn settle(&mut self, newly: u64) -> u64 {
+        while self.pending.front().is_some_and(|e| e.slot == Slot::Acked) {
+            if let Some(e) = self.pending.pop_front() {
+                self.acked_in_queue -= 1;
+                self.acked_through = self.acked_through.max(e.event.seq);
+            }
+        }
+        self.counters.acked += newly;
+        newly
+    }
+
+    fn ack_entry(&mut self, i: usize) -> bool {
+        if let Slot::InFlight { .. } = self.pending[i].slot {
+            self.pending[i].slot = Slot::Acked;
+            self.in_flight -= 1;
+            self.acked_in_queue += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Cumulative ack: every in-flight event with seq <= `seq` is done.
+    /// Returns how many were acked.
+    pub fn ack(&mut self, seq: u64) -> u64 {
+        let mut n = 0;
+        for i in 0..self.pending.len() {
+            if self.pending[i].event.seq > seq {
+                break;
+            }
+            n += u64::from(self.ack_entry(i));
+        }
+        self.settle(n)
+    }
+
+    /// Acks one in-flight event (explicit acks). Returns whether it was one.
+    pub fn ack_one(&mut self, seq: u64) -> bool {
+        let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
+            return false;
+        };
+        let acked = self.ack_entry(i);
+        self.settle(u64::from(acked));
+        acked
+    }
+
+    /// Nack: the in-flight event `seq` is delivered again, not before `until`.
+    pub fn nack(&mut self, seq: u64, until: Instant) -> bool {
+        let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
+            return false;
+        };
+        if let Slot::InFlight { .. } = self.pending[i].slot {
+            self.pending[i].slot = Slot::Delayed { until };
+            self.in_flight -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether there is something to send now (or a gap to report).
+    pub fn has_unsent(&self) -> bool {
+        self.gap_lost > 0
+            || (self.state == State::Active
+                && self.in_flight < self.window
+                && self.pending.iter().any(|e| e.slot == Slot::Unsent))
+    }
+
+    // ------------------------------------------------------------ reading
+
+    pub fn expires_at(&self) -> Option<Instant> {
+        match (self.consumer, self.detached_at) {
+            (None, Some((at, _))) => Some(at + self.ttl),
+            _ => None,
+        }
+    }
+
+    /// Wall-clock time it was left without a consumer, while it is.
+    pub fn detached_since_ms(&self) -> Option<i64> {
+        self.detached_at
+            .filter(|_| self.consumer.is_none())
+            .map(|(_, ms)| ms)
+    }
+
+    /// Every matching event at or below the cursor has been acked (or
+    /// reported lost): the seq before the oldest unacked one, or the head.
+    pub fn cursor(&self, head: u64) -> u64 {
+        self.pending
+            .iter()
+            .find(|e| e.slot != Slot::Acked)
+            .map_or(head, |e| e.event.seq - 1)
+    }
+
+    /// Matched events not yet acked (parked ones excluded).
+    pub fn pending_len(&self) -> usize {
+        self.pending.len() - self.acked_in_queue
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    pub fn parked_len(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// The oldest unacked event and how many times it was delivered.
+    pub fn oldest_pending(&self) -> Option<(&Arc<LoggedEvent>, u32)> {
+        self.pending
+            .iter()
+            .find(|e| e.slot != Slot::Acked)
+            .map(|e| (&e.event, e.deliveries))
+    }
+
+    pub fn explicit_ack(&self) -> bool {
+        self.explicit.is_some()
+    }
+}
+
+pub fn poison_name(p: PoisonPolicy) -> &'static str {
+    match p {
+        PoisonPolicy::PoisonHalt => "halt",
+        PoisonPolicy::PoisonPark => "park",
+    }
+}

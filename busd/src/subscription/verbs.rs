@@ -1,0 +1,113 @@
+//! The operator verbs on one subscription (`dws event subscription VERB`):
+//! restart and skip a halted subscription, disable and enable delivery,
+//! seek, and the parked list (show, replay). Each returns why it does not
+//! apply instead of changing anything.
+
+use super::{Entry, Parked, Slot, State, Subscription, VerbError};
+
+impl Subscription {
+    /// halted → active; the same event is tried again, its count reset.
+    pub fn restart(&mut self) -> Result<(), VerbError> {
+        let State::Halted(h) = &self.state else {
+            return Err(format!(
+                "subscription {} is {}, not halted: nothing to restart",
+                self.id,
+                self.state.name()
+            ));
+        };
+        let seq = h.seq;
+        if let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) {
+            self.pending[i].deliveries = 0;
+        }
+        self.state = State::Active;
+        Ok(())
+    }
+
+    /// halted → active, past the event it was stuck on (which is parked).
+    pub fn skip(&mut self) -> Result<u64, VerbError> {
+        let State::Halted(h) = &self.state else {
+            return Err(format!(
+                "subscription {} is {}, not halted: nothing to skip",
+                self.id,
+                self.state.name()
+            ));
+        };
+        let seq = h.seq;
+        if let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) {
+            self.park_at(i);
+        }
+        self.state = State::Active;
+        Ok(seq)
+    }
+
+    pub fn disable(&mut self) -> Result<(), VerbError> {
+        match self.state {
+            State::Halted(_) => Err(format!(
+                "subscription {} is halted: restart or skip it first",
+                self.id
+            )),
+            _ => {
+                self.state = State::Disabled;
+                Ok(())
+            }
+        }
+    }
+
+    pub fn enable(&mut self) -> Result<(), VerbError> {
+        match self.state {
+            State::Halted(_) => Err(format!(
+                "subscription {} is halted, not disabled: use restart or skip",
+                self.id
+            )),
+            _ => {
+                self.state = State::Active;
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets everything pending (in flight included): the hub then offers
+    /// the log again from `start_after + 1`. Earlier deliveries keep their
+    /// redelivered mark.
+    pub fn seek(&mut self, start_after: u64) {
+        self.pending.clear();
+        self.in_flight = 0;
+        self.acked_in_queue = 0;
+        self.gap_lost = 0;
+        self.acked_through = start_after;
+    }
+
+    /// The parked list, oldest first.
+    pub fn parked(&self) -> impl Iterator<Item = &Parked> {
+        self.parked.iter()
+    }
+
+    /// Moves parked events (those in `seqs`, or all) back to pending, in seq
+    /// order, with their delivery counts reset. Returns how many.
+    pub fn replay_parked(&mut self, seqs: &[u64]) -> usize {
+        let mut moved = vec![];
+        self.parked.retain(|p| {
+            if seqs.is_empty() || seqs.contains(&p.event.seq) {
+                moved.push(p.event.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for event in &moved {
+            let at = self
+                .pending
+                .binary_search_by_key(&event.seq, |e| e.event.seq)
+                .unwrap_or_else(|i| i);
+            self.pending.insert(
+                at,
+                Entry {
+                    event: event.clone(),
+                    slot: Slot::Unsent,
+                    deliveries: 0,
+                },
+            );
+        }
+        moved.len()
+    }
+}

@@ -1,0 +1,212 @@
+//! The output side of a run: [`Formatter`] turns the bus's frames into the
+//! next chunk for the stdout writer thread — events formatted in the run's
+//! `--format`, or `EventLines` the bus already rendered as NDJSON, passed
+//! through and cut at `--max-events` — and prints the stderr line of the
+//! other frames (gap, source state, halt). It says when a frame ends the
+//! run.
+
+use proto::v1::{self, server_frame::Kind as S, ByeReason};
+
+use super::{stderr_line, Plan, Reason};
+use crate::{
+    exit::{CliError, Result},
+    output::EventWriter,
+    pump::Chunk,
+};
+
+/// Printed before the exited line when the connection ended without a Bye
+/// frame (EOF, reset, a frame cut short): the bus crashed or was killed,
+/// rather than stopped. The reason stays `bus_shutdown`.
+pub const LOST_WITHOUT_BYE: &str = "[event] bus connection lost without goodbye";
+
+/// The output side of a run: formats events into the next chunk for the
+/// stdout pump, prints stderr lines for the other frames, and counts.
+pub(super) struct Formatter<'a> {
+    plan: &'a Plan,
+    writer: EventWriter,
+    /// What is formatted and not yet handed to the stdout pump.
+    pub(super) chunk: Chunk,
+    /// Events taken from the bus (for `--max-events`).
+    received: u64,
+    /// Seqs formatted since the last [`Formatter::take_seqs`] (explicit acks).
+    seqs: Vec<u64>,
+}
+
+impl<'a> Formatter<'a> {
+    pub(super) fn new(plan: &'a Plan) -> Formatter<'a> {
+        Formatter {
+            plan,
+            writer: EventWriter::new(plan.format),
+            chunk: Chunk::default(),
+            received: 0,
+            seqs: Vec::new(),
+        }
+    }
+
+    /// Opens the output (the `json` array).
+    pub(super) fn begin(&mut self) {
+        // Writing into a Vec cannot fail.
+        let _ = self.writer.begin(&mut self.chunk.bytes);
+    }
+
+    /// Closes the output (the `json` array).
+    pub(super) fn end(&mut self) {
+        let _ = self.writer.end(&mut self.chunk.bytes);
+    }
+
+    /// A batch of lines the bus rendered: passed to stdout as they are, cut
+    /// at `--max-events`.
+    fn lines(&mut self, b: &v1::EventLines) -> Option<Reason> {
+        let room = self
+            .plan
+            .max_events
+            .map_or(usize::MAX, |max| max.saturating_sub(self.received) as usize);
+        let take = b.seqs.len().min(room);
+        let end = if take == b.seqs.len() {
+            b.lines.len()
+        } else {
+            // Lines end in '\n', which JSON text never contains raw.
+            b.lines
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c == b'\n')
+                .nth(take.saturating_sub(1))
+                .map_or(0, |(i, _)| i + 1)
+        };
+        if take == 0 {
+            return None;
+        }
+        self.chunk.bytes.extend_from_slice(&b.lines[..end]);
+        self.chunk.last_seq = b.seqs[take - 1];
+        self.chunk.events += take as u64;
+        self.received += take as u64;
+        if self.plan.explicit_ack.is_some() {
+            self.seqs.extend_from_slice(&b.seqs[..take]);
+        }
+        self.plan
+            .max_events
+            .is_some_and(|max| self.received >= max)
+            .then_some(Reason::Limit)
+    }
+
+    /// The seqs formatted since the last call, for explicit acks.
+    pub(super) fn take_seqs(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.seqs)
+    }
+
+    /// Handles one frame; `Some(reason)` ends the run.
+    pub(super) fn handle(&mut self, frame: Option<S>) -> Result<Option<Reason>> {
+        let Some(frame) = frame else {
+            // A bus that stops says Bye first (handled below); this one
+            // vanished.
+            stderr_line(self.plan.quiet, LOST_WITHOUT_BYE);
+            return Ok(Some(Reason::BusShutdown));
+        };
+        match frame {
+            S::Event(e) => {
+                if let Err(err) = self.writer.event(&mut self.chunk.bytes, &e) {
+                    return Err(CliError::runtime(format!("cannot format an event: {err}")));
+                }
+                self.chunk.last_seq = e.seq;
+                self.chunk.events += 1;
+                if self.plan.explicit_ack.is_some() {
+                    self.seqs.push(e.seq);
+                }
+                self.received += 1;
+                if self.plan.max_events.is_some_and(|max| self.received >= max) {
+                    return Ok(Some(Reason::Limit));
+                }
+            }
+            S::EventLines(b) => return Ok(self.lines(&b)),
+            S::Gap(g) => stderr_line(
+                self.plan.quiet,
+                &format!(
+                    "[event] gap — lost {} event(s) before seq {} (retention)",
+                    g.lost, g.resume_seq
+                ),
+            ),
+            S::SourceState(s) => {
+                let status = v1::SourceStatus::try_from(s.state).unwrap_or_default();
+                let name = proto::source_status_name(status);
+                let detail = if s.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", s.reason)
+                };
+                stderr_line(self.plan.quiet, &format!("[event] source {name}{detail}"));
+            }
+            S::Bye(b) => {
+                let reason = ByeReason::try_from(b.reason).unwrap_or(ByeReason::Unspecified);
+                return Ok(Some(match reason {
+                    ByeReason::SourceLost => Reason::SourceLost,
+                    ByeReason::Halted => {
+                        stderr_line(self.plan.quiet, &b.message);
+                        Reason::Halted
+                    }
+                    _ => Reason::BusShutdown,
+                }));
+            }
+            S::Error(e) => return Err(CliError::from_bus(e.code, &e.message)),
+            _ => {}
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, EventCmd, Top};
+    use clap::Parser;
+
+    fn plan(flags: &[&str]) -> Plan {
+        let argv = ["dws", "event", "consume", "a.b"].iter().chain(flags);
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Top::Event(EventCmd::Consume(args))) => super::super::plan(args).unwrap(),
+            other => panic!("not a consume command line: {other:?}"),
+        }
+    }
+
+    fn lines(seqs: &[u64]) -> S {
+        let text: String = seqs.iter().map(|s| format!("{{\"seq\":{s}}}\n")).collect();
+        S::EventLines(v1::EventLines {
+            seqs: seqs.to_vec(),
+            lines: text.into_bytes(),
+        })
+    }
+
+    #[test]
+    fn rendered_lines_pass_through_cut_at_max_events() {
+        let plan = plan(&["--max-events", "3", "--ack", "explicit"]);
+        let mut f = Formatter::new(&plan);
+        assert_eq!(f.handle(Some(lines(&[4, 5]))), Ok(None));
+        assert_eq!(f.handle(Some(lines(&[6, 7, 8]))), Ok(Some(Reason::Limit)));
+        assert_eq!(f.chunk.bytes, b"{\"seq\":4}\n{\"seq\":5}\n{\"seq\":6}\n");
+        assert_eq!((f.chunk.last_seq, f.chunk.events), (6, 3));
+        assert_eq!(f.take_seqs(), [4, 5, 6]);
+        assert!(f.take_seqs().is_empty());
+    }
+
+    #[test]
+    fn bye_and_a_vanished_bus_end_the_run() {
+        let plan = plan(&["--quiet"]);
+        let mut f = Formatter::new(&plan);
+        let bye = |reason: ByeReason| {
+            Some(S::Bye(v1::Bye {
+                reason: reason as i32,
+                message: String::new(),
+            }))
+        };
+        assert_eq!(
+            f.handle(bye(ByeReason::SourceLost)),
+            Ok(Some(Reason::SourceLost))
+        );
+        assert_eq!(f.handle(bye(ByeReason::Halted)), Ok(Some(Reason::Halted)));
+        assert_eq!(
+            f.handle(bye(ByeReason::Shutdown)),
+            Ok(Some(Reason::BusShutdown))
+        );
+        assert_eq!(f.handle(None), Ok(Some(Reason::BusShutdown)));
+        assert!(f.chunk.bytes.is_empty());
+    }
+}

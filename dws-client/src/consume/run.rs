@@ -1,0 +1,291 @@
+//! [`run`]: one consume run after validation — subscribe and attach, the
+//! ready line, the stream loop (bus frames into stdout chunks, acks after
+//! what the stdout writer reports written or what stdin settles, every
+//! reason to stop), then the clean exit: stdout drained (bounded after a
+//! signal), acked, an owned subscription removed, Bye, the exited line.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use futures_util::FutureExt;
+use proto::{
+    paths::Endpoint,
+    time::sleep_until_opt,
+    v1::{self, client_frame::Kind as C, server_frame::Kind as S},
+};
+use tokio::time::Instant;
+
+use super::{
+    format::Formatter,
+    stderr_line,
+    watch::{
+        recv_line, recv_opt, settle, stdout_closed, watch_stdin_eof, watch_stdout_close, Signals,
+    },
+    Plan, Reason,
+};
+use crate::{
+    acks::Input,
+    bus::BusConn,
+    cli::Format,
+    exit::{CliError, Result},
+    pump::{Chunk, Progress, ProgressWatch, StdoutPump, WriteFailure},
+    validate,
+};
+
+/// After a signal, how long the exit waits for stdout to take what was
+/// already formatted: long enough for a healthy reader, short enough that a
+/// stalled one cannot keep the consumer alive.
+const DRAIN_AFTER_SIGNAL: Duration = Duration::from_secs(2);
+
+/// Runs the consumer; returns after the exited line was printed.
+pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<()> {
+    let started = Instant::now();
+    let mut signals = Signals::watch()?;
+
+    let (mut bus, reply) =
+        BusConn::open_and_request(endpoint, |request_id| subscribe(&plan, request_id)).await?;
+    let S::Subscribed(sub) = reply else {
+        return Err(CliError::runtime(
+            "the bus answered Subscribe with an unexpected frame",
+        ));
+    };
+    stderr_line(
+        plan.quiet,
+        &format!(
+            "[event] ready event_key={} bus_pid={} subscribe_id={}",
+            sub.patterns.join(","),
+            bus.hello.bus_pid,
+            sub.subscription_id
+        ),
+    );
+
+    let stdout_watch = watch_stdout_close();
+    // With explicit acks stdin carries them (and its end still ends an armed
+    // run); otherwise it is only watched for its end.
+    let mut ack_lines = plan.explicit_ack.map(|_| crate::acks::read_stdin());
+    let mut stdin_eof = if stdin_armed && ack_lines.is_none() {
+        Some(watch_stdin_eof())
+    } else {
+        None
+    };
+    let mut delivered_seqs: BTreeSet<u64> = Default::default();
+    let deadline = plan.duration.map(|d| started + d);
+    let mut pump = StdoutPump::start();
+    let mut progress = pump.watch();
+    let mut out = Formatter::new(&plan);
+    out.begin();
+    // A chunk the pump could not take yet: while one waits, the socket is
+    // not read (the bus's credit window bounds what is in flight).
+    let mut waiting: Option<Chunk> = None;
+    let mut acked_seq: u64 = 0;
+    let reason: Result<Reason> = loop {
+        if waiting.is_none() && !out.chunk.bytes.is_empty() {
+            // The next chunk starts as large as this one: no regrowth.
+            let next = Chunk::with_capacity(out.chunk.bytes.len());
+            waiting = Some(std::mem::replace(&mut out.chunk, next));
+        }
+        tokio::select! {
+            biased;
+            _ = signals.recv() => break Ok(Reason::Signal),
+            _ = sleep_until_opt(deadline) => break Ok(Reason::Timeout),
+            _ = recv_opt(&mut stdin_eof) => break Ok(Reason::Signal),
+            _ = stdout_closed(stdout_watch.as_ref()) => break Ok(Reason::Signal),
+            line = recv_line(&mut ack_lines) => match line {
+                Some(Input::Line(n, text)) => {
+                    delivered_seqs.extend(out.take_seqs());
+                    match settle(&text, &mut delivered_seqs) {
+                        Ok(ack) => {
+                            let _ = bus.send(C::Ack(ack)).await;
+                        }
+                        Err(why) => stderr_line(plan.quiet, &format!("[event] stdin line {n} ignored: {why}")),
+                    }
+                }
+                Some(Input::Eof) | None => {
+                    ack_lines = None;
+                    if stdin_armed {
+                        break Ok(Reason::Signal);
+                    }
+                }
+            },
+            p = progress.changed() => {
+                if let Some(r) = failure_reason(&p) {
+                    break r;
+                }
+                if plan.explicit_ack.is_none() && p.written_seq > acked_seq {
+                    acked_seq = p.written_seq;
+                    let _ = bus
+                        .send(C::Ack(v1::Ack {
+                            seq: acked_seq,
+                            ..v1::Ack::default()
+                        }))
+                        .await;
+                }
+            }
+            permit = pump.reserve(), if waiting.is_some() => match permit {
+                Some(permit) => {
+                    if let Some(chunk) = waiting.take() {
+                        permit.send(chunk);
+                    }
+                }
+                // The writer stopped; its progress says why.
+                None => break failure_reason(&pump.progress()).unwrap_or(Ok(Reason::Signal)),
+            },
+            f = bus.next(), if waiting.is_none() => {
+                // Handle this frame and whatever else is readable right now,
+                // so one burst becomes one chunk (one write to stdout).
+                let mut frame = Some(gone_is_eof(f));
+                let mut ended = None;
+                while let Some(f) = frame.take() {
+                    match f.and_then(|f| out.handle(f)) {
+                        Ok(None) => frame = bus.next().now_or_never().map(gone_is_eof),
+                        Ok(Some(r)) => ended = Some(Ok(r)),
+                        Err(e) => ended = Some(Err(e)),
+                    }
+                }
+                if let Some(r) = ended {
+                    break r;
+                }
+            }
+        }
+    };
+    let reason = reason?;
+
+    // Clean exit: finish writing, ack what reached stdout, remove an owned
+    // subscription, say goodbye.
+    out.end();
+    let mut rest = waiting.into_iter().collect::<Vec<_>>();
+    if !out.chunk.bytes.is_empty() {
+        rest.push(std::mem::take(&mut out.chunk));
+    }
+    let progress = drain(rest, &mut pump, &mut progress, &mut signals, reason).await;
+    if !reason.bus_ended() {
+        if plan.explicit_ack.is_none() && progress.written_seq > acked_seq {
+            let _ = bus
+                .send(C::Ack(v1::Ack {
+                    seq: progress.written_seq,
+                    ..v1::Ack::default()
+                }))
+                .await;
+        }
+        if plan.owned() {
+            unsubscribe(&mut bus, &plan, &sub.subscription_id).await;
+        }
+        bus.bye().await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stderr_line(
+        plan.quiet,
+        &format!(
+            "[event] exited — received {} event(s) in {secs:.3}s (reason: {})",
+            progress.written,
+            reason.as_str()
+        ),
+    );
+    Ok(())
+}
+
+/// The Subscribe request of a run: create (or resume) and attach.
+fn subscribe(plan: &Plan, request_id: u64) -> C {
+    let (start, start_seq) = validate::start(Some(plan.from));
+    C::Subscribe(v1::Subscribe {
+        request_id,
+        subscription_id: plan.subscribe_id.clone().unwrap_or_default(),
+        patterns: plan.keys.clone(),
+        filter: plan.filter.clone(),
+        start: start as i32,
+        start_seq,
+        ttl_ms: plan.ttl.map_or(0, |d| d.as_millis() as u64),
+        attach: true,
+        takeover: plan.takeover,
+        must_exist: plan.subscribe_id.is_some(),
+        owned: plan.subscribe_id.is_none(),
+        window: 0,
+        upstream: plan.upstream.clone(),
+        max_deliver: plan.max_deliver,
+        on_poison: plan.on_poison as i32,
+        explicit_ack: plan.explicit_ack.is_some(),
+        ack_wait_ms: plan.explicit_ack.map_or(0, |d| d.as_millis() as u64),
+        // NDJSON is what the bus can render once for every consumer.
+        ndjson_lines: plan.format == Format::Ndjson,
+    })
+}
+
+/// Hands the pump the chunks still formatted and waits until it wrote them
+/// and stopped — or until a signal, or (when a signal ended the run)
+/// [`DRAIN_AFTER_SIGNAL`]. Returns the pump's progress then.
+async fn drain(
+    rest: Vec<Chunk>,
+    pump: &mut StdoutPump,
+    progress: &mut ProgressWatch,
+    signals: &mut Signals,
+    reason: Reason,
+) -> Progress {
+    let drain = async {
+        for chunk in rest {
+            if pump.send(chunk).await.is_err() {
+                break;
+            }
+        }
+        pump.close();
+        while !pump.progress().done {
+            progress.changed().await;
+        }
+    };
+    let drain_bound = if reason == Reason::Signal {
+        DRAIN_AFTER_SIGNAL
+    } else {
+        Duration::MAX
+    };
+    tokio::select! {
+        _ = drain => {}
+        _ = signals.recv() => {}
+        _ = tokio::time::sleep(drain_bound.min(Duration::from_secs(86_400 * 365))) => {}
+    }
+    pump.progress()
+}
+
+/// Removes the subscription this run owns; warns (the TTL then removes it)
+/// when the bus does not confirm within 2 s.
+async fn unsubscribe(bus: &mut BusConn, plan: &Plan, id: &str) {
+    let ids = vec![id.to_owned()];
+    let unsubscribed = tokio::time::timeout(
+        Duration::from_secs(2),
+        bus.request(|request_id| {
+            C::Unsubscribe(v1::Unsubscribe {
+                request_id,
+                subscription_ids: ids,
+            })
+        }),
+    )
+    .await;
+    if !matches!(unsubscribed, Ok(Ok(_))) {
+        stderr_line(
+            plan.quiet,
+            &format!(
+                "[event] warning: could not remove subscription {id}; it expires with its ttl"
+            ),
+        );
+    }
+}
+
+/// A failed stdout ends the run: a closed pipe gracefully (reason
+/// `signal`), anything else as a runtime failure.
+fn failure_reason(p: &Progress) -> Option<Result<Reason>> {
+    match &p.failed {
+        Some(WriteFailure::BrokenPipe) => Some(Ok(Reason::Signal)),
+        Some(WriteFailure::Other(e)) => Some(Err(CliError::runtime(format!(
+            "cannot write to stdout: {e}"
+        )))),
+        None if p.done => Some(Ok(Reason::Signal)),
+        None => None,
+    }
+}
+
+/// After the ready line, losing the connection means the bus went away:
+/// the run ends with reason `bus_shutdown`, like a clean close (but see
+/// [`LOST_WITHOUT_BYE`](super::LOST_WITHOUT_BYE)).
+fn gone_is_eof(frame: Result<Option<S>>) -> Result<Option<S>> {
+    match frame {
+        Err(e) if e.bus_gone => Ok(None),
+        other => other,
+    }
+}

@@ -1,0 +1,115 @@
+//! Helpers shared by the black-box test modules: status lookups, the fields
+//! of event JSON, and publishing many events at once.
+
+use std::{
+    thread,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::Value;
+
+use crate::{Output, TestEnv, EXIT_TIMEOUT};
+
+/// The subscription `id` in a status document, if listed.
+pub fn sub<'a>(st: &'a Value, id: &str) -> Option<&'a Value> {
+    st["subscriptions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("status has no subscriptions array: {st:#}"))
+        .iter()
+        .find(|s| s["id"] == id)
+}
+
+/// Like [`sub`] but panics when `id` is not listed.
+pub fn listed<'a>(st: &'a Value, id: &str) -> &'a Value {
+    sub(st, id).unwrap_or_else(|| panic!("subscription {id:?} is not listed in status:\n{st:#}"))
+}
+
+/// [`TestEnv::wait_status`] as a function.
+pub fn wait_status(
+    env: &TestEnv,
+    timeout: Duration,
+    what: &str,
+    cond: impl FnMut(&Value) -> bool,
+) -> Value {
+    env.wait_status(timeout, what, cond)
+}
+
+/// `dws event subscribe <args...>`, asserting exit 0 and that exactly `id`
+/// is printed.
+pub fn subscribe_ok(env: &TestEnv, args: &[&str], id: &str) {
+    let mut a = vec!["event", "subscribe"];
+    a.extend_from_slice(args);
+    let out = env.dws(&a).run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    assert_eq!(
+        out.stdout,
+        format!("{id}\n"),
+        "subscribe prints the id\n{out}"
+    );
+}
+
+/// Publishes `(event_id, data)` pairs of `event_type` from `threads`
+/// concurrent publishers; returns each publish's JSON in input order.
+pub fn publish_parallel(
+    env: &TestEnv,
+    event_type: &str,
+    items: &[(String, String)],
+    threads: usize,
+) -> Vec<Value> {
+    let chunk = items.len().div_ceil(threads.max(1)).max(1);
+    thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|(id, data)| env.publish(event_type, data, &["--id", id]))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("publisher thread panicked"))
+            .collect()
+    })
+}
+
+/// The complete NDJSON lines of `out.stdout` (a trailing line without `\n`,
+/// cut by `kill -9`, is ignored), each parsed.
+pub fn complete_events(out: &Output) -> Vec<Value> {
+    let text = match out.stdout.rfind('\n') {
+        Some(i) => &out.stdout[..=i],
+        None => "",
+    };
+    text.lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON ({e})\n{out}"))
+        })
+        .collect()
+}
+
+pub fn str_of<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str()
+        .unwrap_or_else(|| panic!("field {k:?} missing or not a string in {v}"))
+}
+
+pub fn u64_of(v: &Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("field {k:?} missing or not a number in {v}"))
+}
+
+pub fn ids_of(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| str_of(e, "event_id").to_owned())
+        .collect()
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
