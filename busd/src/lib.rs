@@ -283,6 +283,7 @@ async fn serve(
             dedup_capacity: usize::try_from(args.dedup_capacity).unwrap_or(usize::MAX),
             idle_timeout: args.idle_timeout,
             source_kind: source.kind().to_owned(),
+            inline_commit: profile.store.kind == store::StoreKind::Memory,
         },
         trigger,
         source.upstream_control(),

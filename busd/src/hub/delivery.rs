@@ -16,7 +16,7 @@ use proto::{
     v1::{self, ErrorCode},
 };
 
-use super::{ConnId, Hub, State};
+use super::{ConnHandle, ConnId, Hub, State};
 use crate::{clock::now_ms, eventlog::LoggedEvent, store::StoreInfo, upstream::Refusal};
 
 /// An event on its way into the log, before it has a seq.
@@ -141,10 +141,17 @@ impl Hub {
         if let Some(key) = dedup_key {
             st.dedup.put(key, seq);
         }
-        let first = st.staged.len() == 1;
-        drop(st);
-        if first {
-            self.shared.commit_wake.notify_one();
+        if self.shared.config.inline_commit {
+            let batch = std::mem::take(&mut st.staged);
+            let (wake, head) = fan_out_locked(&mut st, batch);
+            drop(st);
+            self.after_fan_out(wake, head);
+        } else {
+            let first = st.staged.len() == 1;
+            drop(st);
+            if first {
+                self.shared.commit_wake.notify_one();
+            }
         }
         Ok(Appended {
             seq,
@@ -156,35 +163,16 @@ impl Hub {
     /// A batch is durable: append it to the log, fan it out, apply
     /// retention, and tell the waiters.
     pub fn committed(&self, batch: Vec<Arc<LoggedEvent>>, info: StoreInfo) {
-        let mut wake = vec![];
         let mut st = self.state();
         st.store = info;
-        let State {
-            subs, conns, log, ..
-        } = &mut *st;
-        for e in batch {
-            for sub in subs.values_mut() {
-                if sub.offer(&e) {
-                    if let Some(c) = sub.consumer().and_then(|c| conns.get(&c)) {
-                        wake.push(c.handle.clone());
-                    }
-                }
-            }
-            log.append(e);
-        }
-        // Retention: evict from the front; a subscription loses an evicted
-        // event only if it had not been sent yet, and is told with a Gap.
-        let mut evicted = false;
-        while let Some(old) = log.evict_one() {
-            evicted = true;
-            for sub in subs.values_mut() {
-                sub.evicted(old.seq);
-            }
-        }
-        let head = log.head_seq();
-        // Cursors of named subscriptions and the log floor moved.
-        st.subs_dirty |= evicted || st.subs.values().any(|s| !s.owned);
+        let (wake, head) = fan_out_locked(&mut st, batch);
         drop(st);
+        self.after_fan_out(wake, head);
+    }
+
+    /// Publishes the new durable head and wakes the consumers (after the
+    /// guard is dropped).
+    fn after_fan_out(&self, mut wake: Vec<Arc<ConnHandle>>, head: u64) {
         self.shared.durable.send_modify(|d| d.seq = head);
         wake.sort_by_key(Arc::as_ptr);
         wake.dedup_by_key(|h| Arc::as_ptr(h));
@@ -308,4 +296,36 @@ pub fn halted_line(id: &str, seq: u64, deliveries: u32) -> String {
     format!(
         "[event] subscription {id} halted at seq {seq}: delivered {deliveries} times without ack"
     )
+}
+
+/// Appends a durable batch to the log, offers it to every subscription and
+/// applies retention. Returns the connections to wake and the new head.
+fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<ConnHandle>>, u64) {
+    let mut wake = vec![];
+    let State {
+        subs, conns, log, ..
+    } = st;
+    for e in batch {
+        for sub in subs.values_mut() {
+            if sub.offer(&e) {
+                if let Some(c) = sub.consumer().and_then(|c| conns.get(&c)) {
+                    wake.push(c.handle.clone());
+                }
+            }
+        }
+        log.append(e);
+    }
+    // Retention: evict from the front; a subscription loses an evicted
+    // event only if it had not been sent yet, and is told with a Gap.
+    let mut evicted = false;
+    while let Some(old) = log.evict_one() {
+        evicted = true;
+        for sub in subs.values_mut() {
+            sub.evicted(old.seq);
+        }
+    }
+    let head = log.head_seq();
+    // Cursors of named subscriptions and the log floor moved.
+    st.subs_dirty |= evicted || st.subs.values().any(|s| !s.owned);
+    (wake, head)
 }
