@@ -36,6 +36,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Version string of this build, reported in Hello/HelloAck and `bus.meta`.
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");
 
+/// What `dws --version` and `busd --version` print after their name: the
+/// build and the protocol version (the workspace builds both from one
+/// version, so the two always agree).
+pub const VERSION_LINE: &str = concat!(env!("CARGO_PKG_VERSION"), " (protocol 1)");
+
 /// Codec for the bus side: decodes client frames, encodes server frames.
 pub type ServerCodec = FrameCodec<v1::ClientFrame, v1::ServerFrame>;
 /// Codec for the client side: decodes server frames, encodes client frames.
@@ -82,6 +87,14 @@ pub fn bye_reason_name(reason: v1::ByeReason) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_line_names_the_build_and_the_protocol() {
+        assert_eq!(
+            VERSION_LINE,
+            format!("{BUILD} (protocol {PROTOCOL_VERSION})")
+        );
+    }
 
     #[test]
     fn ids() {

@@ -265,12 +265,20 @@ fn poison_with_park_goes_on_and_parked_events_can_be_replayed() {
         (s1["state"].as_str(), s1["pending"].as_u64()),
         (Some("active"), Some(0))
     );
+    // The parked list survives a restart of the bus.
+    stop_term(c);
+    env.dws(["event", "stop"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+    env.wait_no_busd(LONG, "the bus to stop");
+    env.subscribe(&["k.*", "--id", "s1"]);
     let text = verb(&env, &["parked", "s1"]);
     text.assert_code(0);
     assert!(text.stdout.contains("parked seq 1"), "{text}");
+    let mut c = explicit(&env, &[]);
     let doc = verb_json(&env, &["replay-parked", "s1"]);
     assert_eq!(doc["replayed"], 1);
-    let e = event_line(&mut c, 3);
+    let e = event_line(&mut c, 1);
     assert_eq!(
         (e["seq"].as_u64(), e["delivery"].as_u64()),
         (Some(1), Some(1))

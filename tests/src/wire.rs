@@ -100,19 +100,8 @@ impl Wire {
             if let Some(f) = self.take_frame() {
                 return Some(f);
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline || self.read_some() != Got::More {
                 return None;
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            match self.s.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(n) => self.buf.put_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => return None,
             }
         }
     }
@@ -130,21 +119,10 @@ impl Wire {
                 Instant::now() < deadline,
                 "the bus did not close the connection within {timeout:?}; frames so far: {frames:?}"
             );
-            let mut chunk = [0u8; 64 * 1024];
-            match self.s.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => self.buf.put_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
-                Err(e)
-                    if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) =>
-                {
-                    break
-                }
-                Err(e) => panic!("read from bus: {e}"),
+            match self.read_some() {
+                Got::More => {}
+                Got::Closed => break,
+                Got::Failed(e) => panic!("read from bus: {e}"),
             }
         }
         while let Some(f) = self.take_frame() {
@@ -157,4 +135,38 @@ impl Wire {
         );
         frames
     }
+
+    /// One read (bounded by the socket's read timeout) into the buffer.
+    fn read_some(&mut self) -> Got {
+        let mut chunk = [0u8; 64 * 1024];
+        match self.s.read(&mut chunk) {
+            Ok(0) => Got::Closed,
+            Ok(n) => {
+                self.buf.put_slice(&chunk[..n]);
+                Got::More
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                Got::More
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) => {
+                Got::Closed
+            }
+            Err(e) => Got::Failed(e.to_string()),
+        }
+    }
+}
+
+/// What one read brought.
+#[derive(Debug, PartialEq, Eq)]
+enum Got {
+    /// Data, or nothing yet: read again.
+    More,
+    /// EOF or reset.
+    Closed,
+    Failed(String),
 }
