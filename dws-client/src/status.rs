@@ -6,8 +6,10 @@ use std::fmt::Write as _;
 
 use proto::{
     paths::Endpoint,
+    status::{NotRunningDoc, StatusDoc},
     v1::{self, client_frame::Kind as C, server_frame::Kind as S},
 };
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
@@ -16,8 +18,15 @@ use crate::{
     exit::{CliError, Result},
 };
 
+/// A status document as the bus sent it (passed through as is by `--format
+/// json`, so fields this build does not know are kept) and as read.
+pub struct Fetched {
+    pub json: Value,
+    pub doc: StatusDoc,
+}
+
 /// Fetches the status document, or `None` when no bus is running.
-pub async fn fetch(endpoint: &Endpoint) -> Result<Option<Value>> {
+pub async fn fetch(endpoint: &Endpoint) -> Result<Option<Fetched>> {
     let Some(mut bus) = BusConn::open(endpoint).await? else {
         return Ok(None);
     };
@@ -30,44 +39,69 @@ pub async fn fetch(endpoint: &Endpoint) -> Result<Option<Value>> {
             "the bus answered StatusRequest with an unexpected frame",
         ));
     };
-    serde_json::from_str(&r.json)
-        .map(Some)
-        .map_err(|e| CliError::runtime(format!("the bus sent an unreadable status document: {e}")))
+    let unreadable = |e: serde_json::Error| {
+        CliError::runtime(format!("the bus sent an unreadable status document: {e}"))
+    };
+    let json: Value = serde_json::from_str(&r.json).map_err(unreadable)?;
+    let doc = StatusDoc::deserialize(&json).map_err(unreadable)?;
+    Ok(Some(Fetched { json, doc }))
 }
 
 pub async fn run(args: StatusArgs, endpoint: &Endpoint) -> Result<()> {
     if args.watch {
         return watch(&args, endpoint).await;
     }
-    let doc = fetch(endpoint).await?;
-    crate::print_stdout(&report(args.format, doc, endpoint, true))
+    let report = match fetch(endpoint).await? {
+        Some(fetched) => Report::Running(Box::new(fetched)),
+        None => Report::NotRunning(not_running(endpoint)),
+    };
+    crate::print_stdout(&report.print(args.format, endpoint, true))
 }
 
-/// One status as printed: the document (pretty or one line) or the text
-/// report; without a bus, the `running: false` document or line.
-fn report(format: TextOrJson, doc: Option<Value>, endpoint: &Endpoint, pretty: bool) -> String {
-    let doc = doc.unwrap_or_else(|| not_running(endpoint));
-    match format {
-        TextOrJson::Json if pretty => format!("{doc:#}\n"),
-        TextOrJson::Json => format!("{doc}\n"),
-        TextOrJson::Text if doc["running"] == true => render(&doc),
-        TextOrJson::Text => format!(
-            "bus not running (profile {}, socket {}){}\n",
-            endpoint.profile,
-            endpoint.socket_path.display(),
-            doc["error"]
-                .as_str()
-                .map_or(String::new(), |e| format!(": {e}"))
-        ),
+/// What one status says: a bus's document, or that none runs.
+enum Report {
+    Running(Box<Fetched>),
+    NotRunning(NotRunningDoc),
+}
+
+impl Report {
+    /// One status as printed: the document (pretty or one line) or the
+    /// text report; without a bus, the `running: false` document or line.
+    fn print(&self, format: TextOrJson, endpoint: &Endpoint, pretty: bool) -> String {
+        let not_running_json;
+        let json = match self {
+            Report::Running(f) => &f.json,
+            Report::NotRunning(doc) => {
+                not_running_json =
+                    serde_json::to_value(doc).expect("the not-running document serializes");
+                &not_running_json
+            }
+        };
+        match (format, self) {
+            (TextOrJson::Json, _) if pretty => format!("{json:#}\n"),
+            (TextOrJson::Json, _) => format!("{json}\n"),
+            (TextOrJson::Text, Report::Running(f)) if f.doc.running => render(&f.doc),
+            (TextOrJson::Text, Report::Running(f)) => {
+                not_running_line(endpoint, f.json["error"].as_str())
+            }
+            (TextOrJson::Text, Report::NotRunning(doc)) => {
+                not_running_line(endpoint, doc.error.as_deref())
+            }
+        }
     }
 }
 
-fn not_running(endpoint: &Endpoint) -> Value {
-    serde_json::json!({
-        "running": false,
-        "profile": endpoint.profile,
-        "socket": endpoint.socket_path,
-    })
+fn not_running_line(endpoint: &Endpoint, error: Option<&str>) -> String {
+    format!(
+        "bus not running (profile {}, socket {}){}\n",
+        endpoint.profile,
+        endpoint.socket_path.display(),
+        error.map_or(String::new(), |e| format!(": {e}"))
+    )
+}
+
+fn not_running(endpoint: &Endpoint) -> NotRunningDoc {
+    NotRunningDoc::new(endpoint.profile.clone(), endpoint.socket_path.clone())
 }
 
 /// `status --watch`: one report per interval until SIGINT or SIGTERM (exit
@@ -89,15 +123,15 @@ async fn watch(args: &StatusArgs, endpoint: &Endpoint) -> Result<()> {
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
         };
-        let doc = match fetched {
-            Ok(doc) => doc,
-            Err(e) => {
-                let mut doc = not_running(endpoint);
-                doc["error"] = Value::String(e.message);
-                Some(doc)
-            }
+        let report = match fetched {
+            Ok(Some(fetched)) => Report::Running(Box::new(fetched)),
+            Ok(None) => Report::NotRunning(not_running(endpoint)),
+            Err(e) => Report::NotRunning(NotRunningDoc {
+                error: Some(e.message),
+                ..not_running(endpoint)
+            }),
         };
-        let body = report(args.format, doc, endpoint, false);
+        let body = report.print(args.format, endpoint, false);
         let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
         let frame = match args.format {
             TextOrJson::Json => body,
@@ -130,23 +164,20 @@ fn write_frame(frame: &str) -> Result<bool> {
     }
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// A value as shown, `-` when unset.
+fn s<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-fn ago(now_ms: i64, v: &Value) -> String {
-    match v.as_i64() {
+fn ago(now_ms: i64, v: Option<i64>) -> String {
+    match v {
         Some(t) => format!("{:.1}s ago", (now_ms - t) as f64 / 1000.0),
         None => "-".into(),
     }
 }
 
-fn until(now_ms: i64, v: &Value) -> String {
-    match v.as_i64() {
+fn until(now_ms: i64, v: Option<i64>) -> String {
+    match v {
         Some(t) => format!("in {:.1}s", (t - now_ms) as f64 / 1000.0),
         None => "-".into(),
     }
@@ -178,22 +209,19 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 }
 
 /// The text form of the status document.
-pub fn render(doc: &Value) -> String {
-    let now = doc["bus"]["started_at_unix_ms"].as_i64().unwrap_or(0)
-        + doc["bus"]["uptime_ms"].as_i64().unwrap_or(0);
-    let bus = &doc["bus"];
-    let src = &doc["source"];
-    let log = &doc["log"];
+pub fn render(doc: &StatusDoc) -> String {
+    let now = doc.now_unix_ms();
+    let (bus, src, log) = (&doc.bus, &doc.source, &doc.log);
     let mut o = String::new();
     let _ = writeln!(
         o,
         "bus        pid {}  profile {}  version {}  up {:.1}s",
-        s(&bus["pid"]),
-        s(&bus["profile"]),
-        s(&bus["version"]),
-        bus["uptime_ms"].as_f64().unwrap_or(0.0) / 1000.0
+        bus.pid,
+        bus.profile,
+        bus.version,
+        bus.uptime_ms as f64 / 1000.0
     );
-    let idle = bus["idle_timeout_ms"].as_u64().unwrap_or(0);
+    let idle = bus.idle_timeout_ms;
     let _ = writeln!(
         o,
         "           idle timeout {}  socket {}",
@@ -202,42 +230,41 @@ pub fn render(doc: &Value) -> String {
         } else {
             format!("{}s", idle as f64 / 1000.0)
         },
-        s(&bus["socket"])
+        bus.socket.display()
     );
     let _ = writeln!(
         o,
         "source     {} {}  since {}  reconnects {}  last error {}  next retry {}",
-        s(&src["kind"]),
-        s(&src["state"]),
-        ago(now, &src["since_unix_ms"]),
-        s(&src["reconnects"]),
-        s(&src["last_error"]),
-        until(now, &src["next_retry_at_unix_ms"]),
+        src.kind,
+        src.state,
+        ago(now, src.since_unix_ms),
+        src.reconnects,
+        s(src.last_error.as_deref()),
+        until(now, src.next_retry_at_unix_ms),
     );
     let _ = writeln!(
         o,
         "log        seq {}..{}  {} event(s)  {} byte(s)  (max {} / {})  retention held by {}",
-        s(&log["oldest_seq"]),
-        s(&log["head_seq"]),
-        s(&log["events"]),
-        s(&log["bytes"]),
-        s(&log["max_events"]),
-        s(&log["max_bytes"]),
-        s(&log["retention_held_by"]),
+        s(log.oldest_seq),
+        log.head_seq,
+        log.events,
+        log.bytes,
+        log.max_events,
+        log.max_bytes,
+        s(log.retention_held_by.as_deref()),
     );
-    let empty = vec![];
-    let consumers = doc["consumers"].as_array().unwrap_or(&empty);
+    let consumers = &doc.consumers;
     let _ = writeln!(o, "\nconsumers ({})", consumers.len());
     if !consumers.is_empty() {
         let rows: Vec<Vec<String>> = consumers
             .iter()
             .map(|c| {
                 vec![
-                    s(&c["pid"]),
-                    s(&c["subscription_id"]),
-                    s(&c["delivered"]),
-                    s(&c["acked"]),
-                    s(&c["in_flight"]),
+                    c.pid.to_string(),
+                    c.subscription_id.clone(),
+                    c.delivered.to_string(),
+                    c.acked.to_string(),
+                    c.in_flight.to_string(),
                 ]
             })
             .collect();
@@ -247,40 +274,32 @@ pub fn render(doc: &Value) -> String {
             &rows,
         );
     }
-    let subs = doc["subscriptions"].as_array().unwrap_or(&empty);
+    let subs = &doc.subscriptions;
     let _ = writeln!(o, "\nsubscriptions ({})", subs.len());
     if !subs.is_empty() {
         let rows: Vec<Vec<String>> = subs
             .iter()
             .map(|x| {
-                let patterns = x["patterns"]
-                    .as_array()
-                    .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
-                    .unwrap_or_default();
-                let attached = match x["attached_pid"].as_u64() {
+                let attached = match x.attached_pid {
                     Some(pid) => format!("pid {pid}"),
-                    None => format!("detached {}", ago(now, &x["detached_since_unix_ms"])),
+                    None => format!("detached {}", ago(now, x.detached_since_unix_ms)),
                 };
-                let age = x["oldest_unacked_age_ms"]
-                    .as_f64()
-                    .map_or("-".to_owned(), |ms| format!("{:.1}s", ms / 1000.0));
+                let age = x
+                    .oldest_unacked_age_ms
+                    .map_or("-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
                 vec![
-                    s(&x["id"]),
-                    patterns,
-                    s(&x["filter"]),
-                    if x["owned"].as_bool() == Some(true) {
-                        "yes".into()
-                    } else {
-                        "no".into()
-                    },
+                    x.id.clone(),
+                    x.patterns.join(","),
+                    s(x.filter.as_deref()),
+                    if x.owned { "yes" } else { "no" }.into(),
                     attached,
-                    until(now, &x["expires_at_unix_ms"]),
-                    s(&x["cursor"]),
-                    s(&x["head_seq"]),
-                    s(&x["lag"]),
+                    until(now, x.expires_at_unix_ms),
+                    x.cursor.to_string(),
+                    x.head_seq.to_string(),
+                    x.lag.to_string(),
                     age,
-                    s(&x["redelivered"]),
-                    s(&x["lost_to_retention"]),
+                    x.redelivered.to_string(),
+                    x.lost_to_retention.to_string(),
                 ]
             })
             .collect();
@@ -303,12 +322,18 @@ pub fn render(doc: &Value) -> String {
             &rows,
         );
     }
-    let types = doc["event_types"].as_array().unwrap_or(&empty);
+    let types = &doc.event_types;
     let _ = writeln!(o, "\nevent types ({})", types.len());
     if !types.is_empty() {
         let rows: Vec<Vec<String>> = types
             .iter()
-            .map(|t| vec![s(&t["event_type"]), s(&t["received"]), s(&t["duplicates"])])
+            .map(|t| {
+                vec![
+                    t.event_type.clone(),
+                    t.received.to_string(),
+                    t.duplicates.to_string(),
+                ]
+            })
             .collect();
         table(&mut o, &["TYPE", "RECEIVED", "DUPLICATES DROPPED"], &rows);
     }

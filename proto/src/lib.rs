@@ -9,6 +9,7 @@
 //! - [`ndjson`]: the NDJSON event line of the consume contract.
 //! - [`ready`]: the ready pipe's verdict between a spawned bus and `dws`.
 //! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
+//! - [`status`]: the status document of `dws event status`, filled by the bus.
 //! - [`time`]: `sleep_until_opt`, an optional deadline for `select!` loops.
 //!
 //! This crate does no socket I/O.
@@ -19,6 +20,7 @@ pub mod ndjson;
 pub mod paths;
 pub mod pattern;
 pub mod ready;
+pub mod status;
 pub mod time;
 
 /// Generated protocol types (package `dws.bus.v1`).

@@ -1,12 +1,18 @@
-//! The status document (`dws event status`, [`Hub::status_json`]) and a
-//! subscription's delivery state for the operator verbs
-//! ([`subscription_doc`]), as typed `serde` structs borrowed from the state
-//! under the lock. Field order is the documented order (serde_json keeps it);
-//! `Option` fields are `null` when unset, never left out, unless marked.
+//! The status document (`dws event status`, [`Hub::status_json`]), filled
+//! from the state under the lock into the typed structs of
+//! [`proto::status`] that `dws` reads back; and a subscription's delivery
+//! state for the operator verbs ([`subscription_doc`]), as typed `serde`
+//! structs borrowed from the state. Field order is the documented order
+//! (serde_json keeps it); `Option` fields are `null` when unset, never left
+//! out, unless marked.
 
-use std::{collections::BTreeMap, path::Path};
-
-use proto::v1;
+use proto::{
+    status::{
+        BusDoc, ConsumerDoc, DamageDoc, EventTypeDoc, HaltedDoc, LogDoc, RefusedDoc, SourceDoc,
+        StatusDoc, StoreDoc, SubscriptionStatus, TruncatedDoc,
+    },
+    v1,
+};
 use serde::Serialize;
 
 use super::{Hub, Refused};
@@ -16,160 +22,56 @@ use crate::{
     subscription::{self, Subscription},
 };
 
-#[derive(Serialize)]
-struct StatusDoc<'a> {
-    running: bool,
-    bus: BusDoc<'a>,
-    source: SourceDoc<'a>,
-    truncated: Option<TruncatedDoc>,
-    consumers: Vec<ConsumerDoc<'a>>,
-    subscriptions: Vec<SubscriptionStatus<'a>>,
-    event_types: Vec<EventTypeDoc<'a>>,
-    log: LogDoc<'a>,
-    store: StoreDoc<'a>,
-}
-
-#[derive(Serialize)]
-struct BusDoc<'a> {
-    pid: u32,
-    profile: &'a str,
-    version: &'static str,
-    protocol_version: u32,
-    started_at_unix_ms: i64,
-    uptime_ms: u64,
-    idle_timeout_ms: u64,
-    socket: &'a Path,
-    work_dir: &'a Path,
-    connections: usize,
-    refused: Refused,
-}
-
-#[derive(Serialize)]
-struct SourceDoc<'a> {
-    kind: &'a str,
-    state: &'static str,
-    since_unix_ms: Option<i64>,
-    connected_since_unix_ms: Option<i64>,
-    reconnects: u64,
-    malformed: u64,
-    unroutable: &'a BTreeMap<&'static str, u64>,
-    attempt: u32,
-    next_retry_at_unix_ms: Option<i64>,
-    reason: Option<&'a str>,
-    last_error: Option<&'a str>,
-}
-
-/// Present when a list was cut to fit in one frame: the real sizes.
-#[derive(Serialize)]
-struct TruncatedDoc {
-    consumers_total: usize,
-    subscriptions_total: usize,
-}
-
-#[derive(Serialize)]
-struct ConsumerDoc<'a> {
-    pid: u32,
-    client: &'a str,
-    subscription_id: &'a str,
-    connected_at_unix_ms: i64,
-    delivered: u64,
-    acked: u64,
-    in_flight: usize,
-}
-
-/// One subscription in the status document.
-#[derive(Serialize)]
-struct SubscriptionStatus<'a> {
-    id: &'a str,
-    patterns: Vec<String>,
-    filter: Option<&'a str>,
-    owned: bool,
-    upstream_subscription_id: Option<&'a str>,
-    attached_pid: Option<u32>,
-    detached_since_unix_ms: Option<i64>,
-    expires_at_unix_ms: Option<i64>,
-    ttl_ms: u64,
-    created_at_unix_ms: i64,
-    cursor: u64,
-    head_seq: u64,
-    lag: u64,
-    pending: usize,
-    in_flight: usize,
-    oldest_unacked_age_ms: Option<i64>,
-    matched: u64,
-    delivered: u64,
-    acked: u64,
-    redelivered: u64,
-    lost_to_retention: u64,
-    state: &'static str,
-    halted: Option<HaltedDoc<'a>>,
-    head_attempts: u32,
-    max_deliver: u32,
-    on_poison: &'static str,
-    parked: usize,
-    parked_total: u64,
-    parked_dropped: u64,
-    explicit_ack: bool,
-}
-
-/// Where a halted subscription stopped.
-#[derive(Serialize)]
-struct HaltedDoc<'a> {
-    seq: u64,
-    event_id: &'a str,
-    deliveries: u32,
-    since_unix_ms: i64,
-}
-
-impl<'a> HaltedDoc<'a> {
-    fn of(s: &'a Subscription) -> Option<HaltedDoc<'a>> {
-        match &s.state {
-            subscription::State::Halted(HaltRecord {
-                seq,
-                event_id,
-                deliveries,
-                since_unix_ms,
-            }) => Some(HaltedDoc {
-                seq: *seq,
-                event_id,
-                deliveries: *deliveries,
-                since_unix_ms: *since_unix_ms,
-            }),
-            _ => None,
-        }
+/// Where a halted subscription stopped, or `None`.
+fn halted_doc(s: &Subscription) -> Option<HaltedDoc> {
+    match &s.state {
+        subscription::State::Halted(HaltRecord {
+            seq,
+            event_id,
+            deliveries,
+            since_unix_ms,
+        }) => Some(HaltedDoc {
+            seq: *seq,
+            event_id: event_id.clone(),
+            deliveries: *deliveries,
+            since_unix_ms: *since_unix_ms,
+        }),
+        _ => None,
     }
 }
 
-#[derive(Serialize)]
-struct EventTypeDoc<'a> {
-    event_type: &'a str,
-    received: u64,
-    duplicates: u64,
+/// The refusal counters as shown (every field named: a new counter must be
+/// added to the document too).
+fn refused_doc(r: Refused) -> RefusedDoc {
+    let Refused {
+        connections,
+        input_budget,
+        slow_clients,
+        bad_frames,
+        too_large_events,
+    } = r;
+    RefusedDoc {
+        connections,
+        input_budget,
+        slow_clients,
+        bad_frames,
+        too_large_events,
+    }
 }
 
-#[derive(Serialize)]
-struct LogDoc<'a> {
-    oldest_seq: Option<u64>,
-    head_seq: u64,
-    events: usize,
-    bytes: usize,
-    max_events: usize,
-    max_bytes: usize,
-    /// The subscription with the oldest unacked event.
-    retention_held_by: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct StoreDoc<'a> {
-    kind: &'static str,
-    durability: &'static str,
-    path: Option<&'a Path>,
-    durable_seq: u64,
-    staged: usize,
-    segments: usize,
-    bytes: u64,
-    damaged: &'a [Damage],
-    last_error: Option<&'a str>,
+fn damage_doc(d: &Damage) -> DamageDoc {
+    let Damage {
+        from_seq,
+        to_seq,
+        file,
+        offset,
+    } = d;
+    DamageDoc {
+        from_seq: *from_seq,
+        to_seq: *to_seq,
+        file: file.clone(),
+        offset: *offset,
+    }
 }
 
 /// A subscription's delivery state, for the operator verbs.
@@ -177,7 +79,7 @@ struct StoreDoc<'a> {
 pub(super) struct SubscriptionDoc<'a> {
     id: &'a str,
     state: &'static str,
-    halted: Option<HaltedDoc<'a>>,
+    halted: Option<HaltedDoc>,
     cursor: u64,
     head_seq: u64,
     pending: usize,
@@ -206,8 +108,8 @@ fn opt_ms(v: i64) -> Option<i64> {
 }
 
 /// `Some(s)` unless `s` is empty.
-fn non_empty(s: &str) -> Option<&str> {
-    (!s.is_empty()).then_some(s)
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
 }
 
 /// The document as JSON. Like the `json!` it replaced, a path that is not
@@ -233,12 +135,12 @@ impl Hub {
                 let sub = c.attached.as_ref()?;
                 Some(ConsumerDoc {
                     pid: c.pid,
-                    client: &c.name,
-                    subscription_id: sub,
+                    client: c.name.clone(),
+                    subscription_id: sub.clone(),
                     connected_at_unix_ms: c.connected_at_ms,
                     delivered: c.delivered,
                     acked: c.acked,
-                    in_flight: st.subs.get(sub).map_or(0, Subscription::in_flight),
+                    in_flight: st.subs.get(sub).map_or(0, Subscription::in_flight) as u64,
                 })
             })
             .take(max_listed)
@@ -262,11 +164,11 @@ impl Hub {
                 let oldest = s.oldest_pending().map(|(e, _)| e);
                 let cursor = s.cursor(head);
                 SubscriptionStatus {
-                    id: &s.id,
+                    id: s.id.clone(),
                     patterns: s.selector.pattern_strings(),
                     filter: non_empty(s.selector.filter_str()),
                     owned: s.owned,
-                    upstream_subscription_id: s.upstream_id.as_deref(),
+                    upstream_subscription_id: s.upstream_id.clone(),
                     attached_pid: s.consumer().and_then(|c| st.conns.get(&c)).map(|c| c.pid),
                     detached_since_unix_ms: s.detached_since_ms(),
                     expires_at_unix_ms: s
@@ -277,20 +179,20 @@ impl Hub {
                     cursor,
                     head_seq: head,
                     lag: head - cursor,
-                    pending: s.pending_len(),
-                    in_flight: s.in_flight(),
+                    pending: s.pending_len() as u64,
+                    in_flight: s.in_flight() as u64,
                     oldest_unacked_age_ms: oldest.map(|e| (now - e.received_at_unix_ms).max(0)),
                     matched: s.counters.matched,
                     delivered: s.counters.delivered,
                     acked: s.counters.acked,
                     redelivered: s.counters.redelivered,
                     lost_to_retention: s.counters.lost,
-                    state: s.state.name(),
-                    halted: HaltedDoc::of(s),
+                    state: s.state.name().to_owned(),
+                    halted: halted_doc(s),
                     head_attempts: s.oldest_pending().map_or(0, |(_, n)| n),
                     max_deliver: s.max_deliver,
-                    on_poison: subscription::poison_name(s.on_poison),
-                    parked: s.parked_len(),
+                    on_poison: subscription::poison_name(s.on_poison).to_owned(),
+                    parked: s.parked_len() as u64,
                     parked_total: s.counters.parked,
                     parked_dropped: s.counters.parked_dropped,
                     explicit_ack: s.explicit_ack(),
@@ -299,32 +201,37 @@ impl Hub {
             .collect();
         let truncated = (consumers.len() < consumers_total || subscriptions.len() < st.subs.len())
             .then(|| TruncatedDoc {
-                consumers_total,
-                subscriptions_total: st.subs.len(),
+                consumers_total: consumers_total as u64,
+                subscriptions_total: st.subs.len() as u64,
             });
         let doc = StatusDoc {
             running: true,
             bus: BusDoc {
                 pid: std::process::id(),
-                profile: &cfg.profile,
-                version: proto::BUILD,
+                profile: cfg.profile.clone(),
+                version: proto::BUILD.to_owned(),
                 protocol_version: proto::PROTOCOL_VERSION,
                 started_at_unix_ms: self.shared.started_at_ms,
                 uptime_ms: self.shared.started.elapsed().as_millis() as u64,
                 idle_timeout_ms: cfg.idle_timeout.as_millis() as u64,
-                socket: &cfg.socket,
-                work_dir: &cfg.work_dir,
-                connections: st.conns.len(),
-                refused: st.refused,
+                socket: cfg.socket.clone(),
+                work_dir: cfg.work_dir.clone(),
+                connections: st.conns.len() as u64,
+                refused: refused_doc(st.refused),
             },
             source: SourceDoc {
-                kind: &cfg.source_kind,
-                state: proto::source_status_name(source_status),
+                kind: cfg.source_kind.clone(),
+                state: proto::source_status_name(source_status).to_owned(),
                 since_unix_ms: opt_ms(st.source.state.since_unix_ms),
                 connected_since_unix_ms: opt_ms(st.source.connected_since_ms),
                 reconnects: st.source.reconnects,
                 malformed: st.source.malformed,
-                unroutable: &st.source.unroutable,
+                unroutable: st
+                    .source
+                    .unroutable
+                    .iter()
+                    .map(|(reason, n)| ((*reason).to_owned(), *n))
+                    .collect(),
                 attempt: st.source.state.attempt,
                 next_retry_at_unix_ms: opt_ms(st.source.state.next_retry_at_unix_ms),
                 reason: non_empty(&st.source.state.reason),
@@ -337,7 +244,7 @@ impl Hub {
                 .types
                 .iter()
                 .map(|(t, c)| EventTypeDoc {
-                    event_type: t,
+                    event_type: t.clone(),
                     received: c.received,
                     duplicates: c.duplicates,
                 })
@@ -345,22 +252,22 @@ impl Hub {
             log: LogDoc {
                 oldest_seq: st.log.oldest_seq(),
                 head_seq: head,
-                events: st.log.len(),
-                bytes: st.log.bytes(),
-                max_events: st.log.retention().max_events,
-                max_bytes: st.log.retention().max_bytes,
-                retention_held_by: holder.map(|(_, id)| id),
+                events: st.log.len() as u64,
+                bytes: st.log.bytes() as u64,
+                max_events: st.log.retention().max_events as u64,
+                max_bytes: st.log.retention().max_bytes as u64,
+                retention_held_by: holder.map(|(_, id)| id.to_owned()),
             },
             store: StoreDoc {
-                kind: st.store.kind,
-                durability: st.store.durability,
-                path: st.store.path.as_deref(),
+                kind: st.store.kind.to_owned(),
+                durability: st.store.durability.to_owned(),
+                path: st.store.path.clone(),
                 durable_seq: head,
-                staged: st.staged.len(),
-                segments: st.store.segments,
+                staged: st.staged.len() as u64,
+                segments: st.store.segments as u64,
                 bytes: st.store.bytes,
-                damaged: &st.store.damaged,
-                last_error: st.store_error.as_deref(),
+                damaged: st.store.damaged.iter().map(damage_doc).collect(),
+                last_error: st.store_error.as_deref().map(str::to_owned),
             },
         };
         to_json(&doc)
@@ -377,7 +284,7 @@ pub(super) fn subscription_doc(
     SubscriptionDoc {
         id: &s.id,
         state: s.state.name(),
-        halted: HaltedDoc::of(s),
+        halted: halted_doc(s),
         cursor: s.cursor(head),
         head_seq: head,
         pending: s.pending_len(),

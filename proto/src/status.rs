@@ -1,0 +1,280 @@
+//! The status document (`dws event status`, README "Status",
+//! `schemas/status.schema.json`) as typed `serde` structs: the bus fills and
+//! serializes them, `dws` deserializes them to render its text report.
+//!
+//! Field order is the documented order (serde_json keeps it); `Option`
+//! fields are `null` when unset, never left out, unless marked. Fields are
+//! only ever added: a reader ignores fields it does not know, and every
+//! struct is `#[serde(default)]` so a document from an older bus that lacks
+//! a field still reads.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The document of a running bus.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StatusDoc {
+    /// Always `true` from a bus.
+    pub running: bool,
+    pub bus: BusDoc,
+    pub source: SourceDoc,
+    /// Present when a list was cut to fit in one frame.
+    pub truncated: Option<TruncatedDoc>,
+    pub consumers: Vec<ConsumerDoc>,
+    pub subscriptions: Vec<SubscriptionStatus>,
+    pub event_types: Vec<EventTypeDoc>,
+    pub log: LogDoc,
+    pub store: StoreDoc,
+}
+
+impl StatusDoc {
+    /// The bus's clock when it answered: start time plus uptime.
+    pub fn now_unix_ms(&self) -> i64 {
+        self.bus.started_at_unix_ms + self.bus.uptime_ms as i64
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BusDoc {
+    pub pid: u32,
+    pub profile: String,
+    pub version: String,
+    pub protocol_version: u32,
+    pub started_at_unix_ms: i64,
+    pub uptime_ms: u64,
+    /// 0 = never.
+    pub idle_timeout_ms: u64,
+    pub socket: PathBuf,
+    pub work_dir: PathBuf,
+    pub connections: u64,
+    pub refused: RefusedDoc,
+}
+
+/// Clients refused because they hit a bound (README "Limits").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RefusedDoc {
+    pub connections: u64,
+    pub input_budget: u64,
+    pub slow_clients: u64,
+    pub bad_frames: u64,
+    pub too_large_events: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SourceDoc {
+    pub kind: String,
+    pub state: String,
+    pub since_unix_ms: Option<i64>,
+    pub connected_since_unix_ms: Option<i64>,
+    pub reconnects: u64,
+    pub malformed: u64,
+    /// Reason → count of upstream frames acked but not routed.
+    pub unroutable: BTreeMap<String, u64>,
+    pub attempt: u32,
+    pub next_retry_at_unix_ms: Option<i64>,
+    pub reason: Option<String>,
+    pub last_error: Option<String>,
+}
+
+/// The real sizes of lists cut to fit in one frame.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TruncatedDoc {
+    pub consumers_total: u64,
+    pub subscriptions_total: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConsumerDoc {
+    pub pid: u32,
+    pub client: String,
+    pub subscription_id: String,
+    pub connected_at_unix_ms: i64,
+    pub delivered: u64,
+    pub acked: u64,
+    pub in_flight: u64,
+}
+
+/// One subscription in the status document.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SubscriptionStatus {
+    pub id: String,
+    pub patterns: Vec<String>,
+    pub filter: Option<String>,
+    pub owned: bool,
+    pub upstream_subscription_id: Option<String>,
+    pub attached_pid: Option<u32>,
+    pub detached_since_unix_ms: Option<i64>,
+    pub expires_at_unix_ms: Option<i64>,
+    pub ttl_ms: u64,
+    pub created_at_unix_ms: i64,
+    pub cursor: u64,
+    pub head_seq: u64,
+    pub lag: u64,
+    pub pending: u64,
+    pub in_flight: u64,
+    pub oldest_unacked_age_ms: Option<i64>,
+    pub matched: u64,
+    pub delivered: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    pub lost_to_retention: u64,
+    pub state: String,
+    pub halted: Option<HaltedDoc>,
+    pub head_attempts: u32,
+    pub max_deliver: u32,
+    pub on_poison: String,
+    pub parked: u64,
+    pub parked_total: u64,
+    pub parked_dropped: u64,
+    pub explicit_ack: bool,
+}
+
+/// Where a halted subscription stopped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HaltedDoc {
+    pub seq: u64,
+    pub event_id: String,
+    pub deliveries: u32,
+    pub since_unix_ms: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventTypeDoc {
+    pub event_type: String,
+    pub received: u64,
+    pub duplicates: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LogDoc {
+    /// `None` while the log is empty.
+    pub oldest_seq: Option<u64>,
+    pub head_seq: u64,
+    pub events: u64,
+    pub bytes: u64,
+    pub max_events: u64,
+    pub max_bytes: u64,
+    /// The subscription with the oldest unacked event.
+    pub retention_held_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StoreDoc {
+    pub kind: String,
+    pub durability: String,
+    /// `None` for a memory store.
+    pub path: Option<PathBuf>,
+    pub durable_seq: u64,
+    pub staged: u64,
+    pub segments: u64,
+    pub bytes: u64,
+    pub damaged: Vec<DamageDoc>,
+    pub last_error: Option<String>,
+}
+
+/// A stretch of the log that failed its checksum.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DamageDoc {
+    pub from_seq: u64,
+    pub to_seq: u64,
+    pub file: String,
+    pub offset: u64,
+}
+
+/// What `dws event status` prints when no bus runs (`running: false`), with
+/// `error` (left out when unset) when a bus could not be asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NotRunningDoc {
+    /// Always `false`.
+    pub running: bool,
+    pub profile: String,
+    pub socket: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl NotRunningDoc {
+    pub fn new(profile: impl Into<String>, socket: impl Into<PathBuf>) -> NotRunningDoc {
+        NotRunningDoc {
+            running: false,
+            profile: profile.into(),
+            socket: socket.into(),
+            error: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_document_round_trips_in_the_documented_order() {
+        let doc = StatusDoc {
+            running: true,
+            subscriptions: vec![SubscriptionStatus {
+                id: "s1".into(),
+                halted: Some(HaltedDoc {
+                    seq: 1,
+                    event_id: "e1".into(),
+                    deliveries: 2,
+                    since_unix_ms: 5,
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&doc).unwrap();
+        assert!(
+            json.starts_with(r#"{"running":true,"bus":{"pid":0,"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""truncated":null,"consumers":[]"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<StatusDoc>(&json).unwrap(), doc);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_missing_ones_default() {
+        let doc: StatusDoc = serde_json::from_str(
+            r#"{"running":true,"new_top":1,"bus":{"pid":7,"new":"x"},
+                "subscriptions":[{"id":"a","later":[1]}]}"#,
+        )
+        .unwrap();
+        assert!(doc.running);
+        assert_eq!(doc.bus.pid, 7);
+        assert_eq!(doc.subscriptions[0].id, "a");
+        assert_eq!(doc.subscriptions[0].halted, None);
+        assert_eq!(doc.log.oldest_seq, None);
+    }
+
+    #[test]
+    fn not_running_leaves_out_an_unset_error() {
+        let mut doc = NotRunningDoc::new("p", "/s");
+        assert_eq!(
+            serde_json::to_string(&doc).unwrap(),
+            r#"{"running":false,"profile":"p","socket":"/s"}"#
+        );
+        doc.error = Some("e".into());
+        assert_eq!(
+            serde_json::to_string(&doc).unwrap(),
+            r#"{"running":false,"profile":"p","socket":"/s","error":"e"}"#
+        );
+    }
+}
