@@ -36,6 +36,12 @@ use crate::{
 /// stalled one cannot keep the consumer alive.
 const DRAIN_AFTER_SIGNAL: Duration = Duration::from_secs(2);
 
+/// How long an ack of written events may wait for more to join it.
+const ACK_DELAY: Duration = Duration::from_millis(5);
+/// Written but unacked events that make the ack go out at once (well below
+/// the bus's credit window, so a fast stream never waits for credit).
+const ACK_EAGER: u64 = 256;
+
 /// Runs the consumer; returns after the exited line was printed.
 pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<()> {
     let started = Instant::now();
@@ -77,6 +83,11 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     // not read (the bus's credit window bounds what is in flight).
     let mut waiting: Option<Chunk> = None;
     let mut acked_seq: u64 = 0;
+    let mut acked_count: u64 = 0;
+    // Acks are coalesced: at most one per ACK_DELAY unless ACK_EAGER
+    // events are waiting, so a trickle of events costs the bus one wake-up
+    // per few milliseconds, not one per event.
+    let mut ack_due: Option<Instant> = None;
     let reason: Result<Reason> = loop {
         if waiting.is_none() && !out.chunk.bytes.is_empty() {
             // The next chunk starts as large as this one: no regrowth.
@@ -106,18 +117,30 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                     }
                 }
             },
-            p = progress.changed() => {
-                if let Some(r) = failure_reason(&p) {
-                    break r;
-                }
-                if plan.explicit_ack.is_none() && p.written_seq > acked_seq {
+            _ = sleep_until_opt(ack_due) => {
+                ack_due = None;
+                let p = pump.progress();
+                if p.written_seq > acked_seq {
                     acked_seq = p.written_seq;
+                    acked_count = p.written;
                     let _ = bus
                         .send(C::Ack(v1::Ack {
                             seq: acked_seq,
                             ..v1::Ack::default()
                         }))
                         .await;
+                }
+            }
+            p = progress.changed() => {
+                if let Some(r) = failure_reason(&p) {
+                    break r;
+                }
+                if plan.explicit_ack.is_none() && p.written_seq > acked_seq {
+                    if p.written - acked_count >= ACK_EAGER {
+                        ack_due = Some(Instant::now());
+                    } else {
+                        ack_due.get_or_insert_with(|| Instant::now() + ACK_DELAY);
+                    }
                 }
             }
             permit = pump.reserve(), if waiting.is_some() => match permit {
