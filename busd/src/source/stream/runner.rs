@@ -3,7 +3,7 @@
 //! per [`super::dispatch`] → disconnect/keepalive/backoff → lost.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -345,6 +345,11 @@ impl<U: Upstream> Runner<U> {
         let mut received = false;
         let mut acked: u64 = 0;
         let mut ping_seq: u64 = 0;
+        // Acks waiting for their event to be durable, in arrival order: the
+        // connection keeps reading meanwhile, so the events of a burst share
+        // one fsync instead of one each.
+        let mut pending: VecDeque<(u64, String)> = VecDeque::new();
+        let mut durable = self.hub.durable();
         let healthy_rule = self.policy.healthy;
         let healthy = |received: bool, acked: u64| match healthy_rule {
             Healthy::Frame => received,
@@ -357,6 +362,27 @@ impl<U: Upstream> Runner<U> {
                 _ = self.shutdown.recv() => {
                     close(&mut sink).await;
                     return ConnEnd::Shutdown;
+                }
+                _ = durable.changed(), if !pending.is_empty() => {
+                    let d = durable.borrow_and_update().clone();
+                    if let Some(e) = &d.failed {
+                        // The store failed: the bus is stopping, and these
+                        // events stay unacked (the upstream redelivers them
+                        // to the next bus).
+                        tracing::warn!(source = self.name(), conn, cause = %e, unacked = pending.len(), "events left unacked: the store failed");
+                        return ConnEnd::Shutdown;
+                    }
+                    while pending.front().is_some_and(|(seq, _)| *seq <= d.seq) {
+                        let Some((_, ack)) = pending.pop_front() else { break };
+                        if let Err(e) = send(&mut sink, Message::text(ack), write_timeout).await {
+                            return ConnEnd::Lost {
+                                why: scrub.clean(&format!("sending an ack failed: {e}")),
+                                healthy: healthy(received, acked),
+                            };
+                        }
+                        acked += 1;
+                    }
+                    continue;
                 }
                 m = stream.next() => m,
                 _ = pings.tick(), if alive_on => {
@@ -398,7 +424,7 @@ impl<U: Upstream> Runner<U> {
             match msg {
                 Message::Text(text) => {
                     let name = self.name();
-                    let (ack, durable) = match dispatch::decide(
+                    let (ack, durable_seq) = match dispatch::decide(
                         &self.upstream,
                         self.policy.frames,
                         text.as_str(),
@@ -425,6 +451,16 @@ impl<U: Upstream> Runner<U> {
                             }
                         },
                         Decision::Disconnect { reply, reason } => {
+                            // Acks already durable go out first; the rest
+                            // are redelivered on the new connection (and
+                            // deduplicated).
+                            let done = durable.borrow().seq;
+                            while pending.front().is_some_and(|(s, _)| *s <= done) {
+                                if let Some((_, ack)) = pending.pop_front() {
+                                    let _ =
+                                        send(&mut sink, Message::text(ack), write_timeout).await;
+                                }
+                            }
                             if let Some(ack) = reply {
                                 let _ = send(&mut sink, Message::text(ack), write_timeout).await;
                             }
@@ -439,16 +475,13 @@ impl<U: Upstream> Runner<U> {
                         }
                     };
                     let Some(ack) = ack else { continue };
-                    if let Some(seq) = durable {
-                        // An upstream ack is a promise the event will not be
-                        // lost: it waits for the disk.
-                        if let Err(e) = self.hub.wait_durable(seq).await {
-                            // The store failed: the bus is stopping, and
-                            // this event stays unacked (the upstream
-                            // redelivers it to the next bus).
-                            tracing::warn!(source = name, conn, cause = %e, "event left unacked: the store failed");
-                            return ConnEnd::Shutdown;
-                        }
+                    // An upstream ack is a promise the event will not be
+                    // lost: it waits for the disk (behind earlier acks).
+                    let needs = durable_seq.unwrap_or(0);
+                    if !pending.is_empty() || needs > durable.borrow().seq {
+                        pending.push_back((needs, ack));
+                        durable.mark_changed();
+                        continue;
                     }
                     if let Err(e) = send(&mut sink, Message::text(ack), write_timeout).await {
                         return ConnEnd::Lost {
