@@ -51,6 +51,9 @@ pub struct BusDoc {
     pub work_dir: PathBuf,
     pub connections: u64,
     pub refused: RefusedDoc,
+    /// Connections whose requests are not read now because their client
+    /// leaves replies unread (README "Limits": it stalls only itself).
+    pub paused_readers: u64,
 }
 
 /// Clients refused because they hit a bound (README "Limits").

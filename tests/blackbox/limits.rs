@@ -118,7 +118,9 @@ fn a_client_that_sends_requests_and_never_reads_replies_stalls_only_itself() {
     };
     thread::sleep(Duration::from_secs(2));
     still_served(&env, &mut consumer, "served-while-a-client-never-reads");
-    let st = env.status();
+    let st = env.wait_status(LONG, "the silent client's connection to be paused", |st| {
+        st["bus"]["paused_readers"].as_u64().unwrap_or(0) >= 1
+    });
     assert_eq!(st["running"], true);
     let after = rss_kb(pid);
     // Unbounded replies grew the bus to 620 MB here; the bound keeps it to

@@ -142,6 +142,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
     let mut input = BytesMut::with_capacity(READ_CAPACITY);
     let mut charged = 0;
     let mut frame_started: Option<Instant> = None;
+    let mut paused = false;
     let hello_deadline = Instant::now() + HELLO_DEADLINE;
     let mut drain_deadline = conn.closing.then(|| Instant::now() + DRAIN_TIMEOUT);
 
@@ -170,8 +171,13 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
                 break;
             }
         }
-        let can_read =
-            !conn.closing && conn.out.len() < OUT_READ_PAUSE && conn.awaiting.len() < MAX_AWAITING;
+        let backed_up = conn.out.len() >= OUT_READ_PAUSE || conn.awaiting.len() >= MAX_AWAITING;
+        let can_read = !conn.closing && !backed_up;
+        let pause = backed_up && !conn.closing;
+        if pause != paused {
+            hub.reader_paused(pause);
+            paused = pause;
+        }
         let client_deadline = if conn.closing {
             None
         } else {
@@ -263,6 +269,9 @@ pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
         }
     }
     hub.charge_input(&mut charged, 0);
+    if paused {
+        hub.reader_paused(false);
+    }
     drop(wr);
     hub.unregister_conn(id);
 }

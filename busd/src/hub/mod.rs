@@ -173,6 +173,8 @@ struct Shared {
     upstream: Option<Arc<dyn UpstreamControl>>,
     /// Bytes charged by connections against [`MAX_BUFFERED_INPUT`].
     input_buffered: AtomicUsize,
+    /// Connections not read now because their client leaves replies unread.
+    paused_readers: AtomicUsize,
 }
 
 /// Cloneable handle to the bus state.
@@ -301,6 +303,7 @@ impl Hub {
                 shutdown,
                 upstream,
                 input_buffered: AtomicUsize::new(0),
+                paused_readers: AtomicUsize::new(0),
             }),
         }
     }

@@ -40,6 +40,21 @@ impl Hub {
     /// Sets a connection's charge against the global input bound to `want`
     /// bytes (`charged` is what it holds now). `false` when the bound would
     /// be passed: the connection must refuse its client.
+    /// A connection stopped (`true`) or resumed (`false`) reading its
+    /// client's requests because its replies pile up unread.
+    pub fn reader_paused(&self, paused: bool) {
+        if paused {
+            self.shared.paused_readers.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.shared.paused_readers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many connections are paused now (for status).
+    pub fn paused_readers(&self) -> u64 {
+        self.shared.paused_readers.load(Ordering::Relaxed) as u64
+    }
+
     pub fn charge_input(&self, charged: &mut usize, want: usize) -> bool {
         let total = &self.shared.input_buffered;
         if want <= *charged {

@@ -218,6 +218,7 @@ impl Hub {
                 work_dir: cfg.work_dir.clone(),
                 connections: st.conns.len() as u64,
                 refused: refused_doc(st.refused),
+                paused_readers: self.paused_readers(),
             },
             source: SourceDoc {
                 kind: cfg.source_kind.clone(),
