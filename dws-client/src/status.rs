@@ -72,8 +72,9 @@ impl Report {
         let json = match self {
             Report::Running(f) => &f.json,
             Report::NotRunning(doc) => {
-                not_running_json =
-                    serde_json::to_value(doc).expect("the not-running document serializes");
+                not_running_json = serde_json::to_value(doc).unwrap_or_else(
+                    |e| serde_json::json!({"running": false, "error": e.to_string()}),
+                );
                 &not_running_json
             }
         };

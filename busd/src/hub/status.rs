@@ -112,10 +112,16 @@ fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_owned())
 }
 
-/// The document as JSON. Like the `json!` it replaced, a path that is not
-/// UTF-8 cannot be shown and is a bug in the bus, not a client's fault.
+/// The document as JSON. A path that is not UTF-8 (a socket or work dir
+/// from the environment) cannot be encoded: the client then gets a document
+/// that says so instead of a bus that panics.
 fn to_json(doc: &impl Serialize) -> serde_json::Value {
-    serde_json::to_value(doc).expect("status documents serialize to JSON")
+    serde_json::to_value(doc).unwrap_or_else(|e| {
+        serde_json::json!({
+            "running": true,
+            "error": format!("the status document cannot be encoded: {e}"),
+        })
+    })
 }
 
 impl Hub {
