@@ -45,6 +45,16 @@ fn still_served(env: &TestEnv, consumer: &mut Child, tag: &str) {
     });
 }
 
+/// Asserts that status counts at least `min` clients refused for `kind`.
+fn assert_refused(env: &TestEnv, kind: &str, min: u64) {
+    let st = env.status();
+    let n = st["bus"]["refused"][kind].as_u64().unwrap_or(0);
+    assert!(
+        n >= min,
+        "bus.refused.{kind} is {n}, expected at least {min}\n{st}"
+    );
+}
+
 fn rss_kb(pid: i32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     text.lines()
@@ -190,11 +200,7 @@ fn over_the_connection_limit_a_client_gets_a_clear_error_and_the_others_are_serv
             .code
             == Some(0)
     });
-    let st = env.status();
-    assert!(
-        st["bus"]["refused"]["connections"].as_u64().unwrap_or(0) >= 7,
-        "{st}"
-    );
+    assert_refused(&env, "connections", 7);
     still_served(&env, &mut consumer, "served-after-the-limit");
 }
 
@@ -232,11 +238,7 @@ fn a_silent_client_and_an_unfinished_frame_are_cut_off_with_an_error() {
         .find_map(error_of)
         .expect("an Error frame for the slow frame");
     assert!(e.1.contains("not completed within 10s"), "{e:?}");
-    let st = env.status();
-    assert!(
-        st["bus"]["refused"]["slow_clients"].as_u64().unwrap_or(0) >= 2,
-        "{st}"
-    );
+    assert_refused(&env, "slow_clients", 2);
     still_served(&env, &mut consumer, "served-after-slow-clients");
 }
 
@@ -271,11 +273,7 @@ fn partially_sent_frames_are_bounded_across_all_connections() {
     );
     let rss = rss_kb(pid);
     assert!(rss < 1024 * 1024, "busd holds {rss} kB of partial frames");
-    let st = env.status();
-    assert!(
-        st["bus"]["refused"]["input_budget"].as_u64().unwrap_or(0) >= 1,
-        "{st}"
-    );
+    assert_refused(&env, "input_budget", 1);
     still_served(&env, &mut consumer, "served-with-partial-frames-around");
     drop(conns);
 }
@@ -323,14 +321,7 @@ fn an_event_too_large_to_deliver_is_refused_at_the_door_and_the_largest_one_is_d
     let msg = out.assert_error(2);
     assert!(msg.contains("event data is"), "{msg}");
     still_served(&env, &mut consumer, "served-after-a-too-large-event");
-    let st = env.status();
-    assert!(
-        st["bus"]["refused"]["too_large_events"]
-            .as_u64()
-            .unwrap_or(0)
-            >= 1,
-        "{st}"
-    );
+    assert_refused(&env, "too_large_events", 1);
 }
 
 #[test]
