@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dws_tests::{status_sub, Child, Output, Sig, TestEnv, EXIT_TIMEOUT};
+use dws_tests::{common::listed, Child, Output, Sig, TestEnv, EXIT_TIMEOUT};
 use serde_json::Value;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -77,12 +77,12 @@ fn explicit_acks_out_of_order_leave_exactly_the_unacked_event_pending() {
         assert_eq!(e["redelivered"], false);
     }
     c.write_stdin(b"ack 3\nack 1\n");
-    let st = env.wait_status(LONG, "two acks", |st| status_sub(st, "s1")["acked"] == 2);
-    assert_eq!(status_sub(&st, "s1")["cursor"], 1, "{st:#}");
+    let st = env.wait_status(LONG, "two acks", |st| listed(st, "s1")["acked"] == 2);
+    assert_eq!(listed(&st, "s1")["cursor"], 1, "{st:#}");
     let out = stop_term(c);
     out.assert_clean_exit("signal", 3);
     let st = env.status();
-    assert_eq!(status_sub(&st, "s1")["pending"], 1, "{st:#}");
+    assert_eq!(listed(&st, "s1")["pending"], 1, "{st:#}");
     // The unacked one comes again, marked, counted.
     let mut again = explicit(&env, &[]);
     let e = event_line(&mut again, 1);
@@ -92,7 +92,7 @@ fn explicit_acks_out_of_order_leave_exactly_the_unacked_event_pending() {
     );
     assert_eq!(e["redelivered"], true);
     again.write_stdin(b"ack-upto 2\n");
-    env.wait_status(LONG, "all acked", |st| status_sub(st, "s1")["pending"] == 0);
+    env.wait_status(LONG, "all acked", |st| listed(st, "s1")["pending"] == 0);
     stop_term(again).assert_clean_exit("signal", 1);
 }
 
@@ -115,7 +115,7 @@ fn a_nack_and_the_ack_wait_deliver_again_and_garbage_on_stdin_changes_nothing() 
     seen.sort_unstable();
     assert_eq!(seen, vec![1, 2]);
     c.write_stdin(b"ack-upto 2\n");
-    env.wait_status(LONG, "all acked", |st| status_sub(st, "s1")["pending"] == 0);
+    env.wait_status(LONG, "all acked", |st| listed(st, "s1")["pending"] == 0);
     let out = stop_term(c);
     let err = out.stderr_lines();
     for want in [
@@ -135,7 +135,7 @@ fn a_parent_that_dies_mid_batch_gets_everything_unacked_again() {
     let mut c = explicit(&env, &[]);
     event_line(&mut c, 4);
     c.write_stdin(b"ack 1\n");
-    env.wait_status(LONG, "one ack", |st| status_sub(st, "s1")["acked"] == 1);
+    env.wait_status(LONG, "one ack", |st| listed(st, "s1")["acked"] == 1);
     // The parent dies: stdin reaches EOF, which ends the run (reason signal).
     c.close_stdin();
     c.wait_exit(LONG).assert_clean_exit("signal", 4);
@@ -179,7 +179,7 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
         "{out}"
     );
     let st = env.status();
-    let s1 = status_sub(&st, "s1");
+    let s1 = listed(&st, "s1");
     assert_eq!(s1["state"], "halted", "{s1:#}");
     assert_eq!(s1["halted"]["seq"], 1);
     assert_eq!(s1["halted"]["event_id"], "e1");
@@ -205,14 +205,14 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
     env.wait_no_busd(LONG, "the bus to stop");
     env.subscribe(&["k.*", "--id", "s1"]); // starts the bus again; s1 exists
     let st = env.status();
-    assert_eq!(status_sub(&st, "s1")["state"], "halted", "{st:#}");
+    assert_eq!(listed(&st, "s1")["state"], "halted", "{st:#}");
     // A dry run changes nothing.
     let dry = verb_json(&env, &["restart", "s1", "--dry-run"]);
     assert_eq!(
         (dry["state"].as_str(), dry["dry_run"].as_bool()),
         (Some("active"), Some(true))
     );
-    assert_eq!(status_sub(&env.status(), "s1")["state"], "halted");
+    assert_eq!(listed(&env.status(), "s1")["state"], "halted");
     // restart: the same event again, its count reset.
     let doc = verb_json(&env, &["restart", "s1"]);
     assert_eq!(doc["state"], "active");
@@ -237,7 +237,7 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
     );
     let parked = verb_json(&env, &["parked", "s1"]);
     assert_eq!(parked["parked_events"][0]["seq"], 1, "{parked:#}");
-    assert_eq!(status_sub(&env.status(), "s1")["pending"], 0);
+    assert_eq!(listed(&env.status(), "s1")["pending"], 0);
 }
 
 #[test]
@@ -256,11 +256,9 @@ fn poison_with_park_goes_on_and_parked_events_can_be_replayed() {
     let mut c = explicit(&env, &[]);
     event_line(&mut c, 2);
     c.write_stdin(b"nack 1\nack 2\n");
-    env.wait_status(LONG, "event 1 parked", |st| {
-        status_sub(st, "s1")["parked"] == 1
-    });
+    env.wait_status(LONG, "event 1 parked", |st| listed(st, "s1")["parked"] == 1);
     let st = env.status();
-    let s1 = status_sub(&st, "s1");
+    let s1 = listed(&st, "s1");
     assert_eq!(
         (s1["state"].as_str(), s1["pending"].as_u64()),
         (Some("active"), Some(0))
@@ -305,7 +303,7 @@ fn disable_enable_and_seek() {
     assert!(msg.contains("disabled"), "{msg}");
     env.publish("k.e", "{\"n\":4}", &[]);
     assert_eq!(
-        status_sub(&env.status(), "s1")["pending"],
+        listed(&env.status(), "s1")["pending"],
         4,
         "it keeps collecting"
     );

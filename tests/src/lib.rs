@@ -1378,14 +1378,6 @@ impl Drop for UnreadChild {
     }
 }
 
-/// The subscription `id` in a status document (panics if it is not listed).
-pub fn status_sub<'a>(st: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
-    st["subscriptions"]
-        .as_array()
-        .and_then(|subs| subs.iter().find(|s| s["id"] == id))
-        .unwrap_or_else(|| panic!("subscription {id:?} is not listed in status:\n{st:#}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
