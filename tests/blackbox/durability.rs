@@ -667,7 +667,7 @@ fn after_stop_subscriptions_log_dedup_and_seqs_survive_but_owned_ones_do_not() {
         seq.insert(id, u64_of(&env.publish(t, id, &["--id", id]), "seq"));
     }
     owned.wait_stdout_lines(4, EXIT_TIMEOUT);
-    let before = wait_status(&env, EXIT_TIMEOUT, "s1 acked a-1 and a-2", |st| {
+    let before = env.wait_status(EXIT_TIMEOUT, "s1 acked a-1 and a-2", |st| {
         listed(st, "s1")["cursor"] == seq["a-2"]
     });
     let s1 = listed(&before, "s1").clone();
@@ -742,7 +742,7 @@ fn after_stop_subscriptions_log_dedup_and_seqs_survive_but_owned_ones_do_not() {
     let want = ["a-1", "a-2", "a-3", "c-1", "b-1", "a-4", "c-2", "a-5"];
     assert_eq!(ids_of(&got), want, "the log survives the stop\n{out}");
     assert_eq!(seqs_of(&got), want.map(|i| seq[i]), "{out}");
-    let st = wait_status(&env, EXIT_TIMEOUT, "s1 fully acked", |st| {
+    let st = env.wait_status(EXIT_TIMEOUT, "s1 fully acked", |st| {
         listed(st, "s1")["pending"] == 0
     });
     assert_eq!(listed(&st, "s1")["cursor"], st["log"]["head_seq"], "{st:#}");
@@ -762,7 +762,7 @@ fn a_detached_ttl_keeps_running_while_the_bus_is_down() {
     thread::sleep(Duration::from_secs(5));
     env.publish("ttl.other", "x", &[]);
     // Up to 2 s for the reaper: a TTL restarted from scratch would keep it 4 s.
-    let st = wait_status(&env, Duration::from_secs(2), "short to be gone", |st| {
+    let st = env.wait_status(Duration::from_secs(2), "short to be gone", |st| {
         sub(st, "short").is_none()
     });
     let long = listed(&st, "long");
@@ -1208,8 +1208,7 @@ fn pending_stays_bounded_after_kill_9_of_a_consumer_with_events_in_flight() {
     publish_parallel(&env, "rg.big", &items("big", "BIG", 0..120, 16_000), 2);
     let mut last = None;
     let mut stable = 0;
-    wait_status(
-        &env,
+    env.wait_status(
         EXIT_TIMEOUT,
         "the consumer to stall with events in flight",
         |st| {
@@ -1222,7 +1221,7 @@ fn pending_stays_bounded_after_kill_9_of_a_consumer_with_events_in_flight() {
     );
     c.signal(Sig::SIGKILL);
     let _ = c.wait_exit_then_read_stdout(EXIT_TIMEOUT);
-    wait_status(&env, EXIT_TIMEOUT, "s1 detached", |st| {
+    env.wait_status(EXIT_TIMEOUT, "s1 detached", |st| {
         listed(st, "s1")["attached_pid"] == Value::Null
     });
 
@@ -1363,7 +1362,7 @@ fn kill_9_chaos_loses_no_replied_event_and_never_reuses_a_seq() {
             replied[id]
         );
     }
-    let st = wait_status(&env, EXIT_TIMEOUT, "s1 fully acked", |st| {
+    let st = env.wait_status(EXIT_TIMEOUT, "s1 fully acked", |st| {
         listed(st, "s1")["pending"] == 0
     });
     assert_eq!(listed(&st, "s1")["cursor"], st["log"]["head_seq"], "{st:#}");

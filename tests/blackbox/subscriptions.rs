@@ -276,8 +276,7 @@ fn events_unacked_at_kill_9_come_again_marked_redelivered() {
     // Stalled: the window is full and nothing more gets acked.
     let mut last: Option<(u64, u64)> = None;
     let mut stable = 0;
-    let snap = wait_status(
-        &env,
+    let snap = env.wait_status(
         EXIT_TIMEOUT,
         "the stdout-stalled consumer to stop acking",
         |st| {
@@ -471,12 +470,9 @@ fn a_detached_subscription_disappears_when_its_ttl_expires() {
     assert_eq!(s["ttl_ms"], 2000, "{st:#}");
     assert_eq!(s["attached_pid"], Value::Null, "{st:#}");
     // Time-based on purpose: a 2 s TTL, bounded at 20 s.
-    let st = wait_status(
-        &env,
-        Duration::from_secs(20),
-        "subscription t to expire",
-        |st| sub(st, "t").is_none(),
-    );
+    let st = env.wait_status(Duration::from_secs(20), "subscription t to expire", |st| {
+        sub(st, "t").is_none()
+    });
     assert_eq!(st["running"], true, "{st:#}");
     let out = env
         .dws([
@@ -918,7 +914,7 @@ fn status_json_tracks_an_attached_consumer_its_acks_and_event_type_counts() {
     }
     env.publish("sc.other", "o", &["--id", "o1"]);
     c.wait_stdout_lines(3, EXIT_TIMEOUT);
-    let st = wait_status(&env, EXIT_TIMEOUT, "the 3 events acked", |st| {
+    let st = env.wait_status(EXIT_TIMEOUT, "the 3 events acked", |st| {
         let s = listed(st, &ready.subscribe_id);
         s["cursor"] == s["head_seq"] && s["lag"] == 0 && s["acked"] == 3
     });
@@ -1044,7 +1040,7 @@ fn sigterm_ends_a_consumer_whose_stdout_is_stalled() {
     c.wait_ready();
     // 100 × ~2 KiB: far more than the 64 KiB pipe, so writing blocks.
     publish_parallel(&env, "stall.k", &items("s", 0..100, 2048), 4);
-    wait_status(&env, EXIT_TIMEOUT, "the consumer to stall", |st| {
+    env.wait_status(EXIT_TIMEOUT, "the consumer to stall", |st| {
         st["consumers"][0]["in_flight"].as_u64().unwrap_or(0) > 0
     });
     c.signal(Sig::SIGTERM);

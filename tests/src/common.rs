@@ -3,7 +3,7 @@
 
 use std::{
     thread,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
@@ -22,16 +22,6 @@ pub fn sub<'a>(st: &'a Value, id: &str) -> Option<&'a Value> {
 /// Like [`sub`] but panics when `id` is not listed.
 pub fn listed<'a>(st: &'a Value, id: &str) -> &'a Value {
     sub(st, id).unwrap_or_else(|| panic!("subscription {id:?} is not listed in status:\n{st:#}"))
-}
-
-/// [`TestEnv::wait_status`] as a function.
-pub fn wait_status(
-    env: &TestEnv,
-    timeout: Duration,
-    what: &str,
-    cond: impl FnMut(&Value) -> bool,
-) -> Value {
-    env.wait_status(timeout, what, cond)
 }
 
 /// `dws event subscribe <args...>`, asserting exit 0 and that exactly `id`
