@@ -98,8 +98,12 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     init_logging(&endpoint.log_path(), args.foreground, args.log_format)?;
 
     server::raise_fd_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread serves every connection: the publisher's task, the fan-out
+    // and every consumer's writer run in the same turn, so an event costs
+    // no cross-thread wake-up and the hub's lock is never contended by
+    // another worker. Blocking work has its own threads (the committer,
+    // tokio's blocking pool).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;

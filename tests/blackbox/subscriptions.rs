@@ -601,6 +601,37 @@ fn a_consumer_whose_stdout_is_never_read_stalls_only_itself() {
     assert!(slow.is_running(), "{}", slow.report());
 }
 
+/// stdout is written without blocking while the reader keeps up and by the
+/// writer thread once the pipe is full: a reader that stalls and comes back
+/// gets every event once, in order, across both hand-overs.
+#[test]
+fn a_reader_that_stalls_and_comes_back_gets_every_event_in_order() {
+    const N: usize = 400;
+    let env = TestEnv::new();
+    let slow = env.dws(["event", "consume", "sr.a"]).spawn_stdout_unread();
+    let mut slow = slow;
+    slow.wait_ready();
+    // ~1 KiB each: the 64 KiB pipe fills after ~60 events, the rest waits
+    // in the writer thread and the bus.
+    let first = items("a", 0..N / 2, 1024);
+    assert_eq!(publish_parallel(&env, "sr.a", &first, 2).len(), N / 2);
+    let mut reader = slow.start_reading();
+    let second = items("b", N / 2..N, 1024);
+    assert_eq!(publish_parallel(&env, "sr.a", &second, 2).len(), N / 2);
+    let want: BTreeSet<String> = first
+        .iter()
+        .chain(&second)
+        .map(|(id, _)| id.clone())
+        .collect();
+    wait_for_ids(&mut reader, &want, "every event after the reader came back");
+    reader.signal(Sig::SIGTERM);
+    let out = reader.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("signal", N as u64);
+    let events = out.json_lines();
+    assert_ordered_unique(&events, "the reader that stalled");
+    assert_eq!(events.len(), N, "{}", out.stderr);
+}
+
 // ------------------------------------------------------------------ unsubscribe
 
 #[test]

@@ -1326,6 +1326,28 @@ impl UnreadChild {
             .unwrap_or_else(|e| panic!("kill -{sig} {}: {e}", self.pid()));
     }
 
+    /// Starts reading stdout now (a reader that stalled and came back).
+    pub fn start_reading(self) -> Child {
+        // `UnreadChild`'s `Drop` kills the process: move the fields out
+        // of a `ManuallyDrop` instead, each exactly once.
+        let mut this = std::mem::ManuallyDrop::new(self);
+        let stdout = Capture::spawn(this.stdout.take().expect("stdout pipe"), None);
+        // SAFETY: every field is read exactly once and `this` is never
+        // dropped, so nothing is dropped twice.
+        unsafe {
+            Child {
+                display: std::ptr::read(&this.display),
+                proc: std::ptr::read(&this.proc),
+                stdin: std::ptr::read(&this.stdin),
+                stdout,
+                stderr: std::ptr::read(&this.stderr),
+                log_path: std::ptr::read(&this.log_path),
+                started: this.started,
+                status: this.status,
+            }
+        }
+    }
+
     /// Waits for the process to exit (panics after killing it on timeout),
     /// then reads what is left in its stdout pipe to EOF (bounded) and
     /// returns everything like [`Child::wait_exit`].

@@ -27,7 +27,7 @@ use crate::{
     bus::BusConn,
     cli::Format,
     exit::{CliError, Result},
-    pump::{Chunk, Progress, ProgressWatch, StdoutPump, WriteFailure},
+    pump::{Chunk, Direct, Progress, ProgressWatch, StdoutPump, WriteFailure},
     validate,
 };
 
@@ -90,9 +90,31 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let mut ack_due: Option<Instant> = None;
     let reason: Result<Reason> = loop {
         if waiting.is_none() && !out.chunk.bytes.is_empty() {
-            // The next chunk starts as large as this one: no regrowth.
-            let next = Chunk::with_capacity(out.chunk.bytes.len());
-            waiting = Some(std::mem::replace(&mut out.chunk, next));
+            if pump.can_write_direct() {
+                // The fast path: no thread hand-off while stdout keeps up.
+                let chunk = std::mem::take(&mut out.chunk);
+                match pump.write_direct(chunk) {
+                    Direct::Written(empty) => {
+                        out.chunk = empty;
+                        let p = pump.progress();
+                        schedule_ack(
+                            &p,
+                            plan.explicit_ack.is_none(),
+                            acked_seq,
+                            acked_count,
+                            &mut ack_due,
+                        );
+                    }
+                    Direct::Rest(rest) => waiting = Some(rest),
+                    Direct::Failed => {
+                        break failure_reason(&pump.progress()).unwrap_or(Ok(Reason::Signal))
+                    }
+                }
+            } else {
+                // The next chunk starts as large as this one: no regrowth.
+                let next = Chunk::with_capacity(out.chunk.bytes.len());
+                waiting = Some(std::mem::replace(&mut out.chunk, next));
+            }
         }
         tokio::select! {
             biased;
@@ -131,17 +153,12 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         .await;
                 }
             }
-            p = progress.changed() => {
+            _ = progress.changed() => {
+                let p = pump.progress();
                 if let Some(r) = failure_reason(&p) {
                     break r;
                 }
-                if plan.explicit_ack.is_none() && p.written_seq > acked_seq {
-                    if p.written - acked_count >= ACK_EAGER {
-                        ack_due = Some(Instant::now());
-                    } else {
-                        ack_due.get_or_insert_with(|| Instant::now() + ACK_DELAY);
-                    }
-                }
+                schedule_ack(&p, plan.explicit_ack.is_none(), acked_seq, acked_count, &mut ack_due);
             }
             permit = pump.reserve(), if waiting.is_some() => match permit {
                 Some(permit) => {
@@ -287,6 +304,25 @@ async fn unsubscribe(bus: &mut BusConn, plan: &Plan, id: &str) {
                 "[event] warning: could not remove subscription {id}; it expires with its ttl"
             ),
         );
+    }
+}
+
+/// After stdout took more events: with automatic acks, an ack is due at
+/// once when [`ACK_EAGER`] events wait for one, else within [`ACK_DELAY`].
+fn schedule_ack(
+    p: &Progress,
+    automatic: bool,
+    acked_seq: u64,
+    acked_count: u64,
+    ack_due: &mut Option<Instant>,
+) {
+    if !automatic || p.written_seq <= acked_seq {
+        return;
+    }
+    if p.written - acked_count >= ACK_EAGER {
+        *ack_due = Some(Instant::now());
+    } else {
+        ack_due.get_or_insert_with(|| Instant::now() + ACK_DELAY);
     }
 }
 

@@ -225,8 +225,8 @@ usage: dws-bench [--bin-dir DIR] [options]
 
   --bin-dir DIR              directory holding dws and busd (default: next to dws-bench)
   --consumers LIST           consumer counts, comma separated (default 1,4,16)
-  --events-256 N             events per 256 B scenario (default 20000)
-  --events-4k N              events per 4 KiB scenario (default 5000)
+  --events-256 N             events per 256 B scenario (default 200000, as many as the Redis run)
+  --events-4k N              events per 4 KiB scenario (default 20000, as many as the Redis run)
   --inflight N               most unacknowledged publishes (default 1024)
   --runs N                   runs per fan-out scenario; the median is shown (default 5)
   --rate R                   fixed-rate latency run: events/s (default 2000)
@@ -269,8 +269,8 @@ Redis pub/sub in the same run (the peer benchmarks, see DIR/README.md):
 fn parse_opts() -> Res<Opts> {
     let mut o = Opts {
         consumers: vec![1, 4, 16],
-        events_small: 20_000,
-        events_large: 5_000,
+        events_small: 200_000,
+        events_large: 20_000,
         inflight: 1024,
         rate: 2000,
         rate_secs: 3.0,
@@ -1244,6 +1244,8 @@ struct FanoutResult {
     /// The same plus this benchmark's publisher threads (the publishing one
     /// and its ack reader): comparable with peers that count their publisher.
     cpu_with_pub_us_per_delivery: Option<f64>,
+    /// busd's part of `cpu_us_per_delivery`.
+    busd_cpu_us_per_delivery: Option<f64>,
     /// The clock ticks behind `cpu_us_per_delivery` (the fewest of the runs
     /// in a table row): below [`COARSE_CPU_TICKS`] the figure is coarse.
     cpu_ticks: Option<u64>,
@@ -1464,6 +1466,7 @@ fn run_fanout(
     let mut ticks = busd_cpu0
         .zip(proc_cpu_ticks(bus_pid))
         .map(|(a, b)| b.saturating_sub(a));
+    let busd_ticks = ticks;
     for (c, before) in consumers.iter_mut().zip(consumers_cpu0) {
         let used = before.zip(c.cpu_ticks()).map(|(a, b)| b.saturating_sub(a));
         ticks = ticks.zip(used).map(|(t, u)| t + u);
@@ -1474,6 +1477,8 @@ fn run_fanout(
     let cpu_with_pub_us_per_delivery = cpu_us_per_delivery
         .map(|c| c + pub_cpu_us / deliveries)
         .filter(|c| c.is_finite());
+    let busd_cpu_us_per_delivery =
+        busd_ticks.map(|t| t as f64 / clock_ticks_per_sec() * 1e6 / deliveries);
 
     let rates: Vec<f64> = results
         .iter()
@@ -1498,6 +1503,7 @@ fn run_fanout(
         retention_raised: retention.is_some(),
         cpu_us_per_delivery,
         cpu_with_pub_us_per_delivery,
+        busd_cpu_us_per_delivery,
         cpu_ticks: ticks,
     })
 }
@@ -1906,7 +1912,7 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
     );
     println!();
     println!(
-        "{:>4}  {:>7}  {:>7}  {:>13}  {:>13}  {:>15}  {:>9}  {:>9}  {:>9}  {:>12}  {:>10}",
+        "{:>4}  {:>7}  {:>7}  {:>13}  {:>13}  {:>15}  {:>9}  {:>9}  {:>9}  {:>12}  {:>9}  {:>10}",
         "N",
         "payload",
         "events",
@@ -1917,6 +1923,7 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
         "p99 µs",
         "max µs",
         "cpu µs/deliv",
+        "busd part",
         "busd peak"
     );
     let mut raised_any = false;
@@ -1948,12 +1955,18 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
                             .filter_map(|r| r.cpu_with_pub_us_per_delivery)
                             .collect(),
                     );
+                    let busd_cpu = median(
+                        rs.iter()
+                            .filter_map(|r| r.busd_cpu_us_per_delivery)
+                            .collect(),
+                    );
                     let ticks = rs.iter().filter_map(|r| r.cpu_ticks).min();
                     rs.sort_by(|a, b| a.aggregate.total_cmp(&b.aggregate));
                     let mut r = rs.swap_remove(rs.len() / 2);
                     r.cpu_ticks = ticks;
                     r.cpu_us_per_delivery = cpu;
                     r.cpu_with_pub_us_per_delivery = cpu_pub;
+                    r.busd_cpu_us_per_delivery = busd_cpu;
                     r
                 });
             match result {
@@ -1961,7 +1974,7 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
                     raised_any |= r.retention_raised;
                     coarse_any |= r.cpu_coarse();
                     println!(
-                    "{:>4}  {:>7}  {:>7}  {:>13.0}  {:>13.0}  {:>15.0}  {:>9.0}  {:>9.0}  {:>9.0}  {:>12}  {:>10}",
+                    "{:>4}  {:>7}  {:>7}  {:>13.0}  {:>13.0}  {:>15.0}  {:>9.0}  {:>9.0}  {:>9.0}  {:>12}  {:>9}  {:>10}",
                     n,
                     size_name(size),
                     events,
@@ -1972,6 +1985,7 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
                     r.p99_us,
                     r.max_us,
                     fmt_cpu(r.cpu_us_per_delivery, &r),
+                    fmt_cpu(r.busd_cpu_us_per_delivery, &r),
                     kb(r.busd_hwm_kb) + if r.retention_raised { " *" } else { "" }
                     );
                     rows.push((n, size, events, Some(r)));
@@ -2035,11 +2049,12 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
         }) {
             Ok(r) => {
                 println!(
-                    "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   cpu {} µs/deliv   ({} deliveries; busd peak {})",
+                    "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   cpu {} µs/deliv, busd part {}   ({} deliveries; busd peak {})",
                     r.p50_us,
                     r.p99_us,
                     r.max_us,
                     fmt_cpu(r.cpu_us_per_delivery, &r),
+                    fmt_cpu(r.busd_cpu_us_per_delivery, &r),
                     events * opts.rate_consumers as u64,
                     kb(r.busd_hwm_kb)
                 );
