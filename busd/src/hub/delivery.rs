@@ -78,11 +78,11 @@ impl Hub {
     /// at the door, so nothing is ever acked that cannot be delivered.
     pub fn append(&self, ev: NewEvent) -> Result<Appended, Refusal> {
         let mut st = self.state();
-        count_type(&mut st.types, &ev.event_type).received += 1;
+        count_type(&mut st.types, &ev.event_type, |c| c.received += 1);
         let dedup_key = (!ev.event_id.is_empty()).then(|| (ev.scope.clone(), ev.event_id.clone()));
         if let Some(key) = &dedup_key {
             if let Some(&seq) = st.dedup.get(key) {
-                count_type(&mut st.types, &ev.event_type).duplicates += 1;
+                count_type(&mut st.types, &ev.event_type, |c| c.duplicates += 1);
                 return Ok(Appended {
                     seq,
                     event_id: ev.event_id,
@@ -279,16 +279,22 @@ pub const MAX_EVENT_TYPES: usize = 1000;
 /// The status row that counts every event type past [`MAX_EVENT_TYPES`].
 pub const OTHER_TYPES: &str = "(other)";
 
-fn count_type<'a>(
-    types: &'a mut BTreeMap<String, TypeCounters>,
+/// Counts an event of `event_type` with `count`; allocates only for a type
+/// not seen before.
+fn count_type(
+    types: &mut BTreeMap<String, TypeCounters>,
     event_type: &str,
-) -> &'a mut TypeCounters {
+    count: impl FnOnce(&mut TypeCounters),
+) {
     let key = if types.contains_key(event_type) || types.len() < MAX_EVENT_TYPES {
         event_type
     } else {
         OTHER_TYPES
     };
-    types.entry(key.to_owned()).or_default()
+    match types.get_mut(key) {
+        Some(c) => count(c),
+        None => count(types.entry(key.to_owned()).or_default()),
+    }
 }
 
 /// The consumer's line when its subscription halts (also in the Bye).
@@ -305,14 +311,20 @@ fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<Conn
     let State {
         subs, conns, log, ..
     } = st;
-    for e in batch {
-        for sub in subs.values_mut() {
-            if sub.offer(&e) {
-                if let Some(c) = sub.consumer().and_then(|c| conns.get(&c)) {
-                    wake.push(c.handle.clone());
-                }
+    // Subscription by subscription: each takes its matches of the batch in
+    // seq order, and its consumer is woken once per batch.
+    for sub in subs.values_mut() {
+        let mut took = false;
+        for e in &batch {
+            took |= sub.offer(e);
+        }
+        if took {
+            if let Some(c) = sub.consumer().and_then(|c| conns.get(&c)) {
+                wake.push(c.handle.clone());
             }
         }
+    }
+    for e in batch {
         log.append(e);
     }
     // Retention: evict from the front; a subscription loses an evicted

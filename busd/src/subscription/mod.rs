@@ -114,6 +114,11 @@ pub struct Subscription {
     pub on_poison: PoisonPolicy,
     pub state: State,
     pending: VecDeque<Entry>,
+    /// Every entry of `pending` before this index is `InFlight` or `Acked`:
+    /// where [`Subscription::pull`] and [`Subscription::has_unsent`] start
+    /// looking, so a full window is not walked again for every pull. Lowered
+    /// by whatever makes an earlier entry sendable (see [`Self::reopen`]).
+    scan_from: usize,
     /// Entries in `pending` that are `Acked`.
     acked_in_queue: usize,
     in_flight: usize,
@@ -181,6 +186,7 @@ impl Subscription {
             on_poison: PoisonPolicy::PoisonHalt,
             state: State::Active,
             pending: VecDeque::new(),
+            scan_from: 0,
             acked_in_queue: 0,
             in_flight: 0,
             parked: VecDeque::new(),
@@ -232,6 +238,7 @@ impl Subscription {
             match self.pending[i].slot {
                 Slot::Unsent | Slot::Delayed { .. } => {
                     self.pending.remove(i);
+                    self.removed_at(i);
                     self.gap_lost += 1;
                     self.counters.lost += 1;
                     self.acked_through = self.acked_through.max(seq);
@@ -266,14 +273,37 @@ impl Subscription {
     }
 
     fn unsend_in_flight(&mut self, mut which: impl FnMut(Instant) -> bool) {
-        for e in self.pending.iter_mut() {
+        let mut first = None;
+        for (i, e) in self.pending.iter_mut().enumerate() {
             if let Slot::InFlight { since } = e.slot {
                 if which(since) {
                     e.slot = Slot::Unsent;
                     self.in_flight -= 1;
+                    first.get_or_insert(i);
                 }
             }
         }
+        if let Some(i) = first {
+            self.reopen(i);
+        }
+    }
+
+    /// `pending[i]` became sendable (unsent or delayed): the scan must
+    /// start at it again.
+    pub(super) fn reopen(&mut self, i: usize) {
+        self.scan_from = self.scan_from.min(i);
+    }
+
+    /// `pending[i]` was removed: later entries moved one place up.
+    fn removed_at(&mut self, i: usize) {
+        if i < self.scan_from {
+            self.scan_from -= 1;
+        }
+    }
+
+    /// `pending` was rebuilt or reordered: scan it all again.
+    pub(super) fn rescan(&mut self) {
+        self.scan_from = 0;
     }
 
     /// Up to `max` events within the window, and a gap first if one is due.
@@ -306,7 +336,15 @@ impl Subscription {
         if let Some(wait) = self.explicit {
             self.unsend_in_flight(|since| since + wait <= now);
         }
-        let mut i = 0;
+        // With explicit acks every in-flight event's wait counts for
+        // `next_due`: look at all of them.
+        let mut i = if self.explicit.is_some() {
+            0
+        } else {
+            self.scan_from.min(self.pending.len())
+        };
+        // The first entry passed that stays sendable (a delayed one).
+        let mut still_open: Option<usize> = None;
         while i < self.pending.len() {
             let entry = &self.pending[i];
             let due = match entry.slot {
@@ -314,6 +352,7 @@ impl Subscription {
                 Slot::Delayed { until } if until <= now => true,
                 Slot::Delayed { until } => {
                     out.next_due = Some(out.next_due.map_or(until, |d| d.min(until)));
+                    still_open.get_or_insert(i);
                     false
                 }
                 Slot::InFlight { since } => {
@@ -372,6 +411,9 @@ impl Subscription {
             self.in_flight += 1;
             i += 1;
         }
+        // Everything before `i` is now in flight or acked, but for a delayed
+        // entry passed on the way.
+        self.scan_from = still_open.unwrap_or(i).min(i);
         self.counters.delivered += out.events.len() as u64;
         out
     }
@@ -381,6 +423,7 @@ impl Subscription {
         let Some(entry) = self.pending.remove(i) else {
             return;
         };
+        self.removed_at(i);
         if let Slot::InFlight { .. } = entry.slot {
             self.in_flight -= 1;
         }
@@ -401,6 +444,7 @@ impl Subscription {
     fn settle(&mut self, newly: u64) -> u64 {
         while self.pending.front().is_some_and(|e| e.slot == Slot::Acked) {
             if let Some(e) = self.pending.pop_front() {
+                self.removed_at(0);
                 self.acked_in_queue -= 1;
                 self.acked_through = self.acked_through.max(e.event.seq);
             }
@@ -451,6 +495,7 @@ impl Subscription {
         if let Slot::InFlight { .. } = self.pending[i].slot {
             self.pending[i].slot = Slot::Delayed { until };
             self.in_flight -= 1;
+            self.reopen(i);
             true
         } else {
             false
@@ -462,7 +507,10 @@ impl Subscription {
         self.gap_lost > 0
             || (self.state == State::Active
                 && self.in_flight < self.window
-                && self.pending.iter().any(|e| e.slot == Slot::Unsent))
+                && self
+                    .pending
+                    .range(self.scan_from.min(self.pending.len())..)
+                    .any(|e| e.slot == Slot::Unsent))
     }
 
     // ------------------------------------------------------------ reading

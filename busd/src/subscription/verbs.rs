@@ -71,6 +71,7 @@ impl Subscription {
     /// redelivered mark.
     pub fn seek(&mut self, start_after: u64) {
         self.pending.clear();
+        self.rescan();
         self.in_flight = 0;
         self.acked_in_queue = 0;
         self.gap_lost = 0;
@@ -107,6 +108,7 @@ impl Subscription {
                     deliveries: 0,
                 },
             );
+            self.reopen(at);
         }
         moved.len()
     }
