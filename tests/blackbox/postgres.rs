@@ -2,14 +2,16 @@
 //! takes the test role's password over TCP and refuses a wrong one, keeps its
 //! data across a stop and a crash, runs next to other servers, and leaves
 //! no process or directory behind. The cluster store's own tests build on it
-//! (`cargo test -p busd postgres`).
+//! (`cargo test -p busd postgres`). And, until that store is finished, a
+//! profile asking for it is refused before any ready line.
 
 use std::{
+    os::unix::fs::PermissionsExt,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use dws_tests::{is_live, pg::PgServer, wait_pid_gone};
+use dws_tests::{assert_absent, is_live, pg::PgServer, wait_pid_gone, TestEnv, EXIT_TIMEOUT};
 
 /// `psql URL -c sql` as a client over TCP, with the password in the
 /// environment (never in argv); `(success, stdout + stderr)`.
@@ -127,4 +129,49 @@ fn postgres_harness_servers_run_side_by_side() {
     for (i, s) in servers.iter().enumerate() {
         assert_eq!(s.psql("SELECT n FROM mine"), i.to_string());
     }
+}
+
+/// `store = "postgres"` is checked, then refused with one `Error:` line
+/// before any ready line: the cluster store is not finished. The URL's
+/// password shows up nowhere.
+#[test]
+fn postgres_store_is_refused_until_it_is_finished() {
+    let server = PgServer::start();
+    let env = TestEnv::new();
+    let url_file = env.cfg_dir().join("pg.url");
+    std::fs::write(&url_file, server.url()).expect("url file");
+    let config = "[profiles.default]\nstore = \"postgres\"\npostgres_url_file = \"pg.url\"\n";
+    std::fs::write(env.cfg_dir().join("config.toml"), config).expect("config.toml");
+
+    std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = env
+        .dws(["event", "consume", "k"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    let line = out.assert_error(3);
+    assert!(
+        line.contains("pg.url") && line.contains("chmod 600"),
+        "{out}"
+    );
+
+    std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let out = env
+        .dws(["event", "consume", "k"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    let line = out.assert_error(2);
+    assert!(
+        line.contains("the cluster store is not finished yet"),
+        "{out}"
+    );
+    assert!(!out.stderr.contains("[event] ready"), "{out}");
+    let log = std::fs::read_to_string(env.bus_log_path()).unwrap_or_default();
+    assert_absent(
+        "the PostgreSQL password",
+        server.password(),
+        &[
+            ("stdout", &out.stdout),
+            ("stderr", &out.stderr),
+            ("bus.log", &log),
+        ],
+    );
+    env.wait_no_busd(EXIT_TIMEOUT, "a bus that refused its store");
 }

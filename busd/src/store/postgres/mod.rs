@@ -1,6 +1,7 @@
 //! The PostgreSQL cluster store (issue 11), groundwork: connecting, the
-//! schema, and the upstream owner's lease. Nothing here is wired into the
-//! bus yet; `store = "postgres"` is not accepted by the profile.
+//! schema, the upstream owner's lease and the profile keys ([`settings`]).
+//! Nothing here is wired into the bus yet: a profile with
+//! `store = "postgres"` is checked, then refused.
 //!
 //! The cluster model this builds toward:
 //! - **One cluster, one log.** Several hosts, each running its own per-user
@@ -35,6 +36,7 @@
 
 pub mod lease;
 pub mod schema;
+pub mod settings;
 #[cfg(test)]
 mod tests;
 
