@@ -197,7 +197,8 @@ impl PgServer {
         match out {
             Ok((0, stdout, _)) => stdout.trim_end_matches('\n').to_owned(),
             Ok((code, stdout, stderr)) => panic!(
-                "psql failed (exit {code}) running:\n{sql}\n--- stderr ---\n{stderr}\n--- stdout ---\n{stdout}\n{}",
+                "psql failed (exit {code}) running:\n{}\n--- stderr ---\n{stderr}\n--- stdout ---\n{stdout}\n{}",
+                sql.replace(&self.password, "<password>"),
                 self.log_section()
             ),
             Err(e) => panic!("psql: {e}\n{}", self.log_section()),
