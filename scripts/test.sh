@@ -1,9 +1,31 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, clippy (warnings are errors), the
 # binaries the black-box tests drive, then the whole workspace's tests.
+# The cluster store's tests start a private PostgreSQL server
+# (tests/src/pg.rs); when its binaries are missing, this installs them
+# (as root with apt-get) or stops with how to get them.
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+have_postgres() {
+  [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/initdb" ] && return 0
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && return 0
+  command -v initdb >/dev/null && command -v postgres >/dev/null
+}
+if ! have_postgres; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "scripts/test.sh: installing the PostgreSQL server (apt-get install postgresql) for the cluster store's tests" >&2
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql
+  else
+    echo "scripts/test.sh: the tests need the PostgreSQL server binaries (initdb, postgres), and none were found" >&2
+    echo "  (looked for /usr/lib/postgresql/*/bin/initdb, \$PG_BINDIR and PATH)." >&2
+    echo "  Install them, e.g. 'sudo apt-get install -y postgresql', or set PG_BINDIR to the directory holding initdb." >&2
+    exit 1
+  fi
+fi
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo build --workspace --bins

@@ -101,6 +101,9 @@ pub struct ProfileSection {
     // storage (every source)
     pub store: Option<String>,
     pub durability: Option<String>,
+    // store = "postgres" (store::postgres::settings)
+    pub postgres_url_file: Option<PathBuf>,
+    pub cluster: Option<String>,
     // exec
     pub command: Option<Vec<String>>,
     pub restart_min: Option<String>,
@@ -162,6 +165,7 @@ pub struct EnvOverrides {
     pub stream_ticket_url: Option<String>,
     pub store: Option<String>,
     pub durability: Option<String>,
+    pub postgres_url: Option<String>,
 }
 
 impl EnvOverrides {
@@ -181,6 +185,7 @@ impl EnvOverrides {
             stream_ticket_url: get("DWS_STREAM_TICKET_URL"),
             store: get("DWS_EVENT_BUS_STORE"),
             durability: get("DWS_EVENT_BUS_DURABILITY"),
+            postgres_url: get("DWS_POSTGRES_URL"),
         }
     }
 }
@@ -233,7 +238,7 @@ pub struct SectionReader<'a> {
     profile: &'a str,
 }
 
-impl SectionReader<'_> {
+impl<'a> SectionReader<'a> {
     /// `profiles.NAME.FIELD in /path/config.toml`, for messages.
     pub fn in_file(&self, field: &str) -> String {
         format!(
@@ -241,6 +246,29 @@ impl SectionReader<'_> {
             self.profile,
             self.path.display()
         )
+    }
+
+    /// A reader over `section` as if it came from `path` (loader tests).
+    #[cfg(test)]
+    pub(crate) fn for_tests(
+        section: ProfileSection,
+        env: &'a EnvOverrides,
+        config_root: &'a Path,
+        path: &'a Path,
+        profile: &'a str,
+    ) -> SectionReader<'a> {
+        SectionReader {
+            section,
+            env,
+            config_root,
+            path,
+            profile,
+        }
+    }
+
+    /// The profile's name.
+    pub fn profile(&self) -> &str {
+        self.profile
     }
 
     /// A duration value (`30s`, `5m`), or `default` when absent.
@@ -382,6 +410,24 @@ pub fn load_profile(
         .map(|(_, v)| v)
         .unwrap_or_default();
     let in_file = |field: &str| format!("profiles.{profile}.{field} in {}", path.display());
+    let postgres = match &env.store {
+        Some(v) => v == "postgres",
+        None => section.store.as_deref() == Some("postgres"),
+    };
+    if postgres {
+        // Its settings are checked, then refused: not half-working.
+        let mut r = SectionReader {
+            section,
+            env,
+            config_root,
+            path: &path,
+            profile,
+        };
+        crate::store::postgres::settings::settings(&mut r)?;
+        return Err(invalid(
+            "store = \"postgres\": the cluster store is not finished yet (issue 11); use store = \"disk\" or \"memory\"",
+        ));
+    }
     let store = store_config(&mut section, env, &in_file)?;
     let source = load_source(config_root, profile, env, &path, section)?;
     Ok(Profile { source, store })

@@ -26,6 +26,9 @@
 //! - [`durability`]: the on-disk store: its files and status, restart after
 //!   `stop` and `kill -9`, torn tails, flipped bytes, format versions, a
 //!   failed write, and `kill -9` chaos (local publish and DingTalk).
+//! - [`postgres`]: the private PostgreSQL server harness (`dws_tests::pg`)
+//!   the cluster store's tests run on: SCRAM over TCP, stop, crash and
+//!   restart, servers side by side, nothing left behind.
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
 //!   oversized product file without a reason.
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
@@ -53,6 +56,7 @@ mod ecosystem;
 mod lifecycle;
 mod limits;
 mod personal;
+mod postgres;
 mod repo;
 mod sources;
 mod spawn;

@@ -18,6 +18,7 @@
 
 pub mod disk;
 pub mod memory;
+pub mod postgres;
 pub mod record;
 
 use std::{path::PathBuf, sync::Arc};

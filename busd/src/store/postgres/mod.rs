@@ -1,0 +1,381 @@
+//! The PostgreSQL cluster store (issue 11), groundwork: connecting, the
+//! schema, the upstream owner's lease and the profile keys ([`settings`]).
+//! Nothing here is wired into the bus yet: a profile with
+//! `store = "postgres"` is checked, then refused.
+//!
+//! The cluster model this builds toward:
+//! - **One cluster, one log.** Several hosts, each running its own per-user
+//!   `busd`, share one *cluster* (a name, by default the profile's): one
+//!   ordered event log (`dws_event`, seq per cluster), its dedup keys, and
+//!   the named subscriptions. Every table is keyed by the cluster name, so
+//!   several clusters can share one database ([`schema`]).
+//! - **One upstream owner.** Exactly one host holds the cluster's upstream
+//!   connection: the holder of a session advisory lock on a dedicated
+//!   connection ([`lease`]). Each acquisition bumps the cluster's *epoch*;
+//!   an append made for the upstream checks the epoch inside its transaction
+//!   ([`lease::check_epoch`]), so a host that lost its lease cannot append,
+//!   hence cannot ack upstream what it did not store. Local publishes work
+//!   from any host.
+//! - **Per-host and shared subscriptions.** A named subscription is either
+//!   `per-host` (each host keeps its own cursor: every host's consumer gets
+//!   every event) or `shared` (one cursor for the cluster; each event is
+//!   claimed by one consumer on one host). The tables hold both
+//!   (`dws_cursor`, `dws_claim`); how the hub uses them is not designed yet.
+//!
+//! Connections ([`connect`]) are made with `tokio-postgres` without TLS
+//! (`sslmode=require` is refused: reach the server over a private network or
+//! a Unix socket). Each sets TCP keepalives on both ends (the server's
+//! `tcp_keepalives_*` and `tcp_user_timeout` as startup options, so a host
+//! that vanished without a FIN loses its session, and with it the lease,
+//! within about [`LOSS_BOUND`]), a connect bound, and an `application_name`
+//! of `busd/<cluster>/<host>/<purpose>` that `pg_stat_activity` shows.
+//!
+//! The URL is a secret: [`PgSettings`]'s `Debug` shows it with the password
+//! redacted, and no [`PgError`] contains the URL or the password — only
+//! `host:port/db` and the server's message.
+
+pub mod lease;
+pub mod schema;
+pub mod settings;
+#[cfg(test)]
+mod tests;
+
+use std::{fmt, future::poll_fn, time::Duration};
+
+use tokio::task::JoinHandle;
+use tokio_postgres::{
+    config::{Host, SslMode},
+    error::SqlState,
+    AsyncMessage, Client, Config, NoTls,
+};
+
+use crate::{profile::Secret, ready::StartError};
+
+/// The TCP connect bound of one attempt.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The bound of a whole connect: TCP, startup and authentication.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a silent network loss may go unnoticed by either end: keepalive
+/// idle + interval × count, and the TCP user timeout for unacked data.
+pub const LOSS_BOUND: Duration = Duration::from_secs(9);
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(3);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_COUNT: u32 = 3;
+
+/// Where and as whom a host reaches its cluster.
+#[derive(Clone)]
+pub struct PgSettings {
+    /// `postgres://user:password@host:port/db` (or libpq `key=value`).
+    pub url: Secret,
+    /// The cluster this host belongs to (default: the profile name).
+    pub cluster: String,
+    /// This host's name in the cluster.
+    pub host: String,
+}
+
+impl fmt::Debug for PgSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgSettings")
+            .field("url", &redacted_url(self.url.expose()))
+            .field("cluster", &self.cluster)
+            .field("host", &self.host)
+            .finish()
+    }
+}
+
+/// Why talking to PostgreSQL failed, classified for the exit code of a
+/// failed start. Messages never contain the URL or the password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PgError {
+    /// The URL cannot be used (malformed, no host, unsupported TLS mode, no
+    /// such database): exit 2.
+    Config(String),
+    /// Bad credentials or a missing permission: exit 3.
+    Auth(String),
+    /// The server cannot be reached, is starting or shutting down, or the
+    /// connection broke: exit 1, worth retrying.
+    Unreachable(String),
+    /// This host lost the upstream lease: another host owns the cluster's
+    /// upstream now (see [`lease::check_epoch`]).
+    Fenced(String),
+    /// Anything else (including a schema newer than this busd): exit 1.
+    Other(String),
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PgError::Config(m)
+            | PgError::Auth(m)
+            | PgError::Unreachable(m)
+            | PgError::Fenced(m)
+            | PgError::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<PgError> for StartError {
+    fn from(e: PgError) -> StartError {
+        use crate::ready::FailureKind as K;
+        let kind = match e {
+            PgError::Config(_) => K::Usage,
+            PgError::Auth(_) => K::Permission,
+            PgError::Unreachable(_) | PgError::Fenced(_) | PgError::Other(_) => K::Runtime,
+        };
+        StartError {
+            kind,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// How a SQLSTATE is classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    Config,
+    Auth,
+    Unreachable,
+    Other,
+}
+
+/// Class 28 (authorization) and `insufficient_privilege` are credentials or
+/// permissions; a missing database is the URL's fault; class 08
+/// (connection), `too_many_connections` and the shutdown/startup states of
+/// class 57P are transient.
+pub(crate) fn class_of(code: &SqlState) -> Class {
+    let c = code.code();
+    if c.starts_with("28") || *code == SqlState::INSUFFICIENT_PRIVILEGE {
+        Class::Auth
+    } else if *code == SqlState::UNDEFINED_DATABASE {
+        Class::Config
+    } else if c.starts_with("08")
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+    {
+        Class::Unreachable
+    } else {
+        Class::Other
+    }
+}
+
+fn make(class: Class, message: String) -> PgError {
+    match class {
+        Class::Config => PgError::Config(message),
+        Class::Auth => PgError::Auth(message),
+        Class::Unreachable => PgError::Unreachable(message),
+        Class::Other => PgError::Other(message),
+    }
+}
+
+/// The innermost `io::Error` under `e`, if any.
+fn io_cause(e: &tokio_postgres::Error) -> Option<&std::io::Error> {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        cause = c.source();
+    }
+    None
+}
+
+impl PgError {
+    /// A failed query or a broken session. The server's message, never a
+    /// value of ours.
+    pub fn query(e: &tokio_postgres::Error) -> PgError {
+        if let Some(db) = e.as_db_error() {
+            return make(
+                class_of(db.code()),
+                format!("PostgreSQL: {} ({})", db.message(), db.code().code()),
+            );
+        }
+        if e.is_closed() || io_cause(e).is_some() {
+            let why = io_cause(e).map_or_else(|| e.to_string(), |io| io.to_string());
+            return PgError::Unreachable(format!("PostgreSQL: connection lost: {why}"));
+        }
+        PgError::Other(format!("PostgreSQL: {e}"))
+    }
+
+    /// A failed connect to `target` (`host:port/db`).
+    fn connect(e: &tokio_postgres::Error, target: &str) -> PgError {
+        if let Some(db) = e.as_db_error() {
+            return make(
+                class_of(db.code()),
+                format!("PostgreSQL at {target}: {}", db.message()),
+            );
+        }
+        let cause = std::error::Error::source(e).map(|c| c.to_string());
+        match (e.to_string().as_str(), cause) {
+            ("authentication error", why) => PgError::Auth(format!(
+                "PostgreSQL at {target}: authentication failed ({})",
+                why.unwrap_or_else(|| "no reason given".into())
+            )),
+            ("invalid configuration", Some(why)) => {
+                PgError::Config(format!("PostgreSQL URL for {target}: {why}"))
+            }
+            ("error performing TLS handshake", _) => PgError::Config(format!(
+                "PostgreSQL at {target}: the server requires TLS, which busd does not speak yet"
+            )),
+            _ if io_cause(e).is_some() || e.is_closed() => {
+                let why = io_cause(e).map_or_else(|| e.to_string(), |io| io.to_string());
+                PgError::Unreachable(format!("PostgreSQL at {target}: cannot connect: {why}"))
+            }
+            (top, _) => PgError::Other(format!("PostgreSQL at {target}: {top}")),
+        }
+    }
+}
+
+/// What a connection-string parse error may say without echoing the input:
+/// the option name of a bad value, the byte offset of a bad character; an
+/// unknown option is not named (it could be a misplaced password).
+fn parse_reason(e: &tokio_postgres::Error) -> String {
+    let cause = std::error::Error::source(e)
+        .map(|c| c.to_string())
+        .unwrap_or_default();
+    if cause.starts_with("invalid value for option `") {
+        return cause;
+    }
+    if cause.starts_with("unknown option") {
+        return "it names an unknown option".into();
+    }
+    if let Some((head, _)) = cause.split_once(':') {
+        if head.starts_with("unexpected character at byte") {
+            return head.to_owned();
+        }
+    }
+    match cause.as_str() {
+        "unexpected EOF"
+        | "unterminated parameter"
+        | "unterminated quoted connection parameter value" => cause,
+        c if c.starts_with("invalid utf-8") => "it is not valid UTF-8 once decoded".into(),
+        _ => "it is malformed".into(),
+    }
+}
+
+/// `host:port/db` of a parsed URL, for messages (no user, no password).
+pub fn target(config: &Config) -> String {
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match h {
+                Host::Tcp(name) if name.contains(':') => format!("[{name}]:{port}"),
+                Host::Tcp(name) => format!("{name}:{port}"),
+                Host::Unix(dir) => format!("{}:{port}", dir.display()),
+            }
+        })
+        .collect();
+    let db = config.get_dbname().or(config.get_user()).unwrap_or("?");
+    format!("{}/{db}", hosts.join(","))
+}
+
+/// The URL as it may be shown: `postgres://user:<redacted>@host:port/db`,
+/// rebuilt from the parsed fields (so a password in a query parameter or a
+/// `key=value` string is not shown either).
+pub fn redacted_url(url: &str) -> String {
+    match url.parse::<Config>() {
+        Ok(config) => {
+            let user = config.get_user().unwrap_or("");
+            let password = if config.get_password().is_some() {
+                ":<redacted>"
+            } else {
+                ""
+            };
+            let at = if user.is_empty() && password.is_empty() {
+                ""
+            } else {
+                "@"
+            };
+            format!("postgres://{user}{password}{at}{}", target(&config))
+        }
+        Err(_) => "<not a valid PostgreSQL URL; not shown>".into(),
+    }
+}
+
+/// Parses and checks the URL, then applies what busd insists on: keepalives
+/// on both ends, the connect bound, the application name.
+pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
+    let mut config = settings.url.expose().parse::<Config>().map_err(|e| {
+        PgError::Config(format!(
+            "the PostgreSQL URL is not valid ({}); expected postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+            parse_reason(&e)
+        ))
+    })?;
+    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        return Err(PgError::Config(
+            "the PostgreSQL URL names no host; expected postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+                .into(),
+        ));
+    }
+    if config.get_ssl_mode() == SslMode::Require {
+        return Err(PgError::Config(format!(
+            "PostgreSQL URL for {}: sslmode=require, but busd does not speak TLS to PostgreSQL yet; \
+             use a private network or a Unix socket",
+            target(&config)
+        )));
+    }
+    let server_side = format!(
+        "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} -c tcp_user_timeout={}",
+        KEEPALIVE_IDLE.as_secs(),
+        KEEPALIVE_INTERVAL.as_secs(),
+        KEEPALIVE_COUNT,
+        LOSS_BOUND.as_millis()
+    );
+    let options = match config.get_options() {
+        Some(o) if !o.trim().is_empty() => format!("{o} {server_side}"),
+        _ => server_side,
+    };
+    config
+        .options(options)
+        .application_name(format!(
+            "busd/{}/{}/{purpose}",
+            settings.cluster, settings.host
+        ))
+        .connect_timeout(CONNECT_TIMEOUT)
+        .keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_COUNT)
+        .tcp_user_timeout(LOSS_BOUND);
+    Ok(config)
+}
+
+/// The task that drives one connection: it ends with `Ok` when the client
+/// side was dropped, with the classified error when the session broke.
+pub type Driver = JoinHandle<Result<(), PgError>>;
+
+/// Opens one session for `purpose` (`lease`, `store`, …: the last part of
+/// its `application_name`). The returned [`Driver`] must keep running for
+/// the client to work; it logs server notices. (`LISTEN` notifications will
+/// be taken from the same `poll_message` loop.)
+pub async fn connect(settings: &PgSettings, purpose: &str) -> Result<(Client, Driver), PgError> {
+    let config = config(settings, purpose)?;
+    let target = target(&config);
+    let (client, mut connection) = tokio::time::timeout(STARTUP_TIMEOUT, config.connect(NoTls))
+        .await
+        .map_err(|_| {
+            PgError::Unreachable(format!(
+                "PostgreSQL at {target}: no answer within {}s",
+                STARTUP_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(|e| PgError::connect(&e, &target))?;
+    let driver = tokio::spawn(async move {
+        loop {
+            match poll_fn(|cx| connection.poll_message(cx)).await {
+                None => return Ok(()),
+                Some(Ok(AsyncMessage::Notice(n))) => {
+                    tracing::debug!(target: "busd::postgres", "{target}: {}", n.message());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(PgError::query(&e)),
+            }
+        }
+    });
+    Ok((client, driver))
+}

@@ -1,0 +1,191 @@
+//! The cluster store's schema, created and migrated by busd itself.
+//!
+//! [`migrate`] runs one transaction that takes a transaction-scoped advisory
+//! lock ([`MIGRATION_LOCK_KEY`]), creates `dws_schema_version` if missing and
+//! applies every migration newer than the recorded version, in order: two
+//! hosts starting at once serialize on the lock, and the second finds the
+//! work done. A database whose version is newer than this binary knows is
+//! refused untouched (an older busd must not write a schema it does not
+//! understand). Migrations are append-only: a released one never changes.
+//!
+//! Every table is keyed by `cluster` first, so clusters share a database
+//! without seeing each other. The hot path (appending events) touches
+//! `dws_cluster` (one row, locked `FOR SHARE` for the epoch check) and
+//! `dws_event`; nothing on it has a foreign key.
+//!
+//! Vacuum: `dws_event` is insert-only and shrinks from its low end
+//! (retention deletes old seqs in batches), which autovacuum handles; the
+//! small, often-updated tables (`dws_cluster`, `dws_host`, `dws_cursor`,
+//! `dws_claim`) are what autovacuum must keep up with — keep it on.
+
+use tokio_postgres::Client;
+
+use super::PgError;
+
+/// The newest schema version this busd knows.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The advisory lock that serializes migrations ("dws-schm" in ASCII). The
+/// lease's keys come from `hashtextextended(cluster, 0)`; a collision with
+/// this constant would only make a migration wait for a lease holder.
+pub const MIGRATION_LOCK_KEY: i64 = 0x6477_732d_7363_686d;
+
+/// How long a start waits for another host's migration.
+const LOCK_TIMEOUT: &str = "30s";
+
+/// Migration 1: the tables of the cluster store.
+const V1: &str = r#"
+-- One row per cluster: the log's head, and the upstream owner's lease.
+-- `epoch` is bumped by every acquisition of the lease (lease.rs); an append
+-- made for the upstream checks it FOR SHARE in its own transaction.
+CREATE TABLE dws_cluster (
+    cluster     text PRIMARY KEY,
+    head_seq    bigint NOT NULL DEFAULT 0,
+    epoch       bigint NOT NULL DEFAULT 0,
+    owner_host  text,
+    owner_since timestamptz,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- The log: one row per event, seqs consecutive per cluster. The columns are
+-- the disk store's event record (store/record.rs): `encoded` is the
+-- `v1::Event` encoded once (payload, source id and headers live in it; the
+-- bus never interprets a payload), the others are what routing, dedup and
+-- retention need without decoding it. `scope` is the dedup scope, '' for an
+-- event that is not deduplicated; `route` the upstream subscription it was
+-- routed to, '' for routing by type only.
+CREATE TABLE dws_event (
+    cluster          text   NOT NULL,
+    seq              bigint NOT NULL,
+    scope            text   NOT NULL DEFAULT '',
+    event_id         text   NOT NULL,
+    event_type       text   NOT NULL,
+    route            text   NOT NULL DEFAULT '',
+    received_unix_ms bigint NOT NULL,
+    encoded          bytea  NOT NULL,
+    PRIMARY KEY (cluster, seq)
+);
+-- Dedup across hosts and owners: an event redelivered by the upstream after
+-- a failover is refused by the log itself, for as long as it is retained.
+CREATE UNIQUE INDEX dws_event_dedup ON dws_event (cluster, scope, event_id)
+    WHERE scope <> '';
+
+-- The hosts of a cluster (for status): refreshed by a heartbeat, removed by
+-- a clean exit.
+CREATE TABLE dws_host (
+    cluster      text        NOT NULL,
+    host         text        NOT NULL,
+    pid          integer     NOT NULL,
+    build        text        NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (cluster, host)
+);
+
+-- The named subscriptions: `record` is the `store::SubRecord` as created
+-- (its spec — patterns, filter, TTL, poison policy — is authoritative
+-- here); `delivery` is the mode.
+CREATE TABLE dws_subscription (
+    cluster    text  NOT NULL,
+    id         text  NOT NULL,
+    delivery   text  NOT NULL CHECK (delivery IN ('per-host', 'shared')),
+    record     jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (cluster, id)
+);
+
+-- Delivery state of a subscription (`record`: a `store::SubRecord`, saved
+-- lazily like the disk store's): one row per host for a per-host
+-- subscription; one row with host '' (the cluster's cursor) for a shared one.
+CREATE TABLE dws_cursor (
+    cluster      text  NOT NULL,
+    subscription text  NOT NULL,
+    host         text  NOT NULL,
+    record       jsonb NOT NULL,
+    saved_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (cluster, subscription, host),
+    FOREIGN KEY (cluster, subscription) REFERENCES dws_subscription (cluster, id)
+        ON DELETE CASCADE
+);
+
+-- Events of a shared subscription handed to one host and not yet acked:
+-- taken with FOR UPDATE SKIP LOCKED; a claim past `claimed_until` is
+-- released and delivered again (`deliveries` counts them).
+CREATE TABLE dws_claim (
+    cluster       text        NOT NULL,
+    subscription  text        NOT NULL,
+    seq           bigint      NOT NULL,
+    host          text        NOT NULL,
+    claimed_until timestamptz NOT NULL,
+    deliveries    integer     NOT NULL DEFAULT 1,
+    PRIMARY KEY (cluster, subscription, seq),
+    FOREIGN KEY (cluster, subscription) REFERENCES dws_subscription (cluster, id)
+        ON DELETE CASCADE
+);
+"#;
+
+/// Every migration, in order; entry `i` brings the schema to version `i + 1`.
+pub(crate) const MIGRATIONS: &[&str] = &[V1];
+
+/// The refusal of a database newer than this binary.
+pub(crate) fn too_new(found: u32) -> Option<PgError> {
+    (found > SCHEMA_VERSION).then(|| {
+        PgError::Other(format!(
+            "the cluster's database has schema version {found}, newer than this busd knows \
+             ({SCHEMA_VERSION}): another host runs a newer busd; upgrade this one"
+        ))
+    })
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`] and returns it. Safe to run from
+/// several hosts at once; refuses a newer schema without touching it.
+pub async fn migrate(client: &mut Client) -> Result<u32, PgError> {
+    let q = |e: tokio_postgres::Error| PgError::query(&e);
+    let tx = client.transaction().await.map_err(q)?;
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+        .await
+        .map_err(q)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await
+        .map_err(|e| match e.code() {
+            Some(c) if *c == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE => {
+                PgError::Other(format!(
+                    "PostgreSQL: another host held the schema migration lock for over {LOCK_TIMEOUT}"
+                ))
+            }
+            _ => q(e),
+        })?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS dws_schema_version (
+             version    integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .map_err(q)?;
+    let found: i32 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM dws_schema_version",
+            &[],
+        )
+        .await
+        .map_err(q)?
+        .get(0);
+    let found = u32::try_from(found).unwrap_or(0);
+    if let Some(e) = too_new(found) {
+        return Err(e);
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i as i32 + 1;
+        tx.batch_execute(sql).await.map_err(q)?;
+        tx.execute(
+            "INSERT INTO dws_schema_version (version) VALUES ($1)",
+            &[&version],
+        )
+        .await
+        .map_err(q)?;
+        tracing::info!(target: "busd::postgres", "schema migrated to version {version}");
+    }
+    tx.commit().await.map_err(q)?;
+    Ok(SCHEMA_VERSION)
+}
