@@ -19,8 +19,10 @@ use proto::{
 use super::{ConnHandle, ConnId, Hub, State};
 use crate::{clock::now_ms, eventlog::LoggedEvent, store::StoreInfo, upstream::Refusal};
 
-/// An event on its way into the log, before it has a seq.
-#[derive(Debug, Default, Clone)]
+/// An event on its way into the log, before it has a seq. Serializable: a
+/// cluster host that does not own the log hands its publishes to the owner
+/// through the database (`store::postgres::inbox`).
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct NewEvent {
     /// Dedup scope: the upstream subscription the event came through.
     pub scope: String,
