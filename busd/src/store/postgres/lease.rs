@@ -12,10 +12,12 @@
 //! `super::LOSS_BOUND`, set on the server's end by `super::connect`).
 //!
 //! Winning the lock bumps `dws_cluster.epoch` in one statement and records
-//! the owner; the new epoch fences the previous owner: an append made for the
-//! upstream calls [`check_epoch`] in its transaction, which locks the
-//! cluster's row `FOR SHARE` — so an acquisition's epoch bump waits for
-//! appends in flight, and an append after it sees the new epoch and fails.
+//! the owner; the new epoch fences the previous owner: an append
+//! (`super::log::append`) locks the cluster's row `FOR UPDATE` and compares
+//! the epoch ([`fenced`]); other work done for the owner calls
+//! [`check_epoch`], which locks it `FOR SHARE` — either way an acquisition's
+//! epoch bump waits for the transactions in flight, and one after it sees
+//! the new epoch and fails.
 //!
 //! While held, a heartbeat ([`Lease::lost`]) asks the session every
 //! [`LeaseTiming::heartbeat`] for its backend pid and the cluster's epoch,

@@ -1,26 +1,31 @@
-//! The PostgreSQL cluster store (issue 11), groundwork: connecting, the
-//! schema, the upstream owner's lease and the profile keys ([`settings`]).
-//! Nothing here is wired into the bus yet: a profile with
-//! `store = "postgres"` is checked, then refused.
+//! The PostgreSQL cluster store (issue 11): connecting ([`connect`],
+//! [`listen`]), the schema ([`schema`]), the upstream owner's lease
+//! ([`lease`]), the cluster's log ([`log`]), the inbox through which other
+//! hosts publish ([`inbox`]), what status shows of the cluster ([`hosts`]),
+//! the profile keys ([`settings`]) and the [`store::PgStore`] behind the
+//! storage boundary.
 //!
-//! The cluster model this builds toward:
+//! The cluster model (v1):
 //! - **One cluster, one log.** Several hosts, each running its own per-user
 //!   `busd`, share one *cluster* (a name, by default the profile's): one
-//!   ordered event log (`dws_event`, seq per cluster), its dedup keys, and
-//!   the named subscriptions. Every table is keyed by the cluster name, so
-//!   several clusters can share one database ([`schema`]).
-//! - **One upstream owner.** Exactly one host holds the cluster's upstream
-//!   connection: the holder of a session advisory lock on a dedicated
-//!   connection ([`lease`]). Each acquisition bumps the cluster's *epoch*;
-//!   an append made for the upstream checks the epoch inside its transaction
-//!   ([`lease::check_epoch`]), so a host that lost its lease cannot append,
-//!   hence cannot ack upstream what it did not store. Local publishes work
-//!   from any host.
-//! - **Per-host and shared subscriptions.** A named subscription is either
-//!   `per-host` (each host keeps its own cursor: every host's consumer gets
-//!   every event) or `shared` (one cursor for the cluster; each event is
-//!   claimed by one consumer on one host). The tables hold both
-//!   (`dws_cursor`, `dws_claim`); how the hub uses them is not designed yet.
+//!   ordered event log (`dws_event`, seq per cluster) and its dedup keys.
+//!   Every table is keyed by the cluster name, so several clusters can share
+//!   one database ([`schema`]).
+//! - **One owner.** Exactly one host holds the cluster's upstream
+//!   connection and appends to the log: the holder of a session advisory
+//!   lock on a dedicated connection ([`lease`]). Each acquisition bumps the
+//!   cluster's *epoch*; every append checks it inside its transaction
+//!   ([`log::append`]), so a host that lost its lease cannot append, hence
+//!   cannot ack upstream what it did not store.
+//! - **Followers.** The other hosts never append: their log is fed from the
+//!   database ([`log::read_after`], woken by [`log::LOG_CHANNEL`]); their
+//!   publishes go through [`inbox`] to the owner.
+//! - **Subscriptions per host.** Each host keeps its own named
+//!   subscriptions (its `store::Snapshot`, in `dws_host_snapshot`); their
+//!   definitions are published cluster-wide (`dws_subscription`) and every
+//!   host's cursors too (`dws_cursor`), for status and so that a consumer on
+//!   another host can attach to a subscription created elsewhere. Shared
+//!   subscriptions (`dws_claim`) are not used yet.
 //!
 //! Connections ([`connect`]) are made with `tokio-postgres` without TLS
 //! (`sslmode=require` is refused: reach the server over a private network or
@@ -34,15 +39,20 @@
 //! redacted, and no [`PgError`] contains the URL or the password — only
 //! `host:port/db` and the server's message.
 
+pub mod hosts;
+pub mod inbox;
 pub mod lease;
+pub mod log;
 pub mod schema;
 pub mod settings;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_log;
 
 use std::{fmt, future::poll_fn, time::Duration};
 
-use tokio::task::JoinHandle;
+use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_postgres::{
     config::{Host, SslMode},
     error::SqlState,
@@ -351,9 +361,52 @@ pub type Driver = JoinHandle<Result<(), PgError>>;
 
 /// Opens one session for `purpose` (`lease`, `store`, …: the last part of
 /// its `application_name`). The returned [`Driver`] must keep running for
-/// the client to work; it logs server notices. (`LISTEN` notifications will
-/// be taken from the same `poll_message` loop.)
+/// the client to work; it logs server notices.
 pub async fn connect(settings: &PgSettings, purpose: &str) -> Result<(Client, Driver), PgError> {
+    open(settings, purpose, None).await
+}
+
+/// How many notifications a [`listen`]er queues before it drops new ones.
+pub const NOTIFY_QUEUE: usize = 1024;
+
+/// A session that `LISTEN`s on `channels` (lower-case SQL identifiers, such
+/// as [`log::LOG_CHANNEL`]): its driver forwards each notification's payload
+/// to the receiver, dropping it when the queue is full (listeners also poll,
+/// so a dropped wake-up only delays them). Payloads do not say their
+/// channel: the log's is `cluster:head`, the inbox's just the cluster (a
+/// cluster name has no `:`). The receiver ends when the session does.
+pub async fn listen(
+    settings: &PgSettings,
+    purpose: &str,
+    channels: &[&str],
+) -> Result<(Client, Driver, mpsc::Receiver<String>), PgError> {
+    let mut sql = String::new();
+    for c in channels {
+        let plain = !c.is_empty()
+            && c.len() <= 63
+            && c.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !plain {
+            return Err(PgError::Other(format!(
+                "cannot LISTEN on {c:?}: use a lower-case identifier"
+            )));
+        }
+        sql.push_str(&format!("LISTEN {c};"));
+    }
+    let (tx, rx) = mpsc::channel(NOTIFY_QUEUE);
+    let (client, driver) = open(settings, purpose, Some(tx)).await?;
+    client
+        .batch_execute(&sql)
+        .await
+        .map_err(|e| PgError::query(&e))?;
+    Ok((client, driver, rx))
+}
+
+async fn open(
+    settings: &PgSettings,
+    purpose: &str,
+    notify: Option<mpsc::Sender<String>>,
+) -> Result<(Client, Driver), PgError> {
     let config = config(settings, purpose)?;
     let target = target(&config);
     let (client, mut connection) = tokio::time::timeout(STARTUP_TIMEOUT, config.connect(NoTls))
@@ -371,6 +424,13 @@ pub async fn connect(settings: &PgSettings, purpose: &str) -> Result<(Client, Dr
                 None => return Ok(()),
                 Some(Ok(AsyncMessage::Notice(n))) => {
                     tracing::debug!(target: "busd::postgres", "{target}: {}", n.message());
+                }
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    if let Some(tx) = &notify {
+                        // Full: dropped (the listener polls too); closed:
+                        // nobody listens any more.
+                        let _ = tx.try_send(n.payload().to_owned());
+                    }
                 }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(PgError::query(&e)),

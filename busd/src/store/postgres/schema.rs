@@ -10,20 +10,22 @@
 //!
 //! Every table is keyed by `cluster` first, so clusters share a database
 //! without seeing each other. The hot path (appending events) touches
-//! `dws_cluster` (one row, locked `FOR SHARE` for the epoch check) and
-//! `dws_event`; nothing on it has a foreign key.
+//! `dws_cluster` (one row, locked `FOR UPDATE` for the epoch check and the
+//! head's update, `super::log::append`) and `dws_event`; nothing on it has a
+//! foreign key.
 //!
 //! Vacuum: `dws_event` is insert-only and shrinks from its low end
 //! (retention deletes old seqs in batches), which autovacuum handles; the
 //! small, often-updated tables (`dws_cluster`, `dws_host`, `dws_cursor`,
-//! `dws_claim`) are what autovacuum must keep up with — keep it on.
+//! `dws_host_snapshot`, `dws_inbox`, `dws_claim`) are what autovacuum must
+//! keep up with — keep it on.
 
 use tokio_postgres::Client;
 
 use super::PgError;
 
 /// The newest schema version this busd knows.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The advisory lock that serializes migrations ("dws-schm" in ASCII). The
 /// lease's keys come from `hashtextextended(cluster, 0)`; a collision with
@@ -124,18 +126,59 @@ CREATE TABLE dws_claim (
 );
 "#;
 
+/// Migration 2: the inbox (publishes from hosts that do not own the log)
+/// and each host's subscriptions snapshot.
+const V2: &str = r#"
+-- Events published on a host that does not own the log, for the owner to
+-- append (inbox.rs). `event` is a busd NewEvent as JSON (`json`: `jsonb`
+-- refuses \u0000, which an event's data may hold). A row is pending until
+-- the owner finishes it with the append's result; `taken_epoch` is the
+-- epoch of the owner that took it last (a new owner takes it again).
+CREATE TABLE dws_inbox (
+    cluster     text        NOT NULL,
+    id          bigserial,
+    host        text        NOT NULL,
+    event       json        NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    taken_epoch bigint,
+    done        boolean     NOT NULL DEFAULT false,
+    done_at     timestamptz,
+    seq         bigint,
+    duplicate   boolean,
+    event_id    text,
+    error       text,
+    PRIMARY KEY (cluster, id)
+);
+CREATE INDEX dws_inbox_pending ON dws_inbox (cluster, id) WHERE NOT done;
+
+-- Each host's named subscriptions (a `store::Snapshot`), saved by its
+-- committer. `dropped`: subscriptions this host removed while another host
+-- still had them, so that its next start does not take them back from the
+-- cluster's definitions.
+CREATE TABLE dws_host_snapshot (
+    cluster  text        NOT NULL,
+    host     text        NOT NULL,
+    snapshot jsonb       NOT NULL,
+    dropped  text[]      NOT NULL DEFAULT '{}',
+    saved_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (cluster, host)
+);
+"#;
+
 /// Every migration, in order; entry `i` brings the schema to version `i + 1`.
-pub(crate) const MIGRATIONS: &[&str] = &[V1];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The refusal of a database newer than this binary.
 pub(crate) fn too_new(found: u32) -> Option<PgError> {
     (found > SCHEMA_VERSION).then(|| {
         PgError::Other(format!(
-            "the cluster's database has schema version {found}, newer than this busd knows \
-             ({SCHEMA_VERSION}): another host runs a newer busd; upgrade this one"
+            "the cluster's database has schema version {found}, {TOO_NEW} ({SCHEMA_VERSION}): \
+             another host runs a newer busd; upgrade this one"
         ))
     })
 }
+
+const TOO_NEW: &str = "newer than this busd knows";
 
 /// Brings the schema to [`SCHEMA_VERSION`] and returns it. Safe to run from
 /// several hosts at once; refuses a newer schema without touching it.

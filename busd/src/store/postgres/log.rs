@@ -1,0 +1,306 @@
+//! The cluster's event log in PostgreSQL (`dws_event`, head and epoch in
+//! `dws_cluster`): the owner's [`append`], everyone's [`read_after`], the
+//! cluster row ([`cluster_row`]) and retention ([`delete_below`]).
+//!
+//! Rules the functions keep:
+//! - **One writer, gapless.** [`append`] locks the cluster's row
+//!   `FOR UPDATE` (not `FOR SHARE`: the same transaction advances
+//!   `head_seq` in that row, and two share-lockers that both upgrade would
+//!   deadlock), refuses a stale epoch ([`PgError::Fenced`]) and a batch that
+//!   does not start at `head + 1`. Appends are therefore serialized and
+//!   commit in seq order, so a reader never sees a later batch without the
+//!   earlier ones.
+//! - **One statement per batch.** The rows go in with one
+//!   `INSERT … SELECT … FROM unnest(…)`, in the same statement as the head's
+//!   update and the one `NOTIFY` of the batch (channel [`LOG_CHANNEL`],
+//!   payload `cluster:head`, delivered at commit). Every statement is sent
+//!   with its parameter types (`query_typed`): one round trip, no prepare.
+//! - **The head event stays.** [`delete_below`] never deletes the newest
+//!   event, so the log always carries the seq counter, like the disk
+//!   store's newest segment. It deletes in batches of [`DELETE_BATCH`] rows,
+//!   each its own short transaction.
+
+use std::sync::Arc;
+
+use tokio_postgres::{error::SqlState, types::Type, Client, GenericClient};
+
+use super::PgError;
+use crate::{eventlog::LoggedEvent, store::record::EventRecord};
+
+/// The channel of the one notification per committed batch.
+pub const LOG_CHANNEL: &str = "dws_log";
+/// Rows one retention statement deletes at most.
+pub const DELETE_BATCH: i64 = 10_000;
+
+/// The cluster's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterRow {
+    pub head_seq: u64,
+    /// 0 until a host first took the upstream lease.
+    pub epoch: i64,
+    pub owner_host: Option<String>,
+    pub owner_since_unix_ms: Option<i64>,
+}
+
+fn q(e: tokio_postgres::Error) -> PgError {
+    PgError::query(&e)
+}
+
+/// A seq as PostgreSQL stores it (`bigint`).
+pub(crate) fn to_db(seq: u64) -> Result<i64, PgError> {
+    i64::try_from(seq).map_err(|_| PgError::Other(format!("seq {seq} does not fit a bigint")))
+}
+
+/// A seq as the database gave it back.
+pub(crate) fn from_db(seq: i64) -> Result<u64, PgError> {
+    u64::try_from(seq)
+        .map_err(|_| PgError::Other(format!("the database holds a negative seq ({seq})")))
+}
+
+/// The payload of the log's notification: `cluster:head`.
+pub fn notify_payload(cluster: &str, head: u64) -> String {
+    format!("{cluster}:{head}")
+}
+
+/// The head a [`LOG_CHANNEL`] payload announces, if it is `cluster`'s.
+pub fn parse_notify(payload: &str, cluster: &str) -> Option<u64> {
+    let (c, head) = payload.rsplit_once(':')?;
+    (c == cluster).then(|| head.parse().ok()).flatten()
+}
+
+/// Why epoch 0 (or below) cannot append or take: it is nobody's.
+pub(crate) const NO_LEASE: &str =
+    "this host does not hold the cluster's upstream lease (epoch 0), so it does not own the log";
+
+const LOCK_SQL: &str = "SELECT head_seq, epoch FROM dws_cluster WHERE cluster = $1 FOR UPDATE";
+
+/// The rows, the head and the notification: one statement. A data-modifying
+/// `WITH` runs to completion whether or not the outer query reads it.
+const APPEND_SQL: &str = "WITH ins AS (
+        INSERT INTO dws_event
+            (cluster, seq, scope, event_id, event_type, route, received_unix_ms, encoded)
+        SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                 $7::bigint[], $8::bytea[])
+    ), head AS (
+        UPDATE dws_cluster SET head_seq = $9 WHERE cluster = $1
+    )
+    SELECT pg_notify('dws_log', $10)";
+
+/// Why a batch cannot be appended after `head`, if it cannot.
+pub fn check_batch(head: u64, events: &[Arc<LoggedEvent>]) -> Option<String> {
+    let first = events.first()?.seq;
+    if first != head + 1 {
+        return Some(format!(
+            "the batch starts at seq {first}, but the cluster's log ends at {head}: \
+             appending it would leave the log with a gap or an overlap (the owner's \
+             hub is not caught up with the log)"
+        ));
+    }
+    events
+        .iter()
+        .zip(first..)
+        .find(|(e, want)| e.seq != *want)
+        .map(|(e, want)| {
+            format!(
+                "the batch is not consecutive: seq {} where {want} belongs",
+                e.seq
+            )
+        })
+}
+
+/// Appends `events` (consecutive seqs, starting at the log's head + 1) as
+/// the owner of `epoch`, in one transaction; returns the new head. Refuses
+/// with [`PgError::Fenced`] when the cluster's epoch is not `epoch` (or the
+/// cluster has no row, or `epoch` is 0: nobody's), and with [`PgError::Other`] when the batch does not
+/// continue the log or repeats a retained event id of its dedup scope.
+pub async fn append(
+    client: &mut Client,
+    cluster: &str,
+    epoch: i64,
+    events: &[Arc<LoggedEvent>],
+) -> Result<u64, PgError> {
+    if epoch <= 0 {
+        return Err(PgError::Fenced(NO_LEASE.into()));
+    }
+    let tx = client.transaction().await.map_err(q)?;
+    let row = tx
+        .query_typed_opt(LOCK_SQL, &[(&cluster, Type::TEXT)])
+        .await
+        .map_err(q)?;
+    let (head, current): (i64, i64) = match row {
+        Some(row) => (row.try_get(0).map_err(q)?, row.try_get(1).map_err(q)?),
+        None => {
+            return Err(PgError::Fenced(
+                super::lease::fenced(epoch, None).unwrap_or_default(),
+            ))
+        }
+    };
+    if let Some(why) = super::lease::fenced(epoch, Some(current)) {
+        return Err(PgError::Fenced(why));
+    }
+    let head = from_db(head)?;
+    let Some(last) = events.last() else {
+        return Ok(head);
+    };
+    if let Some(why) = check_batch(head, events) {
+        return Err(PgError::Other(format!(
+            "cannot append to the log of cluster {cluster}: {why}"
+        )));
+    }
+    let new_head = to_db(last.seq)?;
+    let mut seqs = Vec::with_capacity(events.len());
+    let mut received = Vec::with_capacity(events.len());
+    for e in events {
+        seqs.push(to_db(e.seq)?);
+        received.push(e.received_at_unix_ms);
+    }
+    let scopes: Vec<&str> = events.iter().map(|e| e.scope.as_str()).collect();
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let routes: Vec<&str> = events.iter().map(|e| e.route.as_str()).collect();
+    let encoded: Vec<&[u8]> = events.iter().map(|e| &e.encoded[..]).collect();
+    let payload = notify_payload(cluster, last.seq);
+    tx.query_typed(
+        APPEND_SQL,
+        &[
+            (&cluster, Type::TEXT),
+            (&seqs, Type::INT8_ARRAY),
+            (&scopes, Type::TEXT_ARRAY),
+            (&ids, Type::TEXT_ARRAY),
+            (&types, Type::TEXT_ARRAY),
+            (&routes, Type::TEXT_ARRAY),
+            (&received, Type::INT8_ARRAY),
+            (&encoded, Type::BYTEA_ARRAY),
+            (&new_head, Type::INT8),
+            (&payload, Type::TEXT),
+        ],
+    )
+    .await
+    .map_err(|e| append_error(&e, cluster))?;
+    tx.commit().await.map_err(q)?;
+    Ok(last.seq)
+}
+
+/// A failed insert: a repeated event id is named as such.
+fn append_error(e: &tokio_postgres::Error, cluster: &str) -> PgError {
+    match e.as_db_error() {
+        Some(db) if *db.code() == SqlState::UNIQUE_VIOLATION => {
+            let what = match db.constraint() {
+                Some("dws_event_dedup") => {
+                    "an event id of the batch is already in the log (same dedup scope): \
+                     the owner's dedup window missed it"
+                }
+                _ => "a seq of the batch is already in the log",
+            };
+            PgError::Other(format!(
+                "cannot append to the log of cluster {cluster}: {what} ({})",
+                db.detail().unwrap_or_else(|| db.message())
+            ))
+        }
+        _ => PgError::query(e),
+    }
+}
+
+const READ_SQL: &str = "SELECT seq, received_unix_ms, scope, event_id, event_type, route, encoded
+     FROM dws_event WHERE cluster = $1 AND seq > $2 ORDER BY seq LIMIT $3";
+
+/// Up to `limit` events with seq above `after`, in seq order. The first
+/// may be above `after + 1` when retention deleted the ones in between.
+pub async fn read_after(
+    client: &impl GenericClient,
+    cluster: &str,
+    after: u64,
+    limit: i64,
+) -> Result<Vec<EventRecord>, PgError> {
+    let after = to_db(after)?;
+    let rows = client
+        .query_typed(
+            READ_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&after, Type::INT8),
+                (&limit, Type::INT8),
+            ],
+        )
+        .await
+        .map_err(q)?;
+    rows.iter()
+        .map(|row| {
+            Ok(EventRecord {
+                seq: from_db(row.try_get(0).map_err(q)?)?,
+                received_at_unix_ms: row.try_get(1).map_err(q)?,
+                scope: row.try_get(2).map_err(q)?,
+                event_id: row.try_get(3).map_err(q)?,
+                event_type: row.try_get(4).map_err(q)?,
+                route: row.try_get(5).map_err(q)?,
+                encoded: row.try_get(6).map_err(q)?,
+            })
+        })
+        .collect()
+}
+
+const ENSURE_SQL: &str = "INSERT INTO dws_cluster (cluster) VALUES ($1) ON CONFLICT DO NOTHING";
+const ROW_SQL: &str = "SELECT head_seq, epoch, owner_host,
+            (extract(epoch FROM owner_since) * 1000)::bigint
+     FROM dws_cluster WHERE cluster = $1";
+
+/// The cluster's row, created (head 0, epoch 0, no owner) if missing.
+pub async fn cluster_row(
+    client: &impl GenericClient,
+    cluster: &str,
+) -> Result<ClusterRow, PgError> {
+    client
+        .execute_typed(ENSURE_SQL, &[(&cluster, Type::TEXT)])
+        .await
+        .map_err(q)?;
+    let row = client
+        .query_typed_opt(ROW_SQL, &[(&cluster, Type::TEXT)])
+        .await
+        .map_err(q)?
+        .ok_or_else(|| {
+            PgError::Other(format!(
+                "the row of cluster {cluster} vanished while it was read"
+            ))
+        })?;
+    Ok(ClusterRow {
+        head_seq: from_db(row.try_get(0).map_err(q)?)?,
+        epoch: row.try_get(1).map_err(q)?,
+        owner_host: row.try_get(2).map_err(q)?,
+        owner_since_unix_ms: row.try_get(3).map_err(q)?,
+    })
+}
+
+/// One batch: the oldest rows below `$2`, never the head's.
+const DELETE_SQL: &str = "DELETE FROM dws_event WHERE cluster = $1 AND seq IN (
+        SELECT seq FROM dws_event
+        WHERE cluster = $1 AND seq < $2
+          AND seq < (SELECT head_seq FROM dws_cluster WHERE cluster = $1)
+        ORDER BY seq LIMIT $3)";
+
+/// Deletes the events below `seq` (except the newest event, which stays),
+/// [`DELETE_BATCH`] rows per statement; returns how many rows went.
+pub async fn delete_below(
+    client: &impl GenericClient,
+    cluster: &str,
+    seq: u64,
+) -> Result<u64, PgError> {
+    let below = to_db(seq)?;
+    let mut total = 0;
+    loop {
+        let n = client
+            .execute_typed(
+                DELETE_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&below, Type::INT8),
+                    (&DELETE_BATCH, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        total += n;
+        if n < DELETE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
