@@ -267,7 +267,7 @@ async fn serve(
     // The store before the socket: a bus that cannot recover its state
     // serves nobody (and says why on the ready pipe).
     let store_dir = endpoint.work_dir.join("store");
-    let mut store = store::open(&profile.store, store_dir);
+    let mut store = store::open(&profile.store, store_dir, Default::default());
     let recovered = store
         .recover()
         .map_err(|e| format!("cannot open the store: {e}"))?;

@@ -373,7 +373,11 @@ fn store_config(
         })?,
         (None, None) => Durability::Fsync,
     };
-    Ok(StoreConfig { kind, durability })
+    Ok(StoreConfig {
+        kind,
+        durability,
+        postgres: None,
+    })
 }
 
 /// Loads the whole profile: source and store.

@@ -10,28 +10,36 @@
 //!   `events/<profile>/store/`.
 //! - [`memory::MemoryStore`]: keeps nothing; the bus's state dies with it
 //!   (tests, and users who ask for it with `store = "memory"`).
+//! - [`postgres::store::PgStore`] (`store = "postgres"`): a cluster of hosts
+//!   sharing one log in PostgreSQL; only the host holding the cluster's
+//!   upstream lease appends (see [`postgres`]).
 //!
 //! The durability contract the committer builds on these methods (see the
 //! README): `append` returns only once the batch is on disk (fsynced when
-//! `durability = "fsync"`); only then are the events fanned out to consumers
-//! and acknowledged upstream or to the publisher.
+//! `durability = "fsync"`; for postgres: once the transaction committed);
+//! only then are the events fanned out to consumers and acknowledged
+//! upstream or to the publisher.
 
 pub mod disk;
 pub mod memory;
 pub mod postgres;
 pub mod record;
 
-use std::{path::PathBuf, sync::Arc};
+use std::{
+    path::PathBuf,
+    sync::{atomic::AtomicI64, Arc},
+};
 
 use serde::{Deserialize, Serialize};
 
 use crate::eventlog::LoggedEvent;
 
-/// Which store a profile uses (`store = "disk" | "memory"`).
+/// Which store a profile uses (`store = "disk" | "memory" | "postgres"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
     Disk,
     Memory,
+    Postgres,
 }
 
 /// Whether an append waits for the disk (`durability = "fsync" | "none"`).
@@ -49,12 +57,14 @@ impl StoreKind {
         match self {
             StoreKind::Disk => "disk",
             StoreKind::Memory => "memory",
+            StoreKind::Postgres => "postgres",
         }
     }
     pub fn parse(s: &str) -> Option<StoreKind> {
         match s {
             "disk" => Some(StoreKind::Disk),
             "memory" => Some(StoreKind::Memory),
+            "postgres" => Some(StoreKind::Postgres),
             _ => None,
         }
     }
@@ -77,10 +87,14 @@ impl Durability {
 }
 
 /// A profile's storage settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub kind: StoreKind,
+    /// For `disk` (and shown for `memory`); PostgreSQL decides for
+    /// `postgres` (a profile may not set it there).
     pub durability: Durability,
+    /// `Some` exactly when `kind` is [`StoreKind::Postgres`].
+    pub postgres: Option<postgres::PgSettings>,
 }
 
 /// Delivery counters of a subscription, kept across restarts.
@@ -251,10 +265,48 @@ pub trait Store: Send {
     fn info(&self) -> StoreInfo;
 }
 
-/// Opens the configured store at `dir` (not touched for `memory`).
-pub fn open(config: &StoreConfig, dir: PathBuf) -> Box<dyn Store> {
-    match config.kind {
-        StoreKind::Disk => Box::new(disk::DiskStore::new(dir, config.durability)),
-        StoreKind::Memory => Box::new(memory::MemoryStore),
+/// Opens the configured store at `dir` (not touched for `memory` and
+/// `postgres`). `epoch` is the cluster's upstream lease as this host holds
+/// it (0: not held); only the postgres store reads it.
+pub fn open(config: &StoreConfig, dir: PathBuf, epoch: Arc<AtomicI64>) -> Box<dyn Store> {
+    match (config.kind, &config.postgres) {
+        (StoreKind::Disk, _) => Box::new(disk::DiskStore::new(dir, config.durability)),
+        (StoreKind::Memory, _) => Box::new(memory::MemoryStore),
+        (StoreKind::Postgres, Some(settings)) => {
+            Box::new(postgres::store::PgStore::new(settings.clone(), epoch))
+        }
+        (StoreKind::Postgres, None) => Box::new(Unconfigured),
+    }
+}
+
+/// `store = "postgres"` without its settings (the profile loader never
+/// builds one): refuses to start.
+struct Unconfigured;
+
+impl Store for Unconfigured {
+    fn recover(&mut self) -> Result<Recovered, StoreError> {
+        Err(StoreError::Refused(
+            "store = \"postgres\" has no database settings".into(),
+        ))
+    }
+    fn append(&mut self, _: &[Arc<LoggedEvent>]) -> Result<(), StoreError> {
+        Err(StoreError::Io(
+            "the postgres store is not configured".into(),
+        ))
+    }
+    fn save(&mut self, _: &Snapshot) -> Result<(), StoreError> {
+        Err(StoreError::Io(
+            "the postgres store is not configured".into(),
+        ))
+    }
+    fn release_below(&mut self, _: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn info(&self) -> StoreInfo {
+        StoreInfo {
+            kind: "postgres",
+            durability: "postgres",
+            ..StoreInfo::default()
+        }
     }
 }

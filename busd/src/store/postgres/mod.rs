@@ -45,10 +45,13 @@ pub mod lease;
 pub mod log;
 pub mod schema;
 pub mod settings;
+pub mod store;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_log;
+#[cfg(test)]
+mod tests_store;
 
 use std::{fmt, future::poll_fn, time::Duration};
 

@@ -180,6 +180,12 @@ pub(crate) fn too_new(found: u32) -> Option<PgError> {
 
 const TOO_NEW: &str = "newer than this busd knows";
 
+/// Whether `e` is [`migrate`]'s refusal of a newer schema (the store
+/// refuses to start on it rather than failing).
+pub(crate) fn is_too_new(e: &PgError) -> bool {
+    matches!(e, PgError::Other(m) if m.contains(TOO_NEW))
+}
+
 /// Brings the schema to [`SCHEMA_VERSION`] and returns it. Safe to run from
 /// several hosts at once; refuses a newer schema without touching it.
 pub async fn migrate(client: &mut Client) -> Result<u32, PgError> {
