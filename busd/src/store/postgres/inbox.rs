@@ -189,7 +189,7 @@ pub async fn finish(
 
 const RESULT_SQL: &str = "SELECT id, done, coalesce(seq, 0), coalesce(duplicate, false),
             coalesce(event_id, ''), error
-     FROM dws_inbox WHERE cluster = $1 AND id = ANY($2)";
+     FROM dws_inbox WHERE cluster = $1 AND id = ANY($2) ORDER BY id";
 
 fn row_result(row: &tokio_postgres::Row) -> Result<(i64, Option<InboxResult>), PgError> {
     let id: i64 = row.try_get(0).map_err(q)?;
@@ -225,7 +225,7 @@ pub async fn result(
 }
 
 /// [`result`] of several rows in one query: the rows that exist, each with
-/// its result (`None`: pending). A missing id is left out.
+/// its result (`None`: pending), in id order. A missing id is left out.
 pub async fn results(
     client: &impl GenericClient,
     cluster: &str,
