@@ -104,6 +104,7 @@ pub struct ProfileSection {
     // store = "postgres" (store::postgres::settings)
     pub postgres_url_file: Option<PathBuf>,
     pub cluster: Option<String>,
+    pub cluster_host: Option<String>,
     // exec
     pub command: Option<Vec<String>>,
     pub restart_min: Option<String>,
@@ -166,6 +167,7 @@ pub struct EnvOverrides {
     pub store: Option<String>,
     pub durability: Option<String>,
     pub postgres_url: Option<String>,
+    pub cluster_host: Option<String>,
 }
 
 impl EnvOverrides {
@@ -186,6 +188,7 @@ impl EnvOverrides {
             store: get("DWS_EVENT_BUS_STORE"),
             durability: get("DWS_EVENT_BUS_DURABILITY"),
             postgres_url: get("DWS_POSTGRES_URL"),
+            cluster_host: get("DWS_CLUSTER_HOST"),
         }
     }
 }
@@ -349,26 +352,49 @@ pub fn load(
 }
 
 /// `store` and `durability` (env `DWS_EVENT_BUS_STORE`,
-/// `DWS_EVENT_BUS_DURABILITY`); defaults: a disk store, fsynced.
-fn store_config(
-    section: &mut ProfileSection,
-    env: &EnvOverrides,
-    in_file: &dyn Fn(&str) -> String,
-) -> Result<StoreConfig, ConfigError> {
-    let kind = match (&env.store, section.store.take()) {
-        (Some(v), _) => StoreKind::parse(v)
-            .ok_or_else(|| invalid(format!("DWS_EVENT_BUS_STORE={v:?}: use disk or memory")))?,
-        (None, Some(v)) => StoreKind::parse(&v)
-            .ok_or_else(|| invalid(format!("{} = {v:?}: use disk or memory", in_file("store"))))?,
+/// `DWS_EVENT_BUS_DURABILITY`); defaults: a disk store, fsynced. A postgres
+/// store leaves durability to PostgreSQL: the profile may not set it (the
+/// environment's, which may serve other profiles, is ignored), and its own
+/// settings are read (`store::postgres::settings`).
+fn store_config(r: &mut SectionReader<'_>) -> Result<StoreConfig, ConfigError> {
+    let env = r.env;
+    let kind = match (&env.store, r.section.store.take()) {
+        (Some(v), _) => StoreKind::parse(v).ok_or_else(|| {
+            invalid(format!(
+                "DWS_EVENT_BUS_STORE={v:?}: use disk, memory or postgres"
+            ))
+        })?,
+        (None, Some(v)) => StoreKind::parse(&v).ok_or_else(|| {
+            invalid(format!(
+                "{} = {v:?}: use disk, memory or postgres",
+                r.in_file("store")
+            ))
+        })?,
         (None, None) => StoreKind::Disk,
     };
-    let durability = match (&env.durability, section.durability.take()) {
+    let file_durability = r.section.durability.take();
+    if kind == StoreKind::Postgres {
+        if let Some(v) = file_durability {
+            return Err(invalid(format!(
+                "{} = {v:?}: durability does not apply to store = \"postgres\" (an event is \
+                 durable once PostgreSQL committed it); remove the key",
+                r.in_file("durability")
+            )));
+        }
+        let settings = crate::store::postgres::settings::settings(r)?;
+        return Ok(StoreConfig {
+            kind,
+            durability: Durability::Fsync,
+            postgres: Some(settings),
+        });
+    }
+    let durability = match (&env.durability, file_durability) {
         (Some(v), _) => Durability::parse(v)
             .ok_or_else(|| invalid(format!("DWS_EVENT_BUS_DURABILITY={v:?}: use fsync or none")))?,
         (None, Some(v)) => Durability::parse(&v).ok_or_else(|| {
             invalid(format!(
                 "{} = {v:?}: use fsync or none",
-                in_file("durability")
+                r.in_file("durability")
             ))
         })?,
         (None, None) => Durability::Fsync,
@@ -407,33 +433,21 @@ pub fn load_profile(
         })?,
         None => FileConfig::default(),
     };
-    let mut section = file
+    let section = file
         .profiles
         .into_iter()
         .find(|(k, _)| k == profile)
         .map(|(_, v)| v)
         .unwrap_or_default();
-    let in_file = |field: &str| format!("profiles.{profile}.{field} in {}", path.display());
-    let postgres = match &env.store {
-        Some(v) => v == "postgres",
-        None => section.store.as_deref() == Some("postgres"),
+    let mut r = SectionReader {
+        section,
+        env,
+        config_root,
+        path: &path,
+        profile,
     };
-    if postgres {
-        // Its settings are checked, then refused: not half-working.
-        let mut r = SectionReader {
-            section,
-            env,
-            config_root,
-            path: &path,
-            profile,
-        };
-        crate::store::postgres::settings::settings(&mut r)?;
-        return Err(invalid(
-            "store = \"postgres\": the cluster store is not finished yet (issue 11); use store = \"disk\" or \"memory\"",
-        ));
-    }
-    let store = store_config(&mut section, env, &in_file)?;
-    let source = load_source(config_root, profile, env, &path, section)?;
+    let store = store_config(&mut r)?;
+    let source = load_source(config_root, profile, env, &path, r.section)?;
     Ok(Profile { source, store })
 }
 

@@ -2,8 +2,8 @@
 //! takes the test role's password over TCP and refuses a wrong one, keeps its
 //! data across a stop and a crash, runs next to other servers, and leaves
 //! no process or directory behind. The cluster store's own tests build on it
-//! (`cargo test -p busd postgres`). And, until that store is finished, a
-//! profile asking for it is refused before any ready line.
+//! (`cargo test -p busd postgres`). And a postgres profile's settings are
+//! checked before any ready line.
 
 use std::{
     os::unix::fs::PermissionsExt,
@@ -131,17 +131,23 @@ fn postgres_harness_servers_run_side_by_side() {
     }
 }
 
-/// `store = "postgres"` is checked, then refused with one `Error:` line
-/// before any ready line: the cluster store is not finished. The URL's
-/// password shows up nowhere.
+/// `store = "postgres"` settings are checked before any ready line, each
+/// failure one `Error:` line: a URL file others can read (exit 3), a cluster
+/// host name that cannot name a host, a `durability` PostgreSQL decides
+/// (exit 2). The URL's password shows up nowhere.
 #[test]
-fn postgres_store_is_refused_until_it_is_finished() {
+fn postgres_store_settings_are_checked_before_the_ready_line() {
     let server = PgServer::start();
     let env = TestEnv::new();
     let url_file = env.cfg_dir().join("pg.url");
     std::fs::write(&url_file, server.url()).expect("url file");
-    let config = "[profiles.default]\nstore = \"postgres\"\npostgres_url_file = \"pg.url\"\n";
-    std::fs::write(env.cfg_dir().join("config.toml"), config).expect("config.toml");
+    let write_config = |extra: &str| {
+        let config = format!(
+            "[profiles.default]\nstore = \"postgres\"\npostgres_url_file = \"pg.url\"\n{extra}"
+        );
+        std::fs::write(env.cfg_dir().join("config.toml"), config).expect("config.toml");
+    };
+    write_config("");
 
     std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let out = env
@@ -152,26 +158,33 @@ fn postgres_store_is_refused_until_it_is_finished() {
         line.contains("pg.url") && line.contains("chmod 600"),
         "{out}"
     );
+    let mut outputs = vec![out];
 
     std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let out = env
-        .dws(["event", "consume", "k"])
-        .run_with_timeout(EXIT_TIMEOUT);
-    let line = out.assert_error(2);
-    assert!(
-        line.contains("the cluster store is not finished yet"),
-        "{out}"
-    );
-    assert!(!out.stderr.contains("[event] ready"), "{out}");
+    for (extra, says) in [
+        ("cluster_host = \"two words\"\n", "cluster_host"),
+        ("durability = \"none\"\n", "does not apply"),
+    ] {
+        write_config(extra);
+        let out = env
+            .dws(["event", "consume", "k"])
+            .run_with_timeout(EXIT_TIMEOUT);
+        let line = out.assert_error(2);
+        assert!(line.contains(says), "{out}");
+        assert!(!out.stderr.contains("[event] ready"), "{out}");
+        outputs.push(out);
+    }
     let log = std::fs::read_to_string(env.bus_log_path()).unwrap_or_default();
-    assert_absent(
-        "the PostgreSQL password",
-        server.password(),
-        &[
-            ("stdout", &out.stdout),
-            ("stderr", &out.stderr),
-            ("bus.log", &log),
-        ],
-    );
+    for out in &outputs {
+        assert_absent(
+            "the PostgreSQL password",
+            server.password(),
+            &[
+                ("stdout", &out.stdout),
+                ("stderr", &out.stderr),
+                ("bus.log", &log),
+            ],
+        );
+    }
     env.wait_no_busd(EXIT_TIMEOUT, "a bus that refused its store");
 }

@@ -5,14 +5,15 @@
 //! store = "postgres"
 //! postgres_url_file = "/home/me/.dws/pg.url"   # 0600: postgres://USER:PASSWORD@HOST:PORT/DB
 //! cluster = "team"                             # default: the profile name
+//! cluster_host = "laptop"                      # default: the machine's host name
 //! ```
 //!
 //! The URL is a secret like every other: from `DWS_POSTGRES_URL`, or from
 //! the file `postgres_url_file` names (refused unless 0600 and ours, the
 //! rule of `profile::read_secret_file`); never inline in `config.toml`, never
-//! in an error. This host's name in the cluster is the machine's host name.
-//! The profile loader checks these settings, then refuses the store: the
-//! cluster store is not finished (see `profile::load_profile`).
+//! in an error. This host's name in the cluster is `DWS_CLUSTER_HOST`, else
+//! `cluster_host`, else the machine's host name (several "hosts" may run on
+//! one machine, as the tests do); names follow the profile-name rule.
 
 use proto::limits::quoted;
 
@@ -52,10 +53,26 @@ pub fn settings(r: &mut SectionReader<'_>) -> Result<PgSettings, ConfigError> {
             quoted(&cluster)
         )));
     }
-    let host = host_name()?;
+    let host = match (&r.env.cluster_host, r.section.cluster_host.take()) {
+        (Some(h), _) => valid_host(h, "DWS_CLUSTER_HOST")?,
+        (None, Some(h)) => valid_host(&h, &r.in_file("cluster_host"))?,
+        (None, None) => host_name()?,
+    };
     let settings = PgSettings { url, cluster, host };
     super::config(&settings, "check").map_err(|e| ConfigError::Invalid(format!("{from}: {e}")))?;
     Ok(settings)
+}
+
+/// `name` (from `from`) if it follows the profile-name rule.
+fn valid_host(name: &str, from: &str) -> Result<String, ConfigError> {
+    if proto::is_valid_id(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "{from} = {}: a cluster host name uses 1-64 characters from A-Z a-z 0-9 . _ -",
+            quoted(name)
+        )))
+    }
 }
 
 /// The machine's host name, if it follows the profile-name rule.
@@ -122,10 +139,14 @@ mod tests {
         assert_eq!(s.url.expose(), url.trim());
         assert!(!s.host.is_empty());
         assert!(!format!("{s:?}").contains(CANARY));
-        // Valid settings, but the store is not finished: a clear refusal.
-        let e = load(tmp.path(), &env);
-        assert!(matches!(e, ConfigError::Invalid(_)), "{e:?}");
-        assert!(e.to_string().contains("not finished yet"), "{e}");
+        // The whole profile loads, with the machine's host name.
+        let p = load_profile(tmp.path(), "team", &env).unwrap();
+        assert_eq!(p.store.kind, crate::store::StoreKind::Postgres);
+        let pg = p.store.postgres.unwrap();
+        assert_eq!(
+            (pg.cluster.as_str(), pg.host.as_str()),
+            ("team", s.host.as_str())
+        );
 
         let env = EnvOverrides {
             postgres_url: Some("postgres://dws:pw@10.0.0.9/other".into()),
@@ -202,5 +223,62 @@ mod tests {
         };
         let e = load(tmp.path(), &env);
         assert!(e.to_string().starts_with("DWS_POSTGRES_URL: "), "{e}");
+    }
+
+    #[test]
+    fn postgres_cluster_host_comes_from_the_env_the_file_or_the_machine() {
+        let tmp = tempfile::tempdir().unwrap();
+        let env = EnvOverrides {
+            postgres_url: Some("postgres://dws:pw@127.0.0.1/dws".into()),
+            ..EnvOverrides::default()
+        };
+        let s = settings(tmp.path(), "cluster_host = \"h-2.eu\"", &env).unwrap();
+        assert_eq!(s.host, "h-2.eu");
+        let with_env = EnvOverrides {
+            cluster_host: Some("from-env".into()),
+            ..env.clone()
+        };
+        let s = settings(tmp.path(), "cluster_host = \"h-2.eu\"", &with_env).unwrap();
+        assert_eq!(s.host, "from-env");
+
+        let e = settings(tmp.path(), "cluster_host = \"no/slash\"", &env).unwrap_err();
+        assert!(matches!(e, ConfigError::Invalid(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.contains("profiles.team.cluster_host") && e.contains("\"no/slash\""),
+            "{e}"
+        );
+        let bad_env = EnvOverrides {
+            cluster_host: Some(String::from("x").repeat(65)),
+            ..env.clone()
+        };
+        let e = settings(tmp.path(), "", &bad_env).unwrap_err().to_string();
+        assert!(e.starts_with("DWS_CLUSTER_HOST = "), "{e}");
+
+        // Durability is PostgreSQL's: the profile may not set it; the
+        // environment's (meant for other profiles) is ignored.
+        write(
+            tmp.path(),
+            "config.toml",
+            "[profiles.team]\nstore = \"postgres\"\ndurability = \"none\"\n",
+            0o644,
+        );
+        let e = load(tmp.path(), &env).to_string();
+        assert!(
+            e.contains("profiles.team.durability") && e.contains("does not apply"),
+            "{e}"
+        );
+        write(
+            tmp.path(),
+            "config.toml",
+            "[profiles.team]\nstore = \"postgres\"\n",
+            0o644,
+        );
+        let with_durability = EnvOverrides {
+            durability: Some("none".into()),
+            ..env.clone()
+        };
+        let p = load_profile(tmp.path(), "team", &with_durability).unwrap();
+        assert!(p.store.postgres.is_some());
     }
 }
