@@ -314,7 +314,10 @@ async fn postgres_store_works_inside_a_runtime_and_reconnects() {
         tries += 1;
         assert!(tries < 2, "no reconnect: {e}");
     }
-    assert_eq!(tries, 0, "the closed session was not noticed before use");
+    assert_eq!(
+        tries, 0,
+        "the broken idle session was not replaced within the call"
+    );
     // The server restarts: the call that hits the stopped server fails,
     // the next one after the restart succeeds.
     let mut server = server;
