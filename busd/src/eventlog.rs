@@ -124,6 +124,11 @@ impl EventLog {
         self.events.len()
     }
 
+    /// The retained events, oldest first.
+    pub fn events(&self) -> impl Iterator<Item = &Arc<LoggedEvent>> {
+        self.events.iter()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }

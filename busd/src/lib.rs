@@ -18,6 +18,7 @@
 //! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run.
 
 pub mod clock;
+pub mod cluster;
 pub mod commit;
 pub mod config;
 pub mod connection;
@@ -43,6 +44,7 @@ use std::{
     os::unix::fs::PermissionsExt,
     path::Path,
     process::ExitCode,
+    sync::{atomic::AtomicI64, Arc},
     time::{Duration, Instant},
 };
 
@@ -265,9 +267,16 @@ async fn serve(
         .map_err(|e| format!("cannot listen on {}: {e}", endpoint.socket_path.display()))?;
 
     // The store before the socket: a bus that cannot recover its state
-    // serves nobody (and says why on the ready pipe).
+    // serves nobody (and says why on the ready pipe). A cluster's database
+    // is checked first, so a bad URL, bad credentials or missing rights get
+    // their own exit code.
+    if let Some(pg) = &profile.store.postgres {
+        store::postgres::store::preflight(pg).await?;
+    }
     let store_dir = endpoint.work_dir.join("store");
-    let mut store = store::open(&profile.store, store_dir, Default::default());
+    // The epoch this host appends to a cluster's log under (0: not the owner).
+    let epoch = Arc::new(AtomicI64::new(0));
+    let mut store = store::open(&profile.store, store_dir, epoch.clone());
     let recovered = store
         .recover()
         .map_err(|e| format!("cannot open the store: {e}"))?;
@@ -313,10 +322,19 @@ async fn serve(
 
     let tracker = TaskTracker::new();
     let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
-    let source_task = tokio::spawn(source.run(SourceContext {
-        hub: hub.clone(),
-        shutdown: shutdown.clone(),
-    }));
+    // In a cluster only the lease holder runs the upstream source.
+    let source_task = match profile.store.postgres.clone() {
+        Some(pg) => {
+            let link = cluster::Link::new(pg, hub.clone(), epoch);
+            hub.set_cluster_link(link.clone());
+            cluster::spawn(link, source, shutdown.clone());
+            None
+        }
+        None => Some(tokio::spawn(source.run(SourceContext {
+            hub: hub.clone(),
+            shutdown: shutdown.clone(),
+        }))),
+    };
     let reason = server::run(listener, hub.clone(), shutdown, &tracker).await;
     tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
     notify::stopping(reason);
@@ -334,7 +352,9 @@ async fn serve(
     {
         tracing::warn!("drain deadline passed with connections still open");
     }
-    let _ = tokio::time::timeout(Duration::from_secs(1), source_task).await;
+    if let Some(source_task) = source_task {
+        let _ = tokio::time::timeout(Duration::from_secs(1), source_task).await;
+    }
     housekeeping.abort();
     // Flush what is staged and save the subscriptions, marked clean.
     hub.close_store();

@@ -338,5 +338,63 @@ pub fn render(doc: &StatusDoc) -> String {
             .collect();
         table(&mut o, &["TYPE", "RECEIVED", "DUPLICATES DROPPED"], &rows);
     }
+    if let Some(c) = &doc.cluster {
+        render_cluster(&mut o, c, now);
+    }
     o
+}
+
+/// The cluster section (`store = "postgres"`): who owns the upstream, the
+/// hosts, and every host's cursor of every named subscription.
+fn render_cluster(o: &mut String, c: &proto::status::ClusterDoc, now: i64) {
+    let _ = writeln!(
+        o,
+        "\ncluster    {}  this host {} ({})  owner {} since {}  epoch {}  head {}{}",
+        c.name,
+        c.host,
+        c.role,
+        s(c.owner.as_deref()),
+        ago(now, c.owner_since_unix_ms),
+        c.epoch,
+        c.head_seq,
+        c.last_error
+            .as_deref()
+            .map_or(String::new(), |e| format!("  error: {e}")),
+    );
+    let hosts: Vec<Vec<String>> = c
+        .hosts
+        .iter()
+        .map(|h| {
+            vec![
+                h.host.clone(),
+                h.pid.to_string(),
+                h.version.clone(),
+                format!("{:.1}s", h.heartbeat_age_ms as f64 / 1000.0),
+            ]
+        })
+        .collect();
+    if !hosts.is_empty() {
+        table(o, &["HOST", "PID", "VERSION", "HEARTBEAT AGE"], &hosts);
+    }
+    let cursors: Vec<Vec<String>> = c
+        .cursors
+        .iter()
+        .map(|x| {
+            vec![
+                x.subscription.clone(),
+                x.delivery.clone(),
+                x.host.clone(),
+                x.cursor.to_string(),
+                x.lag.to_string(),
+            ]
+        })
+        .collect();
+    if !cursors.is_empty() {
+        let _ = writeln!(o);
+        table(
+            o,
+            &["SUBSCRIPTION", "DELIVERY", "HOST", "CURSOR", "LAG"],
+            &cursors,
+        );
+    }
 }

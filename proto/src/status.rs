@@ -27,6 +27,56 @@ pub struct StatusDoc {
     pub event_types: Vec<EventTypeDoc>,
     pub log: LogDoc,
     pub store: StoreDoc,
+    /// `store = "postgres"` only: the cluster this host belongs to, as last
+    /// read from the database (refreshed every second).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterDoc>,
+}
+
+/// The cluster of a host on the PostgreSQL store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterDoc {
+    pub name: String,
+    /// This host's name in the cluster.
+    pub host: String,
+    /// `owner` (holds the upstream and appends the log) or `follower`.
+    pub role: String,
+    /// The host holding the upstream lease, and since when.
+    pub owner: Option<String>,
+    pub owner_since_unix_ms: Option<i64>,
+    /// Bumped by every takeover of the lease.
+    pub epoch: i64,
+    /// The cluster log's head.
+    pub head_seq: u64,
+    pub hosts: Vec<ClusterHostDoc>,
+    /// Every named subscription's cursor on every host that saved one.
+    pub cursors: Vec<ClusterCursorDoc>,
+    /// Why the last read of the cluster failed, if it did.
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterHostDoc {
+    pub host: String,
+    pub pid: u32,
+    pub version: String,
+    pub started_at_unix_ms: i64,
+    pub heartbeat_age_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterCursorDoc {
+    pub subscription: String,
+    /// `per-host` (v1 has no shared subscriptions yet).
+    pub delivery: String,
+    pub host: String,
+    pub cursor: u64,
+    /// The cluster head minus the cursor.
+    pub lag: u64,
+    pub saved_at_unix_ms: i64,
 }
 
 impl StatusDoc {
@@ -228,6 +278,7 @@ mod tests {
     #[test]
     fn a_document_round_trips_in_the_documented_order() {
         let doc = StatusDoc {
+            cluster: None,
             running: true,
             subscriptions: vec![SubscriptionStatus {
                 id: "s1".into(),

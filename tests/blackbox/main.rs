@@ -29,6 +29,9 @@
 //! - [`postgres`]: the private PostgreSQL server harness (`dws_tests::pg`)
 //!   the cluster store's tests run on: SCRAM over TCP, stop, crash and
 //!   restart, servers side by side, nothing left behind.
+//! - [`cluster`]: several hosts on one PostgreSQL: per-host fan-out,
+//!   publishing from any host, subscriptions across hosts, the cluster in
+//!   status, upstream failover, a lost lease, start-up errors.
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
 //!   oversized product file without a reason.
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
@@ -50,6 +53,7 @@
 mod acks;
 mod cli_contract;
 mod client_abuse;
+mod cluster;
 mod dingtalk;
 mod durability;
 mod ecosystem;

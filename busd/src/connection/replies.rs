@@ -5,10 +5,10 @@
 //! fsync. If the store fails, every waiting request is answered with the
 //! error and the connection closes.
 
-use proto::v1::{server_frame::Kind as S, ErrorCode};
+use proto::v1::{self, server_frame::Kind as S, ErrorCode};
 
 use super::Connection;
-use crate::hub::Durable;
+use crate::{cluster::Link, hub::Durable};
 
 /// A reply waiting for the store (see the module doc).
 pub(super) struct Awaited {
@@ -23,13 +23,17 @@ pub(super) enum Until {
     Seq(u64),
     /// Every subscription change up to this generation is saved.
     SubsGen(u64),
+    /// The cluster's owner answered this forwarded publish (`crate::cluster`);
+    /// the reply is the owner's answer, not the placeholder.
+    Forwarded(u64),
 }
 
 impl Until {
-    fn reached(&self, d: &Durable) -> bool {
+    fn reached(&self, d: &Durable, link: Option<&Link>) -> bool {
         match *self {
             Until::Seq(seq) => d.seq >= seq,
             Until::SubsGen(gen) => d.subs_gen >= gen,
+            Until::Forwarded(ticket) => link.is_none_or(|l| l.is_answered(ticket)),
         }
     }
 }
@@ -56,9 +60,24 @@ impl Connection {
             return;
         }
         let d = self.durable.borrow_and_update().clone();
-        while self.awaiting.front().is_some_and(|a| a.until.reached(&d)) {
-            if let Some(a) = self.awaiting.pop_front() {
-                self.send(a.reply);
+        let link = self.hub.cluster_link().cloned();
+        while self
+            .awaiting
+            .front()
+            .is_some_and(|a| a.until.reached(&d, link.as_deref()))
+        {
+            let Some(a) = self.awaiting.pop_front() else {
+                break;
+            };
+            match (a.until, &link) {
+                (Until::Forwarded(ticket), Some(link)) => match link.take_answer(ticket) {
+                    Ok(ack) => self.send(S::PublishAck(v1::PublishAck {
+                        request_id: a.request_id,
+                        ..ack
+                    })),
+                    Err((code, message)) => self.error(a.request_id, code, message),
+                },
+                _ => self.send(a.reply),
             }
         }
         if let Some(why) = &d.failed {

@@ -237,7 +237,7 @@ impl Connection {
                 format!("event id longer than {MAX_EVENT_ID_LEN} bytes"),
             );
         }
-        let appended = self.hub.append(NewEvent {
+        let event = NewEvent {
             scope: "local".into(),
             event_id: req.event_id,
             event_type: req.event_type,
@@ -246,7 +246,15 @@ impl Connection {
             headers: req.headers.into_iter().collect(),
             event_born_time: crate::clock::now_ms(),
             ..NewEvent::default()
-        });
+        };
+        // A cluster host that does not own the log hands the event to the
+        // owner; the reply is the owner's answer.
+        if let Some(link) = self.hub.cluster_link().filter(|l| !l.is_owner()) {
+            let ticket = link.forward(event);
+            let placeholder = S::PublishAck(v1::PublishAck::default());
+            return self.reply_after(req.request_id, Some(Until::Forwarded(ticket)), placeholder);
+        }
+        let appended = self.hub.append(event);
         let appended = match appended {
             Ok(a) => a,
             Err(r) => return self.error(req.request_id, r.code, r.message),

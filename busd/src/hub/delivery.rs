@@ -172,6 +172,45 @@ impl Hub {
         self.after_fan_out(wake, head);
     }
 
+    /// Events another cluster host appended to the shared log (the tail of a
+    /// host that does not own it): they are durable already. Appended to the
+    /// log and fanned out like a committed batch; the seq counter and the
+    /// dedup window follow them, so this host can take over the log later.
+    /// Events at or below the head (seen already) are skipped.
+    pub fn replicated(&self, batch: Vec<Arc<LoggedEvent>>) {
+        let mut st = self.state();
+        let head = st.log.head_seq();
+        let batch: Vec<_> = batch.into_iter().filter(|e| e.seq > head).collect();
+        let Some(last) = batch.last().map(|e| e.seq) else {
+            return;
+        };
+        for e in &batch {
+            if !e.scope.is_empty() {
+                st.dedup.put((e.scope.clone(), e.event_id.clone()), e.seq);
+            }
+        }
+        st.next_seq = st.next_seq.max(last + 1);
+        let was_dirty = st.subs_dirty;
+        let (wake, head) = fan_out_locked(&mut st, batch);
+        if st.subs_dirty && !was_dirty {
+            self.wake_committer();
+        }
+        drop(st);
+        self.after_fan_out(wake, head);
+    }
+
+    /// Subscriptions became dirty while the committer may sleep without a
+    /// deadline (nothing else to do): it saves them within the save
+    /// interval. Costs one wake-up per save interval at most.
+    fn wake_committer(&self) {
+        self.shared.commit_wake.notify_one();
+    }
+
+    /// The newest seq in this host's log.
+    pub fn head_seq(&self) -> u64 {
+        self.state().log.head_seq()
+    }
+
     /// Publishes the new durable head and wakes the consumers (after the
     /// guard is dropped).
     fn after_fan_out(&self, mut wake: Vec<Arc<ConnHandle>>, head: u64) {
@@ -187,6 +226,7 @@ impl Hub {
     /// events. Marks them in flight.
     pub fn pull(&self, conn: ConnId, max_events: usize) -> (Option<Delivery>, Option<Instant>) {
         let mut st = self.state();
+        let was_dirty = st.subs_dirty;
         let head = st.log.head_seq();
         let State {
             subs,
@@ -228,6 +268,9 @@ impl Hub {
             *subs_dirty = true;
         }
         let next_due = pulled.next_due;
+        if *subs_dirty && !was_dirty {
+            self.wake_committer();
+        }
         if pulled.gap.is_none() && pulled.events.is_empty() && damaged.is_none() && halted.is_none()
         {
             return (None, next_due);
@@ -266,7 +309,10 @@ impl Hub {
         let more = sub.has_unsent() || nacked;
         let named = !sub.owned;
         let handle = c.handle.clone();
-        st.subs_dirty |= named && (n > 0 || nacked);
+        if named && (n > 0 || nacked) && !st.subs_dirty {
+            st.subs_dirty = true;
+            self.wake_committer();
+        }
         drop(st);
         if more {
             handle.wake.notify_one();

@@ -49,7 +49,7 @@ use std::{
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, AtomicUsize},
-        Arc, Condvar, Mutex, MutexGuard,
+        Arc, Condvar, Mutex, MutexGuard, OnceLock,
     },
     time::{Duration, Instant},
 };
@@ -153,6 +153,8 @@ struct State {
     /// The committer flushes what is left and stops.
     closing: bool,
     refused: Refused,
+    /// `store = "postgres"`: the cluster as the link last read it.
+    cluster: Option<proto::status::ClusterDoc>,
 }
 
 struct Shared {
@@ -175,6 +177,10 @@ struct Shared {
     input_buffered: AtomicUsize,
     /// Connections not read now because their client leaves replies unread.
     paused_readers: AtomicUsize,
+    /// `store = "postgres"`: this host's link to its cluster (set once at
+    /// start): connections forward publishes through it while this host
+    /// does not own the log.
+    cluster: OnceLock<Arc<crate::cluster::Link>>,
 }
 
 /// Cloneable handle to the bus state.
@@ -285,6 +291,7 @@ impl Hub {
             store_error: None,
             closing: false,
             refused: Refused::default(),
+            cluster: None,
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,
@@ -304,6 +311,7 @@ impl Hub {
                 upstream,
                 input_buffered: AtomicUsize::new(0),
                 paused_readers: AtomicUsize::new(0),
+                cluster: OnceLock::new(),
             }),
         }
     }
@@ -314,6 +322,27 @@ impl Hub {
 
     pub fn config(&self) -> &HubConfig {
         &self.shared.config
+    }
+
+    /// Joins this hub to its cluster (`store = "postgres"`); once.
+    pub fn set_cluster_link(&self, link: Arc<crate::cluster::Link>) {
+        let _ = self.shared.cluster.set(link);
+    }
+
+    /// The cluster link, on the PostgreSQL store.
+    pub fn cluster_link(&self) -> Option<&Arc<crate::cluster::Link>> {
+        self.shared.cluster.get()
+    }
+
+    /// The cluster as last read, for status.
+    pub fn set_cluster_status(&self, doc: proto::status::ClusterDoc) {
+        self.state().cluster = Some(doc);
+    }
+
+    /// Wakes every connection waiting on the store's progress (a forwarded
+    /// publish was answered).
+    pub fn nudge_waiters(&self) {
+        self.shared.durable.send_modify(|d| d.forwarded += 1);
     }
 
     pub fn shutdown_trigger(&self) -> &ShutdownTrigger {

@@ -211,6 +211,7 @@ impl Hub {
                 subscriptions_total: st.subs.len() as u64,
             });
         let doc = StatusDoc {
+            cluster: st.cluster.clone(),
             running: true,
             bus: BusDoc {
                 pid: std::process::id(),

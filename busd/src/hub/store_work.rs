@@ -31,6 +31,9 @@ pub struct Durable {
     pub subs_gen: u64,
     /// The store failed: nothing more will become durable.
     pub failed: Option<Arc<str>>,
+    /// Bumped when a publish forwarded to the cluster's owner was answered
+    /// (`crate::cluster`).
+    pub forwarded: u64,
 }
 
 /// One round of work for the committer (see [`Hub::next_commit_work`]).

@@ -36,6 +36,37 @@ impl Hub {
         self.shared.upstream.is_some()
     }
 
+    /// Named subscriptions another cluster host created: each one unknown
+    /// here gets this host's own instance, starting where it was created
+    /// (per-host delivery: every host's consumers get every event).
+    /// Returns how many were new.
+    pub fn adopt(&self, records: Vec<crate::store::SubRecord>) -> usize {
+        let mut st = self.state();
+        let events: Vec<_> = st.log.events().cloned().collect();
+        let head = st.log.head_seq();
+        let floor = st.log.oldest_seq().unwrap_or(head + 1);
+        let now = (Instant::now(), now_ms());
+        let window = self.shared.config.default_window as usize;
+        let mut added = 0;
+        for rec in records {
+            if st.subs.contains_key(&rec.id) || st.subs.len() >= MAX_SUBSCRIPTIONS {
+                continue;
+            }
+            let Ok(sel) = Selector::new(&rec.patterns, &rec.filter) else {
+                continue;
+            };
+            let sub = Subscription::restore(&rec, sel, &events, (floor, head, true), now, window);
+            tracing::info!(subscription = %rec.id, cursor = rec.cursor, "subscription created on another cluster host");
+            st.subs.insert(rec.id.clone(), sub);
+            added += 1;
+        }
+        if added > 0 {
+            st.subs_dirty = true;
+            st.activity_gen += 1;
+        }
+        added
+    }
+
     /// Creates or attaches a subscription. `upstream_id` binds a newly
     /// created one to an upstream subscription (see [`Hub::upstream_for`]);
     /// if the subscription is not created after all, the binding is released.

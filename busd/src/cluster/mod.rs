@@ -1,0 +1,278 @@
+//! A host's part in a cluster (`store = "postgres"`): everything that runs
+//! beside the hub to keep it in step with the other hosts. The hub itself
+//! does not know about the cluster beyond [`Hub::replicated`] (events another
+//! host appended) and the [`Link`] its connections forward publishes through.
+//!
+//! Roles, decided by the upstream lease (`store::postgres::lease`):
+//! - the **owner** holds the lease: it runs the upstream source, its hub
+//!   assigns seqs and its committer appends them to the shared log (each
+//!   append checks the lease's epoch, so an owner that lost the lease cannot
+//!   append), and it drains the inbox of the other hosts' publishes;
+//! - a **follower** tails the shared log into its hub (`LISTEN dws_log`, and
+//!   a poll that also covers notifications missed while reconnecting), and
+//!   forwards its publishes to the owner through the inbox.
+//!
+//! Takeover ([`lease`]): a follower that gets the lease first reads the log
+//! to its head (the epoch bump waited for the old owner's last append), then
+//! switches to owner; only then does it open the upstream. The old owner's
+//! lease loss stops its bus (its pending replies are answered with the
+//! error), so it cannot ack upstream what it could not append.
+//!
+//! Status ([`refresh`]): every second the link reads the cluster's row, its
+//! hosts and their cursors into the hub's status document.
+
+mod forward;
+mod lease;
+mod tail;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use proto::{
+    status::{ClusterCursorDoc, ClusterDoc, ClusterHostDoc},
+    v1::{self, ErrorCode},
+};
+use tokio::sync::Notify;
+
+use crate::{
+    hub::Hub,
+    shutdown::Shutdown,
+    source::{Source, SourceContext},
+    store::postgres::{self, hosts, log, PgError, PgSettings},
+};
+
+/// How often the status is refreshed and the host's heartbeat written.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// How often a follower reads the log without a notification.
+const TAIL_POLL: Duration = Duration::from_secs(1);
+
+/// What a forwarded publish got back: the owner's ack, or an error.
+pub type Answer = Result<v1::PublishAck, (ErrorCode, String)>;
+
+/// A host's link to its cluster, shared by the hub's connections and the
+/// cluster tasks.
+pub struct Link {
+    settings: PgSettings,
+    hub: Hub,
+    /// The epoch this host appends under; 0 while it is a follower. The
+    /// store reads it for every append.
+    epoch: Arc<AtomicI64>,
+    owner: AtomicBool,
+    /// Wakes the follower's tail to stop (this host became the owner).
+    became_owner: Notify,
+    next_ticket: AtomicU64,
+    answers: Mutex<HashMap<u64, Option<Answer>>>,
+    /// The forwarder task's queue, started by the first forward. Bounded by
+    /// the connections: each holds at most so many replies waiting.
+    forwards: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(u64, crate::hub::NewEvent)>>>,
+}
+
+impl Link {
+    pub fn new(settings: PgSettings, hub: Hub, epoch: Arc<AtomicI64>) -> Arc<Link> {
+        Arc::new(Link {
+            settings,
+            hub,
+            epoch,
+            owner: AtomicBool::new(false),
+            became_owner: Notify::new(),
+            next_ticket: AtomicU64::new(1),
+            answers: Mutex::new(HashMap::new()),
+            forwards: Mutex::new(None),
+        })
+    }
+
+    /// Whether this host holds the lease and appends to the log itself.
+    pub fn is_owner(&self) -> bool {
+        self.owner.load(Ordering::Acquire)
+    }
+
+    /// Whether the forwarded publish `ticket` has its answer.
+    pub fn is_answered(&self, ticket: u64) -> bool {
+        lock(&self.answers).get(&ticket).is_none_or(|a| a.is_some())
+    }
+
+    /// Takes the answer of `ticket` (once).
+    pub fn take_answer(&self, ticket: u64) -> Answer {
+        lock(&self.answers)
+            .remove(&ticket)
+            .flatten()
+            .unwrap_or_else(|| {
+                Err((
+                    ErrorCode::Internal,
+                    "the forwarded publish has no answer".into(),
+                ))
+            })
+    }
+
+    fn answer(&self, ticket: u64, answer: Answer) {
+        lock(&self.answers).insert(ticket, Some(answer));
+        self.hub.nudge_waiters();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts the cluster tasks of this host: the follower's tail, the lease
+/// contention (which runs `source` once this host owns the upstream), and
+/// the status refresh with the host's heartbeat. They end with `shutdown`.
+pub fn spawn(link: Arc<Link>, source: Box<dyn Source>, shutdown: Shutdown) {
+    // Until this host owns the upstream, its events come from the owner
+    // through the log: for its consumers that is a connected source.
+    link.hub.set_source_state(
+        v1::SourceState {
+            state: v1::SourceStatus::Connected as i32,
+            reason: "cluster follower: another host holds the upstream".into(),
+            since_unix_ms: crate::clock::now_ms(),
+            ..Default::default()
+        },
+        None,
+    );
+    tokio::spawn(tail::run(link.clone(), shutdown.clone()));
+    tokio::spawn(lease::run(link.clone(), source, shutdown.clone()));
+    tokio::spawn(refresh(link, shutdown));
+}
+
+/// Registers this host, then every [`REFRESH_EVERY`] writes its heartbeat
+/// and reads the cluster for status; unregisters at the end.
+async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
+    let s = &link.settings;
+    let mut conn = None;
+    // Subscriptions already known when this host started (recovery merged
+    // them, or this host had dropped them): only later ones are adopted.
+    let mut seen: Option<HashSet<String>> = None;
+    loop {
+        if conn.is_none() {
+            conn = match postgres::connect(s, "status").await {
+                Ok((client, _driver)) => {
+                    let pid = std::process::id() as i32;
+                    if let Err(e) =
+                        hosts::register(&client, &s.cluster, &s.host, pid, proto::BUILD).await
+                    {
+                        tracing::warn!(cause = %e, "cannot register this host in the cluster");
+                    }
+                    Some(client)
+                }
+                Err(e) => {
+                    link.hub.set_cluster_status(doc_error(&link, e));
+                    None
+                }
+            };
+        }
+        if let Some(client) = &conn {
+            if let Err(e) = adopt(&link, client, &mut seen).await {
+                tracing::warn!(cause = %e, "cannot read the cluster's subscriptions");
+            }
+            match read_cluster(&link, client).await {
+                Ok(doc) => link.hub.set_cluster_status(doc),
+                Err(e) => {
+                    link.hub.set_cluster_status(doc_error(&link, e));
+                    conn = None;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.recv() => break,
+            _ = tokio::time::sleep(REFRESH_EVERY) => {}
+        }
+    }
+    if let Some(client) = conn {
+        let _ = hosts::unregister(&client, &s.cluster, &s.host).await;
+    }
+}
+
+/// Gives this host its own instance of every subscription created on
+/// another host since this host started.
+async fn adopt(
+    link: &Link,
+    client: &tokio_postgres::Client,
+    seen: &mut Option<HashSet<String>>,
+) -> Result<(), PgError> {
+    let defs = hosts::definitions(client, &link.settings.cluster).await?;
+    let Some(seen) = seen else {
+        *seen = Some(defs.into_iter().map(|d| d.id).collect());
+        return Ok(());
+    };
+    let now = crate::clock::now_ms();
+    let fresh: Vec<_> = defs
+        .into_iter()
+        .filter(|d| seen.insert(d.id.clone()))
+        .map(|d| postgres::store::instance_for_host(&d.record, now))
+        .collect();
+    if !fresh.is_empty() {
+        link.hub.adopt(fresh);
+    }
+    Ok(())
+}
+
+async fn read_cluster(link: &Link, client: &tokio_postgres::Client) -> Result<ClusterDoc, PgError> {
+    let s = &link.settings;
+    hosts::heartbeat(client, &s.cluster, &s.host).await?;
+    let row = log::cluster_row(client, &s.cluster).await?;
+    let hosts = hosts::list(client, &s.cluster).await?;
+    let cursors = hosts::cursors(client, &s.cluster).await?;
+    Ok(ClusterDoc {
+        name: s.cluster.clone(),
+        host: s.host.clone(),
+        role: role_name(link.is_owner()).into(),
+        owner: row.owner_host,
+        owner_since_unix_ms: row.owner_since_unix_ms,
+        epoch: row.epoch,
+        head_seq: row.head_seq,
+        hosts: hosts
+            .into_iter()
+            .map(|h| ClusterHostDoc {
+                host: h.host,
+                pid: h.pid as u32,
+                version: h.build,
+                started_at_unix_ms: h.started_at_unix_ms,
+                heartbeat_age_ms: h.heartbeat_age_ms.max(0) as u64,
+            })
+            .collect(),
+        cursors: cursors
+            .into_iter()
+            .map(|c| ClusterCursorDoc {
+                lag: row.head_seq.saturating_sub(c.cursor),
+                subscription: c.subscription,
+                delivery: c.delivery,
+                host: c.host,
+                cursor: c.cursor,
+                saved_at_unix_ms: c.saved_at_unix_ms,
+            })
+            .collect(),
+        last_error: None,
+    })
+}
+
+fn doc_error(link: &Link, e: PgError) -> ClusterDoc {
+    ClusterDoc {
+        name: link.settings.cluster.clone(),
+        host: link.settings.host.clone(),
+        role: role_name(link.is_owner()).into(),
+        last_error: Some(e.to_string()),
+        ..ClusterDoc::default()
+    }
+}
+
+fn role_name(owner: bool) -> &'static str {
+    if owner {
+        "owner"
+    } else {
+        "follower"
+    }
+}
+
+/// Runs the upstream source of an owner (see [`lease`]).
+fn run_source(link: &Link, source: Box<dyn Source>, shutdown: Shutdown) {
+    tokio::spawn(source.run(SourceContext {
+        hub: link.hub.clone(),
+        shutdown,
+    }));
+}

@@ -1,0 +1,81 @@
+//! The follower's tail: reads the shared log past this host's head into the
+//! hub ([`Hub::replicated`](crate::hub::Hub::replicated)), woken by
+//! `NOTIFY dws_log` (one per committed batch) and by a poll every
+//! [`TAIL_POLL`] that also covers notifications missed while the listening
+//! session was down. It stops when this host becomes the owner (the lease
+//! task then reads the rest itself, see `lease`). A broken session is
+//! reopened with a backoff; meanwhile the host's consumers just see no new
+//! events.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio_postgres::Client;
+
+use super::{Link, TAIL_POLL};
+use crate::{
+    eventlog::LoggedEvent,
+    shutdown::Shutdown,
+    store::postgres::{self, log, PgError},
+};
+
+/// Rows read per query.
+const BATCH: i64 = 1000;
+
+pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
+    let mut backoff = Duration::from_millis(100);
+    while !link.is_owner() {
+        let session = postgres::listen(&link.settings, "tail", &["dws_log"]).await;
+        let (client, _driver, mut notified) = match session {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(cause = %e, "cannot read the cluster log; retrying");
+                tokio::select! {
+                    _ = shutdown.recv() => return,
+                    _ = link.became_owner.notified() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            if link.is_owner() {
+                return;
+            }
+            if let Err(e) = catch_up(&link, &client).await {
+                tracing::warn!(cause = %e, "reading the cluster log failed; reconnecting");
+                break;
+            }
+            tokio::select! {
+                _ = shutdown.recv() => return,
+                _ = link.became_owner.notified() => return,
+                n = notified.recv() => if n.is_none() { break },
+                _ = tokio::time::sleep(TAIL_POLL) => {}
+            }
+        }
+    }
+}
+
+/// Reads the log past the hub's head until there is nothing more.
+pub(super) async fn catch_up(link: &Link, client: &Client) -> Result<u64, PgError> {
+    let cluster = &link.settings.cluster;
+    let mut read = 0;
+    loop {
+        let head = link.hub.head_seq();
+        let rows = log::read_after(client, cluster, head, BATCH).await?;
+        let n = rows.len();
+        read += n as u64;
+        if n == 0 {
+            return Ok(read);
+        }
+        let batch = rows
+            .into_iter()
+            .map(|r| Arc::new(LoggedEvent::from_record(r)))
+            .collect();
+        link.hub.replicated(batch);
+        if (n as i64) < BATCH {
+            return Ok(read);
+        }
+    }
+}
