@@ -31,7 +31,8 @@
 //!   restart, servers side by side, nothing left behind.
 //! - [`cluster`]: several hosts on one PostgreSQL: per-host fan-out,
 //!   publishing from any host, subscriptions across hosts, the cluster in
-//!   status, upstream failover, a lost lease, start-up errors.
+//!   status, upstream failover, a lost lease, start-up errors;
+//!   [`cluster_pg_restart`]: PostgreSQL restarted under a running cluster.
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
 //!   oversized product file without a reason.
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
@@ -54,6 +55,7 @@ mod acks;
 mod cli_contract;
 mod client_abuse;
 mod cluster;
+mod cluster_pg_restart;
 mod dingtalk;
 mod durability;
 mod ecosystem;

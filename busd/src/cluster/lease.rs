@@ -1,9 +1,11 @@
 //! The lease task: contends for the cluster's upstream lease; once this host
 //! holds it, reads the log to its head, becomes the owner (the store appends
 //! under the lease's epoch from then on), opens the upstream source and
-//! drains the other hosts' publishes. A lost lease stops the bus: the store
-//! is marked failed, so every waiting reply is answered with the reason and
-//! nothing more is appended or acked upstream. The lease is held until the
+//! drains the other hosts' publishes. A lease whose session died is taken
+//! back ([`regain`]) if no other host took it meanwhile — a PostgreSQL
+//! restart is ridden out; otherwise the bus stops: the store is marked
+//! failed, so every waiting reply is answered with the reason and nothing
+//! more is appended or acked upstream. The lease is held until the
 //! process ends (its session closes with it, which frees it at once).
 
 use std::{
@@ -11,12 +13,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use proto::v1;
+
 use super::{forward, run_source, tail, Link};
 use crate::{
     shutdown::Shutdown,
     source::Source,
     store::postgres::{
         self,
+        append::{OUTAGE_BOUND, REGAINING},
         lease::{Lease, LeaseTiming},
     },
 };
@@ -66,15 +71,85 @@ pub(super) async fn run(link: Arc<Link>, source: Box<dyn Source>, mut shutdown: 
     );
     run_source(&link, source, shutdown.clone());
     tokio::spawn(forward::drain(link.clone(), shutdown.clone()));
-    tokio::select! {
-        reason = lease.lost() => {
-            link.epoch.store(0, Ordering::Release);
-            link.hub.store_failed(format!("lost the cluster's upstream lease: {reason}"));
-        }
-        _ = shutdown.recv() => {
-            // Held until the process ends: the final flush still appends.
-            std::future::pending::<()>().await;
+    let mut lease = lease;
+    loop {
+        tokio::select! {
+            reason = lease.lost() => {
+                match regain(&link, lease.epoch(), &reason).await {
+                    Ok(again) => lease = again,
+                    Err(why) => {
+                        link.epoch.store(0, Ordering::Release);
+                        link.hub.store_failed(format!("lost the cluster's upstream lease: {why}"));
+                        return;
+                    }
+                }
+            }
+            _ = shutdown.recv() => {
+                // Held until the process ends: the final flush still appends.
+                std::future::pending::<()>().await;
+            }
         }
     }
-    drop(lease);
+}
+
+/// The lease's session died (the server restarted, the network broke, or
+/// someone ended it): appends wait ([`REGAINING`]) while this host takes the
+/// lease back. It may go on as the owner only if no other host held the
+/// lease in between — its new epoch is exactly one above the old — so no
+/// one else appended. Otherwise, or after [`OUTAGE_BOUND`], it is fenced.
+/// How long a host that lost its lease's session waits before taking it
+/// back (see [`regain`]).
+const REGAIN_GRACE: Duration = Duration::from_secs(1);
+
+async fn regain(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, String> {
+    link.epoch.store(REGAINING, Ordering::Release);
+    tracing::warn!(cause = %reason, "lost the cluster's upstream lease; taking it back");
+    // A live follower (it retries every half second) gets the first chance:
+    // a session ended on purpose moves the upstream; after a server restart
+    // the followers are still backing off, and this host usually wins.
+    tokio::time::sleep(REGAIN_GRACE).await;
+    let state = |status: v1::SourceStatus, why: String| {
+        link.hub.set_source_state(
+            v1::SourceState {
+                state: status as i32,
+                reason: why,
+                since_unix_ms: crate::clock::now_ms(),
+                ..Default::default()
+            },
+            None,
+        )
+    };
+    state(
+        v1::SourceStatus::Reconnecting,
+        format!("the cluster store is reconnecting: {reason}"),
+    );
+    let got = tokio::time::timeout(OUTAGE_BOUND, async {
+        loop {
+            match Lease::acquire_or_wait(&link.settings, LeaseTiming::default()).await {
+                Ok(lease) => return lease,
+                Err(e) => {
+                    tracing::debug!(cause = %e, "the cluster store is still unreachable");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|_| format!("{reason}; not regained within {}s", OUTAGE_BOUND.as_secs()))?;
+    if got.epoch() != old_epoch + 1 {
+        return Err(format!(
+            "{reason}; another host held it meanwhile (epoch {old_epoch} → {})",
+            got.epoch()
+        ));
+    }
+    link.epoch.store(got.epoch(), Ordering::Release);
+    state(
+        v1::SourceStatus::Connected,
+        "the cluster store is connected again".into(),
+    );
+    tracing::info!(
+        epoch = got.epoch(),
+        "took the cluster's upstream lease back"
+    );
+    Ok(got)
 }

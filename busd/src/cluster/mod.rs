@@ -47,6 +47,9 @@ use crate::{
     store::postgres::{self, hosts, log, PgError, PgSettings},
 };
 
+/// The source state's reason on a follower.
+const FOLLOWER: &str = "cluster follower: another host holds the upstream";
+
 /// How often the status is refreshed and the host's heartbeat written.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// How often a follower reads the log without a notification.
@@ -129,7 +132,7 @@ pub fn spawn(link: Arc<Link>, source: Box<dyn Source>, shutdown: Shutdown) {
     link.hub.set_source_state(
         v1::SourceState {
             state: v1::SourceStatus::Connected as i32,
-            reason: "cluster follower: another host holds the upstream".into(),
+            reason: FOLLOWER.into(),
             since_unix_ms: crate::clock::now_ms(),
             ..Default::default()
         },

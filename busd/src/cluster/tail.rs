@@ -9,6 +9,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use proto::v1;
 use tokio_postgres::Client;
 
 use super::{Link, TAIL_POLL};
@@ -23,12 +24,21 @@ const BATCH: i64 = 1000;
 
 pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
     let mut backoff = Duration::from_millis(100);
+    let mut down = false;
     while !link.is_owner() {
         let session = postgres::listen(&link.settings, "tail", &["dws_log"]).await;
         let (client, _driver, mut notified) = match session {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(cause = %e, "cannot read the cluster log; retrying");
+                if !down && !link.is_owner() {
+                    down = true;
+                    follower_state(
+                        &link,
+                        v1::SourceStatus::Reconnecting,
+                        format!("the cluster store is reconnecting: {e}"),
+                    );
+                }
                 tokio::select! {
                     _ = shutdown.recv() => return,
                     _ = link.became_owner.notified() => return,
@@ -47,6 +57,10 @@ pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
                 tracing::warn!(cause = %e, "reading the cluster log failed; reconnecting");
                 break;
             }
+            if down && !link.is_owner() {
+                down = false;
+                follower_state(&link, v1::SourceStatus::Connected, super::FOLLOWER.into());
+            }
             tokio::select! {
                 _ = shutdown.recv() => return,
                 _ = link.became_owner.notified() => return,
@@ -55,6 +69,19 @@ pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
             }
         }
     }
+}
+
+/// A follower's source state: its upstream is the cluster log.
+fn follower_state(link: &Link, status: v1::SourceStatus, reason: String) {
+    link.hub.set_source_state(
+        v1::SourceState {
+            state: status as i32,
+            reason,
+            since_unix_ms: crate::clock::now_ms(),
+            ..Default::default()
+        },
+        None,
+    );
 }
 
 /// Reads the log past the hub's head until there is nothing more.

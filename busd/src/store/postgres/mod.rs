@@ -39,6 +39,7 @@
 //! redacted, and no [`PgError`] contains the URL or the password — only
 //! `host:port/db` and the server's message.
 
+pub mod append;
 pub mod hosts;
 pub mod inbox;
 pub mod lease;

@@ -125,7 +125,7 @@ where
 
 /// The connection, opened (again) when there is none or the server closed
 /// it while it was idle.
-async fn ensure<'c>(
+pub(super) async fn ensure<'c>(
     conn: &'c mut Option<(Client, Driver)>,
     settings: &PgSettings,
 ) -> Result<&'c mut Client, PgError> {
@@ -418,7 +418,7 @@ async fn save_with_retries(
 /// `Terminate`), else aborted, which closes the socket. Either way the
 /// server ends the session and its locks go with it — a connection merely
 /// dropped would live on while the store's runtime is not driven.
-async fn close(conn: Option<(Client, Driver)>) {
+pub(super) async fn close(conn: Option<(Client, Driver)>) {
     let Some((client, mut driver)) = conn else {
         return;
     };
@@ -478,17 +478,13 @@ impl Store for PgStore {
         if events.is_empty() {
             return Ok(());
         }
-        let epoch = self.epoch.load(Ordering::Acquire);
-        if epoch <= 0 {
-            return Err(io(PgError::Fenced(log::NO_LEASE.into())));
-        }
-        on_conn!(self, |client, settings| log::append(
-            client,
-            &settings.cluster,
-            epoch,
-            events
-        ))
-        .map(|_| ())
+        let epoch = self.epoch.clone();
+        let (rt, conn, settings) = self.parts()?;
+        block(
+            rt,
+            super::append::append_through_outage(&epoch, conn, settings, events),
+        )
+        .map_err(io)
     }
 
     fn save(&mut self, snapshot: &Snapshot) -> Result<(), StoreError> {
@@ -514,9 +510,33 @@ impl Store for PgStore {
         let now_held: BTreeSet<String> = args.ids.iter().cloned().collect();
         args.gone = self.saved.difference(&now_held).cloned().collect();
         let args = &args;
-        on_conn!(self, |client, settings| save_with_retries(
-            client, settings, args
-        ))?;
+        // Like an append, a save waits out an outage of the server (the
+        // cursors it carries are saved lazily anyway; a reply that waits
+        // for it waits longer).
+        let deadline = std::time::Instant::now() + super::append::OUTAGE_BOUND;
+        let mut backoff = std::time::Duration::from_millis(100);
+        loop {
+            let (rt, conn, settings) = self.parts()?;
+            let saved = block(rt, async move {
+                let r = match ensure(conn, settings).await {
+                    Ok(client) => save_with_retries(client, settings, args).await,
+                    Err(e) => Err(e),
+                };
+                if r.is_err() {
+                    close(conn.take()).await;
+                }
+                r
+            });
+            match saved {
+                Ok(()) => break,
+                Err(e) if super::append::transient(&e) && std::time::Instant::now() < deadline => {
+                    tracing::warn!(cause = %e, retry_in_ms = backoff.as_millis() as u64, "the cluster store is unreachable; the save waits");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+                }
+                Err(e) => return Err(io(e)),
+            }
+        }
         self.saved = now_held;
         Ok(())
     }
