@@ -112,6 +112,12 @@ const POLL: Duration = Duration::from_millis(20);
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// The URL of the private PostgreSQL server a `--store postgres` run starts.
+static PG_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Clusters handed out so far: each bus of a postgres run gets its own.
+static CLUSTERS: AtomicU64 = AtomicU64::new(0);
+
 fn check_interrupted() -> Res<()> {
     if INTERRUPTED.load(Ordering::Relaxed) {
         Err("interrupted by a signal".into())
@@ -184,17 +190,29 @@ impl StoreSel {
         kind: "memory",
         durability: "none",
     };
+    /// The cluster store on the private server [`PG_URL`] points at; every
+    /// bus gets a cluster of its own (a fresh log), see [`BusEnv::new`].
+    const POSTGRES: StoreSel = StoreSel {
+        kind: "postgres",
+        durability: "postgres",
+    };
 
-    fn env(&self) -> [(&'static str, &'static str); 2] {
-        [
+    fn env(&self) -> Vec<(&'static str, &'static str)> {
+        let mut env = vec![
             ("DWS_EVENT_BUS_STORE", self.kind),
             ("DWS_EVENT_BUS_DURABILITY", self.durability),
-        ]
+        ];
+        if self.kind == "postgres" {
+            env.push(("DWS_POSTGRES_URL", PG_URL.get().map_or("", String::as_str)));
+            env.push(("DWS_CLUSTER_HOST", "bench"));
+        }
+        env
     }
 
     fn describe(&self) -> String {
         match self.kind {
             "memory" => "memory store (DWS_EVENT_BUS_STORE=memory)".into(),
+            "postgres" => "postgres store (DWS_EVENT_BUS_STORE=postgres, a private PostgreSQL on loopback TCP, one host)".into(),
             k => format!(
                 "{k} store, durability {} (DWS_EVENT_BUS_STORE={k}, DWS_EVENT_BUS_DURABILITY={})",
                 self.durability, self.durability
@@ -342,7 +360,12 @@ fn parse_opts() -> Res<Opts> {
                 o.store.kind = match args.next().as_deref() {
                     Some("disk") => "disk",
                     Some("memory") => "memory",
-                    v => return Err(format!("--store: bad value {v:?} (disk or memory)")),
+                    Some("postgres") => "postgres",
+                    v => {
+                        return Err(format!(
+                            "--store: bad value {v:?} (disk, memory or postgres)"
+                        ))
+                    }
                 }
             }
             "--durability" => {
@@ -406,8 +429,11 @@ fn parse_opts() -> Res<Opts> {
         );
     }
     o.store.durability = match (o.store.kind, durability) {
-        ("memory", Some(_)) => return Err("--durability applies to --store disk only".into()),
+        ("memory" | "postgres", Some(_)) => {
+            return Err("--durability applies to --store disk only".into())
+        }
         ("memory", None) => "none",
+        ("postgres", None) => "postgres",
         (_, d) => d.unwrap_or("fsync"),
     };
     if only_durable || only_compare {
@@ -445,6 +471,17 @@ impl BusEnv {
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect::<Vec<_>>(),
         );
+        if extra
+            .iter()
+            .any(|(k, v)| k == "DWS_EVENT_BUS_STORE" && v == "postgres")
+        {
+            let n = CLUSTERS.fetch_add(1, Ordering::Relaxed);
+            let cluster = format!("bench-{}-{n}", std::process::id());
+            let _ = std::fs::write(
+                env.cfg_dir().join("config.toml"),
+                format!("[profiles.default]\ncluster = \"{cluster}\"\n"),
+            );
+        }
         BusEnv {
             env,
             extra,
@@ -1852,6 +1889,16 @@ fn main() {
     }
     let started = Instant::now();
     let mut failures: Vec<String> = Vec::new();
+    // `--store postgres`: one private server for the whole run.
+    let _pg = (opts.store == StoreSel::POSTGRES).then(|| {
+        let server = dws_tests::pg::PgServer::start();
+        let _ = PG_URL.set(server.url());
+        println!(
+            "PostgreSQL: a private server on 127.0.0.1:{}",
+            server.port()
+        );
+        server
+    });
 
     if !opts.only {
         run_classic_sections(&opts, &mut failures);
@@ -2509,7 +2556,7 @@ fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>) {
         "ack p99 µs",
         "ack max µs"
     );
-    for store in [StoreSel::DISK_FSYNC, StoreSel::DISK_NONE] {
+    for store in durable_stores(opts) {
         for &size in &[256usize, 4096] {
             for &p in &opts.durable_publishers {
                 if INTERRUPTED.load(Ordering::Relaxed) {
@@ -2563,7 +2610,7 @@ fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>) {
         "Publish→ack latency at a fixed rate: 1 publisher, {} publishes/s for {:.1} s, 256 B, no consumers, disk store",
         opts.durable_rate, opts.rate_secs
     );
-    for store in [StoreSel::DISK_FSYNC, StoreSel::DISK_NONE] {
+    for store in durable_stores(opts) {
         if INTERRUPTED.load(Ordering::Relaxed) {
             return;
         }
@@ -2592,6 +2639,66 @@ fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>) {
     }
 }
 
+/// The stores of the durable-publish section: the disk store fsynced and
+/// not, and the cluster store with `--store postgres`.
+fn durable_stores(opts: &Opts) -> Vec<StoreSel> {
+    let mut stores = vec![StoreSel::DISK_FSYNC, StoreSel::DISK_NONE];
+    if opts.store == StoreSel::POSTGRES {
+        stores.push(StoreSel::POSTGRES);
+    }
+    stores
+}
+
+/// Two hosts of one cluster: the owner's busd is killed with SIGKILL; the
+/// time until the other host's status says it owns the cluster.
+fn measure_failover() -> Res<Duration> {
+    let mut env = StoreSel::POSTGRES.env();
+    env.retain(|(k, _)| *k != "DWS_CLUSTER_HOST");
+    let mut a_env = env.clone();
+    a_env.push(("DWS_CLUSTER_HOST", "host-a"));
+    let a = BusEnv::new(&a_env);
+    let cluster = std::fs::read_to_string(a.env.cfg_dir().join("config.toml"))
+        .map_err(|e| format!("cannot read host-a's config: {e}"))?;
+    let mut b_env = env;
+    b_env.push(("DWS_CLUSTER_HOST", "host-b"));
+    let b = BusEnv::new(&b_env);
+    std::fs::write(b.env.cfg_dir().join("config.toml"), cluster)
+        .map_err(|e| format!("cannot write host-b's config: {e}"))?;
+    start_bus(&a, StoreSel::POSTGRES)?;
+    let role = |env: &BusEnv| -> Res<String> {
+        Ok(env.status()?["cluster"]["role"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while role(&a)? != "owner" {
+        if Instant::now() >= deadline {
+            return Err(format!("host-a never became the owner\n{}", a.log_tail()));
+        }
+        thread::sleep(POLL);
+    }
+    start_bus(&b, StoreSel::POSTGRES)?;
+    let pids = a.env.busd_pids();
+    let killed = Instant::now();
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    while role(&b)? != "owner" {
+        if killed.elapsed() > Duration::from_secs(30) {
+            return Err(format!(
+                "host-b did not take over within 30 s\n{}",
+                b.log_tail()
+            ));
+        }
+        thread::sleep(POLL);
+    }
+    Ok(killed.elapsed())
+}
+
 /// The flood fan-out on the memory store and on the disk store (fsync).
 fn run_store_compare(opts: &Opts, failures: &mut Vec<String>) {
     let n = opts.compare_consumers;
@@ -2608,7 +2715,11 @@ fn run_store_compare(opts: &Opts, failures: &mut Vec<String>) {
         "store", "ev/s/cons avg", "deliveries/s", "p50 µs", "p99 µs"
     );
     let mut rates = Vec::new();
-    for store in [StoreSel::MEMORY, StoreSel::DISK_FSYNC] {
+    let mut stores = vec![StoreSel::MEMORY, StoreSel::DISK_FSYNC];
+    if opts.store == StoreSel::POSTGRES {
+        stores.push(StoreSel::POSTGRES);
+    }
+    for store in stores {
         if INTERRUPTED.load(Ordering::Relaxed) {
             return;
         }
@@ -2635,7 +2746,19 @@ fn run_store_compare(opts: &Opts, failures: &mut Vec<String>) {
             }
         }
     }
-    if let [memory, disk] = rates[..] {
+    if let [memory, disk, ..] = rates[..] {
         println!("  disk/memory deliveries/s: {:.2}", disk / memory);
+    }
+    if let [_, disk, postgres] = rates[..] {
+        println!("  postgres/disk deliveries/s: {:.2}", postgres / disk);
+    }
+    if opts.store == StoreSel::POSTGRES && !INTERRUPTED.load(Ordering::Relaxed) {
+        match guarded(measure_failover) {
+            Ok(t) => println!(
+                "\nFailover (postgres): the owner's busd killed with -9 → the other host owns the cluster: {:.0} ms",
+                t.as_secs_f64() * 1000.0
+            ),
+            Err(e) => failures.push(format!("failover: {e}")),
+        }
     }
 }
