@@ -85,12 +85,24 @@ pub struct PgServer {
     port: u16,
     password: String,
     postmaster: Option<Child>,
+    /// `fsync=on`: the benchmark's server, whose commits must be durable.
+    durable: bool,
 }
 
 impl PgServer {
     /// Creates, starts and prepares a server; panics with the reason (and
     /// how to install PostgreSQL when it is missing).
     pub fn start() -> PgServer {
+        Self::start_with(false)
+    }
+
+    /// A server that fsyncs its commits (and writes full pages), as a real
+    /// one would: for benchmarks, where `fsync=off` would flatter the store.
+    pub fn start_durable() -> PgServer {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> PgServer {
         let bin = bin_dir();
         let run_as = server_user();
         let dir = tempfile::Builder::new()
@@ -114,6 +126,7 @@ impl PgServer {
             port: 0,
             password: random_password(),
             postmaster: None,
+            durable,
         };
         server.initdb();
         server.launch_on_free_port();
@@ -339,8 +352,16 @@ impl PgServer {
             "unix_socket_permissions=0700",
             "max_connections=60",
             "shared_buffers=16MB",
-            "fsync=off",
-            "full_page_writes=off",
+            if self.durable {
+                "fsync=on"
+            } else {
+                "fsync=off"
+            },
+            if self.durable {
+                "full_page_writes=on"
+            } else {
+                "full_page_writes=off"
+            },
             "huge_pages=off",
             "log_min_messages=warning",
             "log_connections=off",

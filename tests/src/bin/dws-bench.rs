@@ -212,7 +212,7 @@ impl StoreSel {
     fn describe(&self) -> String {
         match self.kind {
             "memory" => "memory store (DWS_EVENT_BUS_STORE=memory)".into(),
-            "postgres" => "postgres store (DWS_EVENT_BUS_STORE=postgres, a private PostgreSQL on loopback TCP, one host)".into(),
+            "postgres" => "postgres store (DWS_EVENT_BUS_STORE=postgres; a private PostgreSQL, fsync=on, on loopback TCP; one host)".into(),
             k => format!(
                 "{k} store, durability {} (DWS_EVENT_BUS_STORE={k}, DWS_EVENT_BUS_DURABILITY={})",
                 self.durability, self.durability
@@ -1891,7 +1891,7 @@ fn main() {
     let mut failures: Vec<String> = Vec::new();
     // `--store postgres`: one private server for the whole run.
     let _pg = (opts.store == StoreSel::POSTGRES).then(|| {
-        let server = dws_tests::pg::PgServer::start();
+        let server = dws_tests::pg::PgServer::start_durable();
         let _ = PG_URL.set(server.url());
         println!(
             "PostgreSQL: a private server on 127.0.0.1:{}",
