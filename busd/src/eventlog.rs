@@ -124,6 +124,12 @@ impl EventLog {
         self.events.len()
     }
 
+    /// The retained event `seq`, if any.
+    pub fn get(&self, seq: u64) -> Option<Arc<LoggedEvent>> {
+        let i = self.events.binary_search_by_key(&seq, |e| e.seq).ok()?;
+        self.events.get(i).cloned()
+    }
+
     /// The retained events, oldest first.
     pub fn events(&self) -> impl Iterator<Item = &Arc<LoggedEvent>> {
         self.events.iter()

@@ -426,6 +426,20 @@ pub struct SubscribeArgs {
     /// text: just the id; json: the id and the subscription's spec.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
     pub format: TextOrJson,
+
+    /// With store = "postgres": per-host (every host's consumers get every
+    /// event) or shared (each event to one consumer on one host).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = Delivery::PerHost)]
+    pub delivery: Delivery,
+}
+
+/// How a named subscription delivers across the hosts of a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Delivery {
+    /// Each host keeps its own cursor: every host's consumers get every event.
+    PerHost,
+    /// One cursor for the cluster: each event to one consumer on one host.
+    Shared,
 }
 
 /// Remove subscriptions; their consumers are told (Bye UNSUBSCRIBED).

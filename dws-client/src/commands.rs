@@ -9,7 +9,7 @@ use proto::{
 
 use crate::{
     bus::BusConn,
-    cli::{PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
+    cli::{Delivery, PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
     exit::{clip, CliError, Result},
     print_stdout, validate,
 };
@@ -186,6 +186,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             upstream: upstream.clone(),
             max_deliver,
             on_poison: on_poison as i32,
+            shared: args.delivery == Delivery::Shared,
             ..v1::Subscribe::default()
         })
     })

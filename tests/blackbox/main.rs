@@ -32,7 +32,8 @@
 //! - [`cluster`]: several hosts on one PostgreSQL: per-host fan-out,
 //!   publishing from any host, subscriptions across hosts, the cluster in
 //!   status, upstream failover, a lost lease, start-up errors;
-//!   [`cluster_pg_restart`]: PostgreSQL restarted under a running cluster.
+//!   [`cluster_pg_restart`]: PostgreSQL restarted under a running cluster;
+//!   [`cluster_shared`]: shared delivery across hosts.
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
 //!   oversized product file without a reason.
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
@@ -56,6 +57,7 @@ mod cli_contract;
 mod client_abuse;
 mod cluster;
 mod cluster_pg_restart;
+mod cluster_shared;
 mod dingtalk;
 mod durability;
 mod ecosystem;

@@ -780,6 +780,13 @@ impl Child {
         self.proc.id() as i32
     }
 
+    /// The complete stdout lines captured so far (the process runs on).
+    pub fn stdout_so_far(&self) -> Vec<String> {
+        let text = self.stdout.text();
+        let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+        complete.lines().map(str::to_owned).collect()
+    }
+
     /// The command line, for messages.
     pub fn display(&self) -> &str {
         &self.display

@@ -23,6 +23,7 @@
 
 mod forward;
 mod lease;
+mod shared;
 mod tail;
 
 use std::{
@@ -139,6 +140,7 @@ pub fn spawn(link: Arc<Link>, source: Box<dyn Source>, shutdown: Shutdown) {
         None,
     );
     tokio::spawn(tail::run(link.clone(), shutdown.clone()));
+    tokio::spawn(shared::run(link.clone(), shutdown.clone()));
     tokio::spawn(lease::run(link.clone(), source, shutdown.clone()));
     tokio::spawn(refresh(link, shutdown));
 }

@@ -206,6 +206,11 @@ impl Hub {
         self.shared.commit_wake.notify_one();
     }
 
+    /// The oldest seq still in this host's log.
+    pub fn oldest_seq(&self) -> Option<u64> {
+        self.state().log.oldest_seq()
+    }
+
     /// The newest seq in this host's log.
     pub fn head_seq(&self) -> u64 {
         self.state().log.head_seq()
@@ -296,10 +301,29 @@ impl Hub {
         let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
             return;
         };
+        let mut shared_acked = Vec::new();
+        if sub.shared && ack.seq > 0 {
+            shared_acked = sub.in_flight_upto(ack.seq);
+        }
         let mut n = if ack.seq > 0 { sub.ack(ack.seq) } else { 0 };
         for &seq in &ack.seqs {
-            n += u64::from(sub.ack_one(seq));
+            let acked = sub.ack_one(seq);
+            n += u64::from(acked);
+            if acked && sub.shared {
+                shared_acked.push(seq);
+            }
         }
+        if !shared_acked.is_empty() {
+            let id = sub.id.clone();
+            st.shared_work.acked(&id, shared_acked);
+        }
+        let State { subs, conns, .. } = &mut *st;
+        let Some(c) = conns.get_mut(&conn) else {
+            return;
+        };
+        let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
+            return;
+        };
         let now = Instant::now();
         let mut nacked = false;
         for nack in &ack.nacks {

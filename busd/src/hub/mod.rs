@@ -38,6 +38,7 @@ mod control;
 mod delivery;
 mod housekeeping;
 mod refused;
+mod shared;
 mod source_state;
 mod status;
 mod store_work;
@@ -62,6 +63,7 @@ use self::delivery::TypeCounters;
 pub use self::{
     delivery::{halted_line, Appended, Delivery, NewEvent, MAX_EVENT_TYPES, OTHER_TYPES},
     refused::{Refused, RefusedKind, MAX_BUFFERED_INPUT},
+    shared::{SharedWant, SharedWork},
     source_state::SourceInfo,
     store_work::{CommitWork, Durable, SAVE_INTERVAL},
 };
@@ -155,6 +157,9 @@ struct State {
     refused: Refused,
     /// `store = "postgres"`: the cluster as the link last read it.
     cluster: Option<proto::status::ClusterDoc>,
+    /// Shared subscriptions' events acked here, and those given back by a
+    /// consumer that left: for the claims in the cluster (`shared`).
+    shared_work: shared::SharedWork,
 }
 
 struct Shared {
@@ -292,6 +297,7 @@ impl Hub {
             closing: false,
             refused: Refused::default(),
             cluster: None,
+            shared_work: shared::SharedWork::default(),
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,
@@ -410,6 +416,10 @@ fn detach_locked(st: &mut State, conn: ConnId) {
     if let Some(sub) = st.subs.get_mut(&id) {
         if sub.consumer() == Some(conn) {
             sub.detach((Instant::now(), now_ms()));
+            if sub.shared {
+                let given_back = sub.release_all();
+                st.shared_work.released(&id, given_back);
+            }
             st.subs_dirty |= !sub.owned;
         }
     }

@@ -188,6 +188,21 @@ impl Hub {
             );
             sub.max_deliver = req.max_deliver;
             sub.on_poison = v1::PoisonPolicy::try_from(req.on_poison).unwrap_or_default();
+            if req.shared {
+                if self.shared.cluster.get().is_none() {
+                    return Err(Refusal::new(
+                        ErrorCode::BadRequest,
+                        "--delivery shared needs store = \"postgres\" (a cluster of hosts)",
+                    ));
+                }
+                if req.owned {
+                    return Err(Refusal::new(
+                        ErrorCode::BadRequest,
+                        "shared delivery is for named subscriptions (dws event subscribe --id)",
+                    ));
+                }
+                sub.shared = true;
+            }
             for e in st.log.since(start_from) {
                 sub.offer(e);
             }

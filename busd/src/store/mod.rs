@@ -156,6 +156,10 @@ pub struct SubRecord {
     /// Events above the cursor that were acked out of order.
     #[serde(default)]
     pub acked: Vec<u64>,
+    /// Shared delivery across a cluster's hosts (`store = "postgres"`): its
+    /// events come to this host only as it claims them.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 fn default_on_poison() -> String {

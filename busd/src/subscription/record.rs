@@ -50,6 +50,7 @@ impl Subscription {
         sub.gap_lost = rec.gap_lost;
         sub.counters = rec.counters;
         sub.max_deliver = rec.max_deliver;
+        sub.shared = rec.shared;
         sub.on_poison = if rec.on_poison == "park" {
             PoisonPolicy::PoisonPark
         } else {
@@ -100,6 +101,12 @@ impl Subscription {
         if !clean {
             let last = events.last().map_or(0, |e| e.seq);
             sub.max_sent_seq = sub.max_sent_seq.max(last);
+        }
+        if sub.shared {
+            // What this host held is claimed again (its claims expired or
+            // are taken back), not restored.
+            sub.pending.clear();
+            sub.rescan();
         }
         sub
     }
@@ -157,6 +164,7 @@ impl Subscription {
                 .filter(|e| e.slot == Slot::Acked)
                 .map(|e| e.event.seq)
                 .collect(),
+            shared: self.shared,
         }
     }
 }

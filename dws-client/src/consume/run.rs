@@ -246,6 +246,8 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         ack_wait_ms: plan.explicit_ack.map_or(0, |d| d.as_millis() as u64),
         // NDJSON is what the bus can render once for every consumer.
         ndjson_lines: plan.format == Format::Ndjson,
+        // A consume run attaches; the mode is the subscription's own.
+        shared: false,
     })
 }
 

@@ -40,6 +40,7 @@
 //! `host:port/db` and the server's message.
 
 pub mod append;
+pub mod claims;
 pub mod hosts;
 pub mod inbox;
 pub mod lease;

@@ -25,7 +25,7 @@ use tokio_postgres::Client;
 use super::PgError;
 
 /// The newest schema version this busd knows.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The advisory lock that serializes migrations ("dws-schm" in ASCII). The
 /// lease's keys come from `hashtextextended(cluster, 0)`; a collision with
@@ -166,7 +166,15 @@ CREATE TABLE dws_host_snapshot (
 "#;
 
 /// Every migration, in order; entry `i` brings the schema to version `i + 1`.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
+/// Migration 3: shared delivery. A claim is `done` once its event was acked
+/// (kept, so no other host claims it again); a claim of a host is renewed
+/// while the host lives and expires when it does not.
+const V3: &str = r#"
+ALTER TABLE dws_claim ADD COLUMN done boolean NOT NULL DEFAULT false;
+CREATE INDEX dws_claim_held ON dws_claim (cluster, host) WHERE NOT done;
+"#;
+
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The refusal of a database newer than this binary.
 pub(crate) fn too_new(found: u32) -> Option<PgError> {

@@ -103,6 +103,7 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         deliveries: vec![],
         parked: vec![],
         acked: vec![],
+        shared: record.shared,
     }
 }
 
@@ -229,7 +230,7 @@ fn merge(loaded: Loaded, host: &str, now: i64) -> Result<Recovered, StoreError> 
         .collect();
     let mut merged = vec![];
     for d in loaded.definitions {
-        if d.delivery != "per-host" || held.contains(&d.id) || loaded.dropped.contains(&d.id) {
+        if held.contains(&d.id) || loaded.dropped.contains(&d.id) {
             continue;
         }
         notes.push(format!(
@@ -283,7 +284,10 @@ const SAVE_SUBS_SQL: &str = "WITH u AS (
         SELECT * FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, def, rec)
     ), defs AS (
         INSERT INTO dws_subscription (cluster, id, delivery, record)
-        SELECT $1, id, 'per-host', def::jsonb FROM u
+        SELECT $1, id,
+               CASE WHEN coalesce((def::jsonb->>'shared')::boolean, false)
+                    THEN 'shared' ELSE 'per-host' END,
+               def::jsonb FROM u
         ON CONFLICT (cluster, id) DO NOTHING
     )
     INSERT INTO dws_cursor (cluster, subscription, host, record, saved_at)
