@@ -7,7 +7,11 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
-use dws_tests::{pg::PgServer, TestEnv, EXIT_TIMEOUT};
+use dws_tests::{
+    common::{sub, subscribe_ok},
+    pg::PgServer,
+    TestEnv, EXIT_TIMEOUT,
+};
 use serde_json::Value;
 
 /// How long the cluster may take to show something (a refresh is 1 s).
@@ -173,6 +177,33 @@ fn a_subscription_created_on_one_host_reaches_the_others_and_status_shows_the_cl
         "{}",
         text.stdout
     );
+}
+
+/// A subscription created on one host just after another host's bus
+/// started reaches that host as well: the other host's first look at the
+/// cluster's definitions comes after its recovery, and what was created in
+/// between must not count as known already.
+#[test]
+fn a_subscription_created_while_another_host_starts_reaches_it() {
+    let server = PgServer::start();
+    let a = host(&server, "host-a");
+    let b = host(&server, "host-b");
+    a.publish("ad.x", "{}", &[]);
+    // host b's bus is up (recovered, ready) and a subscription is created
+    // on host a right away.
+    let mut warm = b.dws(["event", "consume", "warm.up"]).spawn();
+    warm.wait_ready();
+    subscribe_ok(&a, &["ad.*", "--id", "late"], "late");
+    b.wait_status(CLUSTER_WAIT, "subscription late on host b", |st| {
+        sub(st, "late").is_some()
+    });
+    a.publish("ad.x", "{}", &["--id", "after"]);
+    let mut cb = b
+        .dws(["event", "consume", "--subscribe-id", "late"])
+        .spawn();
+    cb.wait_ready();
+    let got = seqs_and_ids(&cb.wait_stdout_lines(1, EXIT_TIMEOUT));
+    assert_eq!(got[0].1, "after", "{got:?}");
 }
 
 /// A database the bus cannot use is an `Error:` before any ready line, with

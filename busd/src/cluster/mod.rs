@@ -150,8 +150,7 @@ pub fn spawn(link: Arc<Link>, source: Box<dyn Source>, shutdown: Shutdown) {
 async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
     let s = &link.settings;
     let mut conn = None;
-    // Subscriptions already known when this host started (recovery merged
-    // them, or this host had dropped them): only later ones are adopted.
+    // The definitions looked at so far; `None` until the first read.
     let mut seen: Option<HashSet<String>> = None;
     loop {
         if conn.is_none() {
@@ -193,22 +192,39 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
     }
 }
 
+/// This host's `dropped` list: subscriptions it removed while another
+/// host still had them (`store::postgres::store` keeps it up to date).
+const DROPPED_SQL: &str = "SELECT dropped FROM dws_host_snapshot WHERE cluster = $1 AND host = $2";
+
 /// Gives this host its own instance of every subscription created on
-/// another host since this host started.
+/// another host that it neither holds nor dropped: on the first call every
+/// such definition (one created between this host's recovery and now is
+/// not missed; the hub skips the ones it holds), later only definitions not
+/// seen before (so one this host drops later is not taken back).
 async fn adopt(
     link: &Link,
     client: &tokio_postgres::Client,
     seen: &mut Option<HashSet<String>>,
 ) -> Result<(), PgError> {
-    let defs = hosts::definitions(client, &link.settings.cluster).await?;
-    let Some(seen) = seen else {
-        *seen = Some(defs.into_iter().map(|d| d.id).collect());
-        return Ok(());
+    let s = &link.settings;
+    let defs = hosts::definitions(client, &s.cluster).await?;
+    let dropped: Vec<String> = if seen.is_none() {
+        client
+            .query_opt(DROPPED_SQL, &[&s.cluster, &s.host])
+            .await
+            .map_err(|e| PgError::query(&e))?
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(|e| PgError::query(&e))?
+            .unwrap_or_default()
+    } else {
+        vec![]
     };
+    let seen = seen.get_or_insert_with(HashSet::new);
     let now = crate::clock::now_ms();
     let fresh: Vec<_> = defs
         .into_iter()
-        .filter(|d| seen.insert(d.id.clone()))
+        .filter(|d| seen.insert(d.id.clone()) && !dropped.contains(&d.id))
         .map(|d| postgres::store::instance_for_host(&d.record, now))
         .collect();
     if !fresh.is_empty() {
