@@ -4,6 +4,14 @@
 //! [`PgServer`] through `DWS_POSTGRES_URL`. Per-host fan-out, publishing
 //! from any host, subscriptions created on one host reaching the others,
 //! the cluster in `status`, and start-up errors.
+//!
+//! Submodules, against the fake DingTalk gateway: [`failover`] (the owner
+//! dies, the upstream moves to another host), [`fencing`] (the owner loses
+//! its lease, running or frozen), and their harness [`upstream`].
+
+mod failover;
+mod fencing;
+mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};
 
