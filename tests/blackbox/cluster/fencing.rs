@@ -1,6 +1,7 @@
 //! A lost lease fences the old owner: its lease session is terminated
-//! (`pg_terminate_backend`) while it runs, and while it is frozen
-//! (`SIGSTOP`) between transactions. The other host takes over within the bound; the
+//! (`pg_terminate_backend`) while it runs, while it is frozen (`SIGSTOP`)
+//! between transactions, and while it is frozen inside a transaction that
+//! holds the cluster's row. The other host takes over within the bound; the
 //! old owner acks nothing it had not appended, appends nothing more, and
 //! its bus stops with the fenced error.
 
@@ -14,9 +15,10 @@ use dws_tests::{fake_dingtalk::FakeDingTalk, pg::PgServer, wait_pid_gone, Sig, E
 use super::{
     seqs_and_ids,
     upstream::{
-        acked_count, assert_log_is, assert_once_in_order, assert_one_connection_at_a_time,
-        assert_prefix_consistent, busd_pid, ev, lines_until, push_stream, signal, teardown,
-        wait_new_connection, TwoHosts, T, TAKEOVER_BOUND,
+        acked_count, acked_on, assert_log_is, assert_once_in_order,
+        assert_one_connection_at_a_time, assert_prefix_consistent, busd_pid, ev, head_seq,
+        lines_until, push_stream, signal, teardown, wait_new_connection, TwoHosts, T,
+        TAKEOVER_BOUND,
     },
     wait_cluster,
 };
@@ -142,8 +144,9 @@ fn a_terminated_lease_session_stops_the_old_owner_and_the_other_host_takes_over(
 
 /// Stops (`SIGSTOP`) the busd `pid` of `host` at a moment when none of its
 /// database sessions is inside a transaction (a host frozen inside one
-/// would hold the cluster row's lock, which the next owner's epoch bump
-/// waits for, for as long as it stays frozen). Returns when it is stopped.
+/// holds up the takeover until the server ends that session: see
+/// [`an_owner_frozen_inside_a_transaction_holds_up_the_takeover_only_within_the_loss_bound`]).
+/// Returns when it is stopped.
 fn freeze_between_transactions(server: &PgServer, pid: i32, host: &str) {
     for _ in 0..50 {
         signal(pid, Sig::SIGSTOP);
@@ -267,6 +270,150 @@ fn a_frozen_owner_whose_lease_was_taken_neither_appends_nor_acks_when_it_wakes()
     let got = lines_until(&mut c_follower, last);
     let want: Vec<String> = [before, frozen, after, vec![last.into()]].concat();
     assert_once_in_order(&got, &want, "the survivor's consumer");
+    assert_log_is(&server, &got);
+    let conns = fake.connections();
+    assert_eq!(
+        conns.iter().map(|c| c.id).collect::<Vec<_>>(),
+        [old_conn, new_conn],
+        "{}",
+        fake.summary()
+    );
+    teardown(server, &[&owner, &follower]);
+}
+
+/// Generous bound of a takeover held up by an owner frozen inside a
+/// transaction: the server ends its sessions idle in a transaction after
+/// busd's bound (4.5 s; two of them may hold the cluster's row in turn), and
+/// the silent-loss target is 10 s.
+const FROZEN_IN_TX_BOUND: Duration = Duration::from_secs(15);
+
+/// Stops (`SIGSTOP`) the busd `pid` of `host` at a moment when one of its
+/// database sessions is idle inside a transaction that locked the
+/// cluster's row (its committer or inbox task between two statements);
+/// retries until it is. Returns what `pg_stat_activity` showed of it.
+fn freeze_inside_a_transaction(server: &PgServer, pid: i32, host: &str) -> String {
+    for _ in 0..300 {
+        signal(pid, Sig::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(100));
+        let in_tx = server.psql(&format!(
+            "SELECT string_agg(a.application_name || ': ' \
+                    || regexp_replace(left(a.query, 60), '\\s+', ' ', 'g'), '; ') \
+             FROM pg_stat_activity a \
+             WHERE a.application_name LIKE 'busd/default/{host}/%' \
+               AND a.state LIKE 'idle in transaction%' \
+               AND EXISTS (SELECT 1 FROM pg_locks l \
+                           WHERE l.pid = a.pid AND l.relation = 'dws_cluster'::regclass)"
+        ));
+        if !in_tx.is_empty() {
+            return in_tx;
+        }
+        signal(pid, Sig::SIGCONT);
+        std::thread::sleep(Duration::from_millis(13));
+    }
+    panic!("busd {pid} of {host} was never caught inside a transaction in 300 tries");
+}
+
+/// The owner freezes while its committer is inside an append transaction
+/// (it holds the cluster row's lock, which the next owner's epoch bump
+/// needs), and its lease session is terminated. The server ends the frozen
+/// session after busd's idle-in-transaction bound, so the other host takes
+/// over within that bound instead of waiting for the frozen one to wake.
+/// When the old owner wakes it is fenced: it acks nothing more, its bus
+/// stops; the survivor gets every event once, in order.
+#[test]
+fn an_owner_frozen_inside_a_transaction_holds_up_the_takeover_only_within_the_loss_bound() {
+    let server = PgServer::start();
+    let fake = FakeDingTalk::start();
+    let (owner, c_owner, follower, mut c_follower, owner_name, follower_name) =
+        TwoHosts::start(&server, &fake).split();
+    let old_pid = busd_pid(&owner);
+    let old_conn = fake.wait_connected(T);
+
+    // Bursts keep the owner's committer busy until it is caught frozen
+    // inside a transaction.
+    let stop = AtomicBool::new(false);
+    let (pushed, caught, frozen_at) = std::thread::scope(|s| {
+        let pusher = s.spawn(|| {
+            let mut pushed = vec![];
+            while !stop.load(Ordering::Acquire) {
+                for _ in 0..10 {
+                    let id = format!("fx-{:05}", pushed.len() + 1);
+                    fake.push_event(&ev(&id));
+                    pushed.push(id);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            pushed
+        });
+        fake.wait_until("20 events acked by the first owner", T, |s| {
+            acked_count(s) >= 20
+        });
+        let caught = freeze_inside_a_transaction(&server, old_pid, owner_name);
+        let frozen_at = Instant::now();
+        stop.store(true, Ordering::Release);
+        (pusher.join().expect("pusher"), caught, frozen_at)
+    });
+    let cut_at = Instant::now();
+    terminate_lease_session(&server, owner_name);
+    let (new_conn, takeover) = wait_new_connection(&fake, cut_at);
+    eprintln!(
+        "cluster failover: {owner_name} frozen inside a transaction ({caught}) and its lease \
+         session terminated; {follower_name} opened the upstream {takeover:?} later"
+    );
+    assert!(
+        takeover < FROZEN_IN_TX_BOUND,
+        "the takeover took {takeover:?}"
+    );
+    // Nothing is pushed any more and the frozen owner's connection still
+    // holds what it was sent: the log stands where the old owner left it.
+    let head_at_takeover = head_seq(&server);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(head_seq(&server), head_at_takeover);
+
+    signal(old_pid, Sig::SIGCONT);
+    let out = c_owner.wait_exit(T);
+    let err = out.assert_error(1);
+    eprintln!("cluster failover: the frozen owner's consumer, once it woke: {err}");
+    assert!(
+        err.starts_with("Error: the bus stopped: its store failed ("),
+        "{out}"
+    );
+    assert!(
+        wait_pid_gone(old_pid, EXIT_TIMEOUT),
+        "the fenced busd {old_pid} is still running\n{}",
+        owner.bus_log_tail()
+    );
+    fake.wait_until("every event acked", T, |s| {
+        s.outbox.len() == pushed.len() && s.unacked() == 0
+    });
+    let last = "fx-last";
+    let mid = fake.push_event(&ev(last));
+    fake.wait_ack(&mid, T);
+    let got = lines_until(&mut c_follower, last);
+    // Acks it owed for events it had appended before the freeze may leave
+    // once it wakes; an ack for anything appended later (by the new owner)
+    // would mean it acked what it had not appended.
+    let old_acked = acked_on(&fake, old_conn);
+    let late = old_acked.iter().filter(|(_, at)| *at >= frozen_at).count();
+    eprintln!("cluster failover: {late} ack(s) the frozen owner owed left once it woke");
+    for (id, _) in &old_acked {
+        let seq = got.iter().find(|(_, i)| i == id).map(|(s, _)| *s);
+        assert!(
+            seq.is_some_and(|s| s <= head_at_takeover),
+            "the fenced owner acked {id} (seq {seq:?}), which it had not appended \
+             (the log stood at {head_at_takeover} when the other host took over)"
+        );
+    }
+    let mut want = pushed;
+    want.push(last.into());
+    assert_once_in_order(&got, &want, "the survivor's consumer");
+    let dead = seqs_and_ids(
+        &out.stdout_lines()
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>(),
+    );
+    assert_prefix_consistent(&dead, &got, "the fenced owner's consumer");
     assert_log_is(&server, &got);
     let conns = fake.connections();
     assert_eq!(

@@ -251,6 +251,26 @@ pub(super) fn teardown(server: PgServer, hosts: &[&TestEnv]) {
     }
 }
 
+/// The cluster's head in the database.
+pub(super) fn head_seq(server: &PgServer) -> u64 {
+    let out = server.psql("SELECT head_seq FROM dws_cluster WHERE cluster = 'default'");
+    out.parse().unwrap_or_else(|e| panic!("{out:?}: {e}"))
+}
+
+/// `(event id, when)` of every EVENT acked on connection `conn`.
+pub(super) fn acked_on(fake: &FakeDingTalk, conn: u64) -> Vec<(String, Instant)> {
+    fake.with_state(|s| {
+        s.acks
+            .iter()
+            .filter(|a| a.conn == conn && a.code == 200)
+            .filter_map(|a| {
+                let o = s.outbox.iter().find(|o| o.message_id == a.message_id)?;
+                Some((o.event_id.clone(), a.at))
+            })
+            .collect()
+    })
+}
+
 /// The first connection opened after `since`: `(id, how long after)`.
 pub(super) fn wait_new_connection(fake: &FakeDingTalk, since: Instant) -> (u64, Duration) {
     fake.wait("a new upstream connection", T, |s| {

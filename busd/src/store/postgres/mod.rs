@@ -32,7 +32,10 @@
 //! a Unix socket). Each sets TCP keepalives on both ends (the server's
 //! `tcp_keepalives_*` and `tcp_user_timeout` as startup options, so a host
 //! that vanished without a FIN loses its session, and with it the lease,
-//! within about [`LOSS_BOUND`]), a connect bound, and an `application_name`
+//! within about [`LOSS_BOUND`]; a session left idle inside a transaction by
+//! a host frozen mid-transaction is ended after
+//! [`IDLE_IN_TRANSACTION_BOUND`], so its row lock cannot hold up a takeover
+//! for longer), a connect bound, and an `application_name`
 //! of `busd/<cluster>/<host>/<purpose>` that `pg_stat_activity` shows.
 //!
 //! The URL is a secret: [`PgSettings`]'s `Debug` shows it with the password
@@ -73,6 +76,16 @@ pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a silent network loss may go unnoticed by either end: keepalive
 /// idle + interval × count, and the TCP user timeout for unacked data.
 pub const LOSS_BOUND: Duration = Duration::from_secs(9);
+/// How long a session may sit idle inside a transaction before the server
+/// ends it. A frozen host (`SIGSTOP`, a paused VM) keeps answering
+/// keepalives from its kernel, so only this frees the cluster row's lock it
+/// holds between two statements of an append or an inbox take — the lock
+/// the next owner's epoch bump waits for. Half of [`LOSS_BOUND`]: the
+/// frozen owner's second such session, queued behind the first, gets the
+/// lock when the first is ended and is ended in turn, so a takeover waits
+/// about [`LOSS_BOUND`] at most. Far above the gap between two statements
+/// of a healthy host (a round trip).
+pub const IDLE_IN_TRANSACTION_BOUND: Duration = Duration::from_millis(4_500);
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(3);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_COUNT: u32 = 3;
@@ -335,11 +348,13 @@ pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
         )));
     }
     let server_side = format!(
-        "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} -c tcp_user_timeout={}",
+        "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} -c tcp_user_timeout={} \
+         -c idle_in_transaction_session_timeout={}",
         KEEPALIVE_IDLE.as_secs(),
         KEEPALIVE_INTERVAL.as_secs(),
         KEEPALIVE_COUNT,
-        LOSS_BOUND.as_millis()
+        LOSS_BOUND.as_millis(),
+        IDLE_IN_TRANSACTION_BOUND.as_millis()
     );
     let options = match config.get_options() {
         Some(o) if !o.trim().is_empty() => format!("{o} {server_side}"),

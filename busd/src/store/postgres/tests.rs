@@ -125,6 +125,10 @@ fn postgres_config_adds_keepalives_and_names_the_session() {
     assert!(options.starts_with("-c work_mem=8MB "), "{options}");
     assert!(options.contains("-c tcp_keepalives_idle=3"), "{options}");
     assert!(options.contains("-c tcp_user_timeout=9000"), "{options}");
+    assert!(
+        options.contains("-c idle_in_transaction_session_timeout=4500"),
+        "{options}"
+    );
 }
 
 #[test]
