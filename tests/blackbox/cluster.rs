@@ -214,6 +214,30 @@ fn a_subscription_created_while_another_host_starts_reaches_it() {
     assert_eq!(got[0].1, "after", "{got:?}");
 }
 
+/// A lasting failure of the owner's inbox reads (here its role lost the
+/// right to update `dws_inbox`) is retried with a growing backoff, not with
+/// a new database session every few milliseconds.
+#[test]
+fn a_lasting_inbox_failure_on_the_owner_is_retried_with_a_backoff() {
+    let server = PgServer::start();
+    let a = host(&server, "host-a");
+    a.publish("ib.x", "{}", &[]);
+    wait_cluster(&a, "host a owns the cluster", |c| c["role"] == "owner");
+    server.psql("REVOKE UPDATE ON dws_inbox FROM dws");
+    std::thread::sleep(Duration::from_secs(4));
+    let log = std::fs::read_to_string(a.bus_log_path()).unwrap_or_default();
+    let failures = log
+        .lines()
+        .filter(|l| l.contains("draining the cluster inbox failed"))
+        .count();
+    // Polled every second, then retried after 0.1, 0.2, 0.4, 0.8, 1.6 s…
+    assert!(
+        (1..=12).contains(&failures),
+        "{failures} failed inbox reads in 4 s\n{}",
+        a.bus_log_tail()
+    );
+}
+
 /// A database the bus cannot use is an `Error:` before any ready line, with
 /// the exit code of its kind, and the password appears nowhere.
 #[test]

@@ -35,6 +35,10 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(30);
 const ANSWER_POLL: Duration = Duration::from_millis(250);
 /// Inbox rows the owner takes per round.
 const DRAIN_BATCH: i64 = 256;
+/// The owner's wait before it reads the inbox again after a failure,
+/// doubling up to the maximum while the failures go on.
+const DRAIN_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const DRAIN_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 impl Link {
     /// Hands `event` to the cluster's owner; returns the ticket whose answer
@@ -208,37 +212,37 @@ fn answer_of(r: inbox::InboxResult) -> Answer {
 /// The owner's side: takes inbox rows, appends them, answers.
 pub(super) async fn drain(link: Arc<Link>, mut shutdown: Shutdown) {
     let s = link.settings.clone();
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = DRAIN_BACKOFF_MIN;
     loop {
-        let (mut client, _driver, mut notified) =
-            match postgres::listen(&s, "inbox", &["dws_inbox_new"]).await {
-                Ok(sess) => sess,
-                Err(e) => {
-                    tracing::warn!(cause = %e, "cannot read the cluster inbox; retrying");
-                    tokio::select! {
-                        _ = shutdown.recv() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+        match postgres::listen(&s, "inbox", &["dws_inbox_new"]).await {
+            Err(e) => tracing::warn!(cause = %e, "cannot read the cluster inbox; retrying"),
+            Ok((mut client, _driver, mut notified)) => loop {
+                match drain_once(&link, &mut client).await {
+                    Ok(n) => {
+                        backoff = DRAIN_BACKOFF_MIN;
+                        if n as i64 >= DRAIN_BATCH {
+                            continue;
+                        }
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                    continue;
+                    Err(e) => {
+                        tracing::warn!(cause = %e, "draining the cluster inbox failed; reconnecting");
+                        break;
+                    }
                 }
-            };
-        backoff = Duration::from_millis(100);
-        loop {
-            match drain_once(&link, &mut client).await {
-                Ok(n) if n as i64 >= DRAIN_BATCH => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(cause = %e, "draining the cluster inbox failed; reconnecting");
-                    break;
+                tokio::select! {
+                    _ = shutdown.recv() => return,
+                    n = notified.recv() => if n.is_none() { break },
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
-            }
-            tokio::select! {
-                _ = shutdown.recv() => return,
-                n = notified.recv() => if n.is_none() { break },
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
+            },
         }
+        // A failure that lasts (a refused statement, an epoch this host does
+        // not hold) must not become a new session every few milliseconds.
+        tokio::select! {
+            _ = shutdown.recv() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(DRAIN_BACKOFF_MAX);
     }
 }
 
