@@ -322,12 +322,16 @@ async fn serve(
 
     let tracker = TaskTracker::new();
     let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
-    // In a cluster only the lease holder runs the upstream source.
+    // In a cluster only the lease holder runs the upstream source: a fresh
+    // one each time it becomes the owner.
     let source_task = match profile.store.postgres.clone() {
         Some(pg) => {
             let link = cluster::Link::new(pg, hub.clone(), epoch);
             hub.set_cluster_link(link.clone());
-            cluster::spawn(link, source, shutdown.clone());
+            drop(source);
+            let config = profile.source.clone();
+            let make: cluster::SourceFactory = Box::new(move || source::from_config(&config));
+            cluster::spawn(link, make, shutdown.clone());
             None
         }
         None => Some(tokio::spawn(source.run(SourceContext {

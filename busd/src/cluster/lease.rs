@@ -15,18 +15,18 @@ use std::{
 
 use proto::v1;
 
-use super::{forward, run_source, tail, Link};
+use super::{forward, run_source, tail, Link, SourceFactory};
 use crate::{
     shutdown::Shutdown,
-    source::Source,
     store::postgres::{
         self,
         append::{OUTAGE_BOUND, REGAINING},
-        lease::{Lease, LeaseTiming},
+        lease::{Lease, LeaseSession, LeaseTiming},
+        log,
     },
 };
 
-pub(super) async fn run(link: Arc<Link>, source: Box<dyn Source>, mut shutdown: Shutdown) {
+pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Shutdown) {
     let timing = LeaseTiming::default();
     let mut backoff = Duration::from_millis(200);
     let lease = loop {
@@ -46,10 +46,13 @@ pub(super) async fn run(link: Arc<Link>, source: Box<dyn Source>, mut shutdown: 
         }
     };
     let started = Instant::now();
+    // The tail stops first (it could otherwise add a batch after this
+    // host's own first append).
+    link.start_takeover().await;
     // Everything the previous owner appended is in the log now (the epoch
     // bump waited for its last append): read it before sequencing anything.
     let caught_up = match postgres::connect(&link.settings, "takeover").await {
-        Ok((client, _driver)) => tail::catch_up(&link, &client).await,
+        Ok((client, _driver)) => tail::catch_up(&link, &client, false).await,
         Err(e) => Err(e),
     };
     if let Err(e) = caught_up {
@@ -69,14 +72,23 @@ pub(super) async fn run(link: Arc<Link>, source: Box<dyn Source>, mut shutdown: 
         catch_up_ms = started.elapsed().as_millis() as u64,
         "this host owns the cluster's upstream"
     );
-    run_source(&link, source, shutdown.clone());
+    let mut running = Some(run_source(&link, source(), shutdown.clone()));
     tokio::spawn(forward::drain(link.clone(), shutdown.clone()));
     let mut lease = lease;
     loop {
         tokio::select! {
             reason = lease.lost() => {
+                // Not the owner until the lease is back: the upstream
+                // closes now, so another owner's never overlaps it.
+                link.epoch.store(REGAINING, Ordering::Release);
+                if let Some(r) = running.take() {
+                    r.stop().await;
+                }
                 match regain(&link, lease.epoch(), &reason).await {
-                    Ok(again) => lease = again,
+                    Ok(again) => {
+                        lease = again;
+                        running = Some(run_source(&link, source(), shutdown.clone()));
+                    }
                     Err(why) => {
                         link.epoch.store(0, Ordering::Release);
                         link.hub.store_failed(format!("lost the cluster's upstream lease: {why}"));
@@ -97,6 +109,66 @@ pub(super) async fn run(link: Arc<Link>, source: Box<dyn Source>, mut shutdown: 
 /// lease back. It may go on as the owner only if no other host held the
 /// lease in between — its new epoch is exactly one above the old — so no
 /// one else appended. Otherwise, or after [`OUTAGE_BOUND`], it is fenced.
+/// Contends for the lease again until [`OUTAGE_BOUND`] — but gives up at
+/// once when the cluster's epoch moved past `old_epoch`: another host took
+/// the lease, and this one is fenced (its source and appends must stop now,
+/// not when the bound runs out).
+async fn take_back(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, String> {
+    let s = &link.settings;
+    let deadline = Instant::now() + OUTAGE_BOUND;
+    let mut probe: Option<tokio_postgres::Client> = None;
+    let mut session: Option<LeaseSession> = None;
+    let pause = || tokio::time::sleep(Duration::from_millis(250));
+    loop {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{reason}; not regained within {}s",
+                OUTAGE_BOUND.as_secs()
+            ));
+        }
+        if probe.is_none() {
+            probe = postgres::connect(s, "regain")
+                .await
+                .ok()
+                .map(|(c, _driver)| c);
+        }
+        let Some(client) = &probe else {
+            pause().await;
+            continue;
+        };
+        match log::cluster_row(client, &s.cluster).await {
+            Ok(row) if row.epoch > old_epoch => {
+                return Err(format!(
+                    "{reason}; {} took it (epoch {old_epoch} → {})",
+                    row.owner_host.as_deref().unwrap_or("another host"),
+                    row.epoch
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(cause = %e, "the cluster store is still unreachable");
+                probe = None;
+                session = None;
+                pause().await;
+                continue;
+            }
+        }
+        let contender = match session.take() {
+            Some(sess) => Ok(sess),
+            None => LeaseSession::open(s).await,
+        };
+        match contender {
+            Ok(sess) => match sess.try_acquire(LeaseTiming::default()).await {
+                Ok(Ok(lease)) => return Ok(lease),
+                Ok(Err(back)) => session = Some(back),
+                Err(e) => tracing::debug!(cause = %e, "taking the lease back failed"),
+            },
+            Err(e) => tracing::debug!(cause = %e, "the cluster store is still unreachable"),
+        }
+        pause().await;
+    }
+}
+
 /// How long a host that lost its lease's session waits before taking it
 /// back (see [`regain`]).
 const REGAIN_GRACE: Duration = Duration::from_secs(1);
@@ -123,19 +195,7 @@ async fn regain(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, Stri
         v1::SourceStatus::Reconnecting,
         format!("the cluster store is reconnecting: {reason}"),
     );
-    let got = tokio::time::timeout(OUTAGE_BOUND, async {
-        loop {
-            match Lease::acquire_or_wait(&link.settings, LeaseTiming::default()).await {
-                Ok(lease) => return lease,
-                Err(e) => {
-                    tracing::debug!(cause = %e, "the cluster store is still unreachable");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            }
-        }
-    })
-    .await
-    .map_err(|_| format!("{reason}; not regained within {}s", OUTAGE_BOUND.as_secs()))?;
+    let got = take_back(link, old_epoch, reason).await?;
     if got.epoch() != old_epoch + 1 {
         return Err(format!(
             "{reason}; another host held it meanwhile (epoch {old_epoch} → {})",

@@ -70,6 +70,12 @@ pub struct Link {
     owner: AtomicBool,
     /// Wakes the follower's tail to stop (this host became the owner).
     became_owner: Notify,
+    /// This host got the lease and is taking over: the tail must stop.
+    taking_over: AtomicBool,
+    /// The tail task runs (set before it is spawned), and says when it
+    /// stopped.
+    tail_running: AtomicBool,
+    tail_stopped: Notify,
     next_ticket: AtomicU64,
     answers: Mutex<HashMap<u64, Option<Answer>>>,
     /// The forwarder task's queue, started by the first forward. Bounded by
@@ -85,6 +91,9 @@ impl Link {
             epoch,
             owner: AtomicBool::new(false),
             became_owner: Notify::new(),
+            taking_over: AtomicBool::new(false),
+            tail_running: AtomicBool::new(false),
+            tail_stopped: Notify::new(),
             next_ticket: AtomicU64::new(1),
             answers: Mutex::new(HashMap::new()),
             forwards: Mutex::new(None),
@@ -94,6 +103,27 @@ impl Link {
     /// Whether this host holds the lease and appends to the log itself.
     pub fn is_owner(&self) -> bool {
         self.owner.load(Ordering::Acquire)
+    }
+
+    fn taking_over(&self) -> bool {
+        self.taking_over.load(Ordering::SeqCst)
+    }
+
+    /// Stops the tail and waits until it did (bounded: a read in progress
+    /// finishes first).
+    async fn start_takeover(&self) {
+        self.taking_over.store(true, Ordering::SeqCst);
+        self.became_owner.notify_waiters();
+        loop {
+            let stopped = self.tail_stopped.notified();
+            tokio::pin!(stopped);
+            stopped.as_mut().enable();
+            if !self.tail_running.load(Ordering::SeqCst) {
+                return;
+            }
+            // The flag is rechecked after every wake (and every second).
+            let _ = tokio::time::timeout(Duration::from_secs(1), stopped).await;
+        }
     }
 
     /// Whether the forwarded publish `ticket` has its answer.
@@ -127,7 +157,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Starts the cluster tasks of this host: the follower's tail, the lease
 /// contention (which runs `source` once this host owns the upstream), and
 /// the status refresh with the host's heartbeat. They end with `shutdown`.
-pub fn spawn(link: Arc<Link>, source: Box<dyn Source>, shutdown: Shutdown) {
+pub fn spawn(link: Arc<Link>, source: SourceFactory, shutdown: Shutdown) {
     // Until this host owns the upstream, its events come from the owner
     // through the log: for its consumers that is a connected source.
     link.hub.set_source_state(
@@ -139,6 +169,7 @@ pub fn spawn(link: Arc<Link>, source: Box<dyn Source>, shutdown: Shutdown) {
         },
         None,
     );
+    link.tail_running.store(true, Ordering::SeqCst);
     tokio::spawn(tail::run(link.clone(), shutdown.clone()));
     tokio::spawn(shared::run(link.clone(), shutdown.clone()));
     tokio::spawn(lease::run(link.clone(), source, shutdown.clone()));
@@ -290,10 +321,34 @@ fn role_name(owner: bool) -> &'static str {
     }
 }
 
+/// Builds the profile's upstream source: once for every time this host
+/// becomes the owner (a source runs once).
+pub type SourceFactory = Box<dyn Fn() -> Box<dyn Source> + Send + Sync>;
+
+/// An owner's running upstream source, stoppable on its own (a lost lease)
+/// as well as by the bus's shutdown.
+struct RunningSource {
+    stop: crate::shutdown::ShutdownTrigger,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningSource {
+    /// Stops the source and waits (bounded) until it closed its upstream
+    /// connection, so the next owner's never overlaps it.
+    async fn stop(self) {
+        self.stop.trigger(v1::ByeReason::Shutdown);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.task).await;
+    }
+}
+
 /// Runs the upstream source of an owner (see [`lease`]).
-fn run_source(link: &Link, source: Box<dyn Source>, shutdown: Shutdown) {
-    tokio::spawn(source.run(SourceContext {
+fn run_source(link: &Link, source: Box<dyn Source>, mut bus: Shutdown) -> RunningSource {
+    let (stop, shutdown) = crate::shutdown::channel();
+    let forward = stop.clone();
+    tokio::spawn(async move { forward.trigger(bus.recv().await) });
+    let task = tokio::spawn(source.run(SourceContext {
         hub: link.hub.clone(),
         shutdown,
     }));
+    RunningSource { stop, task }
 }

@@ -7,7 +7,10 @@
 //! reopened with a backoff; meanwhile the host's consumers just see no new
 //! events.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
 
 use proto::v1;
 use tokio_postgres::Client;
@@ -22,10 +25,20 @@ use crate::{
 /// Rows read per query.
 const BATCH: i64 = 1000;
 
-pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
+/// Runs the tail until this host takes over (or the bus stops), then says
+/// it stopped: the lease task reads the rest of the log only after that, so
+/// no batch of the tail can land after the new owner's own first append.
+pub(super) async fn run(link: Arc<Link>, shutdown: Shutdown) {
+    follow(&link, shutdown).await;
+    link.tail_running.store(false, Ordering::SeqCst);
+    link.tail_stopped.notify_waiters();
+}
+
+async fn follow(link: &Arc<Link>, mut shutdown: Shutdown) {
+    let link = link.clone();
     let mut backoff = Duration::from_millis(100);
     let mut down = false;
-    while !link.is_owner() {
+    while !link.taking_over() {
         let session = postgres::listen(&link.settings, "tail", &["dws_log"]).await;
         let (client, _driver, mut notified) = match session {
             Ok(s) => s,
@@ -50,10 +63,10 @@ pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
         };
         backoff = Duration::from_millis(100);
         loop {
-            if link.is_owner() {
+            if link.taking_over() {
                 return;
             }
-            if let Err(e) = catch_up(&link, &client).await {
+            if let Err(e) = catch_up(&link, &client, true).await {
                 tracing::warn!(cause = %e, "reading the cluster log failed; reconnecting");
                 break;
             }
@@ -84,11 +97,19 @@ fn follower_state(link: &Link, status: v1::SourceStatus, reason: String) {
     );
 }
 
-/// Reads the log past the hub's head until there is nothing more.
-pub(super) async fn catch_up(link: &Link, client: &Client) -> Result<u64, PgError> {
+/// Reads the log past the hub's head until there is nothing more — or,
+/// for the tail (`yield_to_takeover`), until this host starts taking over.
+pub(super) async fn catch_up(
+    link: &Link,
+    client: &Client,
+    yield_to_takeover: bool,
+) -> Result<u64, PgError> {
     let cluster = &link.settings.cluster;
     let mut read = 0;
     loop {
+        if yield_to_takeover && link.taking_over() {
+            return Ok(read);
+        }
         let head = link.hub.head_seq();
         let rows = log::read_after(client, cluster, head, BATCH).await?;
         let n = rows.len();
