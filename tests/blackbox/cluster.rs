@@ -15,6 +15,7 @@ mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};
 
+use dws_tests::common::cluster_host as host;
 use dws_tests::{
     common::{sub, subscribe_ok},
     pg::PgServer,
@@ -24,16 +25,6 @@ use serde_json::Value;
 
 /// How long the cluster may take to show something (a refresh is 1 s).
 const CLUSTER_WAIT: Duration = Duration::from_secs(15);
-
-/// One host of the cluster on `server`.
-fn host(server: &PgServer, name: &str) -> TestEnv {
-    TestEnv::with_env(&[
-        ("DWS_EVENT_BUS_STORE", "postgres"),
-        ("DWS_POSTGRES_URL", server.url().as_str()),
-        ("DWS_CLUSTER_HOST", name),
-        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
-    ])
-}
 
 fn cluster_of(env: &TestEnv) -> Value {
     env.status()["cluster"].clone()

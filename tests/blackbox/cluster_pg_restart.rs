@@ -7,17 +7,9 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
-use dws_tests::{pg::PgServer, Sig, TestEnv, EXIT_TIMEOUT};
+use dws_tests::common::cluster_host as host;
+use dws_tests::{pg::PgServer, Sig, EXIT_TIMEOUT};
 use serde_json::Value;
-
-fn host(server: &PgServer, name: &str) -> TestEnv {
-    TestEnv::with_env(&[
-        ("DWS_EVENT_BUS_STORE", "postgres"),
-        ("DWS_POSTGRES_URL", server.url().as_str()),
-        ("DWS_CLUSTER_HOST", name),
-        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
-    ])
-}
 
 fn ids(lines: &[String]) -> Vec<String> {
     lines

@@ -10,18 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use dws_tests::common::cluster_host as host;
 use dws_tests::{pg::PgServer, Child, TestEnv, EXIT_TIMEOUT};
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
-
-fn host(server: &PgServer, name: &str) -> TestEnv {
-    TestEnv::with_env(&[
-        ("DWS_EVENT_BUS_STORE", "postgres"),
-        ("DWS_POSTGRES_URL", server.url().as_str()),
-        ("DWS_CLUSTER_HOST", name),
-        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
-    ])
-}
 
 /// Starts `env`'s bus and waits until it knows subscription `id`.
 fn wait_known(env: &TestEnv, id: &str) {

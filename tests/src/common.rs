@@ -1,5 +1,5 @@
 //! Helpers shared by the black-box test modules: status lookups, the fields
-//! of event JSON, and publishing many events at once.
+//! of event JSON, publishing many events at once, and cluster hosts.
 
 use std::{
     thread,
@@ -102,4 +102,16 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_millis() as u64
+}
+
+/// One "host" of a cluster on `server` (`store = "postgres"`): a
+/// [`TestEnv`] of its own named `name` in the cluster, whose bus does not
+/// go idle during a test.
+pub fn cluster_host(server: &crate::pg::PgServer, name: &str) -> TestEnv {
+    TestEnv::with_env(&[
+        ("DWS_EVENT_BUS_STORE", "postgres"),
+        ("DWS_POSTGRES_URL", server.url().as_str()),
+        ("DWS_CLUSTER_HOST", name),
+        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
+    ])
 }
