@@ -293,7 +293,15 @@ async fn serve(
             },
             default_ttl: args.default_ttl,
             default_window: args.window,
-            dedup_capacity: usize::try_from(args.dedup_capacity).unwrap_or(usize::MAX),
+            // A cluster's log refuses a duplicate id anywhere in what it
+            // retains (its unique index): the dedup window must cover the
+            // retained log, or an old id redelivered upstream would reach
+            // the database and stop the owner.
+            dedup_capacity: usize::try_from(match profile.store.kind {
+                store::StoreKind::Postgres => args.dedup_capacity.max(args.retention_events),
+                _ => args.dedup_capacity,
+            })
+            .unwrap_or(usize::MAX),
             idle_timeout: args.idle_timeout,
             source_kind: source.kind().to_owned(),
             inline_commit: profile.store.kind == store::StoreKind::Memory,
