@@ -18,7 +18,7 @@ use crate::{profile::Secret, ready::FailureKind, ready::StartError};
 
 const CANARY: &str = "S3cretCanary";
 
-fn settings(url: &str, host: &str) -> PgSettings {
+pub(super) fn settings(url: &str, host: &str) -> PgSettings {
     PgSettings {
         url: Secret::new(url),
         cluster: "c1".into(),
@@ -26,8 +26,13 @@ fn settings(url: &str, host: &str) -> PgSettings {
     }
 }
 
+/// [`settings`] for the harness's server.
+pub(super) fn server_settings(server: &PgServer, host: &str) -> PgSettings {
+    settings(&server.url(), host)
+}
+
 /// Fast clocks, so a lost lease shows within a test's patience.
-fn quick() -> LeaseTiming {
+pub(super) fn quick() -> LeaseTiming {
     LeaseTiming {
         retry: Duration::from_millis(50),
         heartbeat: Duration::from_millis(100),
@@ -35,7 +40,7 @@ fn quick() -> LeaseTiming {
     }
 }
 
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+pub(super) async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(15), f)
         .await
         .unwrap_or_else(|_| panic!("{what}: not within 15 s"))

@@ -7,38 +7,17 @@ use bytes::Bytes;
 use dws_tests::pg::PgServer;
 use tokio_postgres::Client;
 
+use super::tests::{quick, server_settings as settings, within};
 use super::{
     connect, hosts,
     inbox::{self, InboxResult},
-    lease::{Lease, LeaseTiming},
+    lease::Lease,
     listen,
     log::{self, ClusterRow},
     schema::migrate,
-    Driver, PgError, PgSettings,
+    Driver, PgError,
 };
-use crate::{eventlog::LoggedEvent, hub::NewEvent, profile::Secret};
-
-fn settings(server: &PgServer, host: &str) -> PgSettings {
-    PgSettings {
-        url: Secret::new(server.url()),
-        cluster: "c1".into(),
-        host: host.into(),
-    }
-}
-
-fn quick() -> LeaseTiming {
-    LeaseTiming {
-        retry: Duration::from_millis(50),
-        heartbeat: Duration::from_millis(100),
-        answer_within: Duration::from_secs(2),
-    }
-}
-
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(15), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not within 15 s"))
-}
+use crate::{eventlog::LoggedEvent, hub::NewEvent};
 
 /// A migrated connection of host `host`.
 async fn store_conn(server: &PgServer, host: &str) -> (Client, Driver) {

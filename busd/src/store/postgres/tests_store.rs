@@ -9,24 +9,17 @@ use std::sync::{
 use bytes::Bytes;
 use dws_tests::pg::PgServer;
 
+use super::tests::server_settings as settings;
 use super::{
     hosts,
     store::{instance_for_host, preflight, PgStore, FENCED_PREFIX},
-    PgError, PgSettings,
+    PgError,
 };
 use crate::{
     eventlog::LoggedEvent,
     profile::Secret,
     store::{Recovered, Snapshot, Store, StoreError, SubCounters, SubRecord, SNAPSHOT_FORMAT},
 };
-
-fn settings(server: &PgServer, host: &str) -> PgSettings {
-    PgSettings {
-        url: Secret::new(server.url()),
-        cluster: "c1".into(),
-        host: host.into(),
-    }
-}
 
 fn store(server: &PgServer, host: &str, epoch: i64) -> (PgStore, Arc<AtomicI64>) {
     let e = Arc::new(AtomicI64::new(epoch));
