@@ -13,10 +13,9 @@ use std::{
 use dws_tests::{fake_dingtalk::FakeDingTalk, pg::PgServer, wait_pid_gone, Sig, EXIT_TIMEOUT};
 
 use super::{
-    seqs_and_ids,
     upstream::{
-        acked_count, assert_log_is, assert_once_in_order, assert_one_connection_at_a_time,
-        assert_prefix_consistent, busd_pid, ev, lines_until, push_stream, signal, teardown,
+        acked_count, assert_once_in_order, assert_one_connection_at_a_time,
+        assert_survivor_has_everything, busd_pid, lines_until, push_stream, signal, teardown,
         wait_new_connection, TwoHosts, T, TAKEOVER_BOUND,
     },
     wait_cluster,
@@ -71,28 +70,16 @@ fn the_owner_killed_with_9_hands_the_upstream_over_and_every_acked_event_arrives
         follower.bus_log_tail()
     );
 
-    fake.wait_until("every event acked", T, |s| {
-        s.outbox.len() == N && s.unacked() == 0
-    });
-    let last = "fo-last";
-    let mid = fake.push_event(&ev(last));
-    fake.wait_ack(&mid, T);
-    let mut want = ids.clone();
-    want.push(last.into());
-    let got = lines_until(&mut c_follower, last);
-    assert_once_in_order(&got, &want, "the survivor's consumer");
-
-    let dead = seqs_and_ids(
-        &c_owner
-            .wait_exit(EXIT_TIMEOUT)
-            .stdout_lines()
-            .iter()
-            .map(|l| l.to_string())
-            .collect::<Vec<_>>(),
+    let out_owner = c_owner.wait_exit(EXIT_TIMEOUT);
+    assert_survivor_has_everything(
+        &server,
+        &fake,
+        &mut c_follower,
+        &ids,
+        "fo-last",
+        &out_owner.stdout_lines(),
+        "the killed owner's consumer",
     );
-    assert!(!dead.is_empty(), "the first owner's consumer got events");
-    assert_prefix_consistent(&dead, &got, "the killed owner's consumer");
-    assert_log_is(&server, &got);
 
     // One connection at a time: the first owner's, then the new owner's.
     assert_one_connection_at_a_time(&fake);

@@ -16,9 +16,9 @@ use super::{
     seqs_and_ids,
     upstream::{
         acked_count, acked_on, assert_log_is, assert_once_in_order,
-        assert_one_connection_at_a_time, assert_prefix_consistent, busd_pid, ev, head_seq,
-        lines_until, push_stream, signal, teardown, wait_new_connection, TwoHosts, T,
-        TAKEOVER_BOUND,
+        assert_one_connection_at_a_time, assert_prefix_consistent, assert_survivor_has_everything,
+        busd_pid, ev, head_seq, lines_until, push_stream, signal, teardown, wait_new_connection,
+        TwoHosts, T, TAKEOVER_BOUND,
     },
     wait_cluster,
 };
@@ -96,26 +96,15 @@ fn a_terminated_lease_session_stops_the_old_owner_and_the_other_host_takes_over(
     );
     assert_one_connection_at_a_time(&fake);
 
-    fake.wait_until("every event acked", T, |s| {
-        s.outbox.len() == N && s.unacked() == 0
-    });
-    let last = "ll-last";
-    let mid = fake.push_event(&ev(last));
-    fake.wait_ack(&mid, T);
-    let mut want = ids.clone();
-    want.push(last.into());
-    let got = lines_until(&mut c_follower, last);
-    assert_once_in_order(&got, &want, "the survivor's consumer");
-    let dead = seqs_and_ids(
-        &out_owner
-            .stdout_lines()
-            .iter()
-            .map(|l| l.to_string())
-            .collect::<Vec<_>>(),
+    let got = assert_survivor_has_everything(
+        &server,
+        &fake,
+        &mut c_follower,
+        &ids,
+        "ll-last",
+        &out_owner.stdout_lines(),
+        "the fenced owner's consumer",
     );
-    assert!(!dead.is_empty(), "the first owner's consumer got events");
-    assert_prefix_consistent(&dead, &got, "the fenced owner's consumer");
-    assert_log_is(&server, &got);
     wait_cluster(&follower, "the survivor owns the upstream", |c| {
         c["owner"] == follower_name && c["role"] == "owner"
     });

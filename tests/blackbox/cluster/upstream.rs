@@ -311,3 +311,34 @@ pub(super) fn assert_log_is(server: &PgServer, survivor: &[(u64, String)]) {
         "the log has gaps: {rows:?}"
     );
 }
+
+/// The end of a takeover test: once the fake saw all `ids` acked, one more
+/// event `last` goes through the new owner; the survivor's consumer has
+/// every event once, in order; what the old owner's consumer printed
+/// (`old_stdout`) is a consistent prefix of it; the log is exactly that.
+/// Returns the survivor's `(seq, id)`s.
+pub(super) fn assert_survivor_has_everything(
+    server: &PgServer,
+    fake: &FakeDingTalk,
+    survivor: &mut Child,
+    ids: &[String],
+    last: &str,
+    old_stdout: &[&str],
+    old_who: &str,
+) -> Vec<(u64, String)> {
+    fake.wait_until("every event acked", T, |s| {
+        s.outbox.len() == ids.len() && s.unacked() == 0
+    });
+    let mid = fake.push_event(&ev(last));
+    fake.wait_ack(&mid, T);
+    let mut want = ids.to_vec();
+    want.push(last.into());
+    let got = lines_until(survivor, last);
+    assert_once_in_order(&got, &want, "the survivor's consumer");
+    let old: Vec<String> = old_stdout.iter().map(|l| l.to_string()).collect();
+    let dead = seqs_and_ids(&old);
+    assert!(!dead.is_empty(), "the first owner's consumer got events");
+    assert_prefix_consistent(&dead, &got, old_who);
+    assert_log_is(server, &got);
+    got
+}
