@@ -79,40 +79,40 @@ async fn forwarder(link: Arc<Link>, mut rx: mpsc::UnboundedReceiver<(u64, NewEve
     let s = link.settings.clone();
     let mut waiting: Vec<Waiting> = Vec::new();
     let mut session = None;
+    // A publish that arrived while the database was unreachable: tried on
+    // the next session.
+    let mut next: Option<(u64, NewEvent)> = None;
     loop {
         if session.is_none() {
             match postgres::listen(&s, "forward", &["dws_inbox"]).await {
-                Ok((client, driver, notified)) => session = Some((client, driver, notified)),
+                Ok(sess) => session = Some(sess),
                 Err(e) => {
-                    // Everything queued now fails; later publishes retry.
-                    while let Ok((ticket, _)) = rx.try_recv() {
+                    // Everything queued or waiting fails now; the next
+                    // publish tries a new session.
+                    let queued = next
+                        .take()
+                        .into_iter()
+                        .chain(std::iter::from_fn(|| rx.try_recv().ok()));
+                    for (ticket, _) in queued {
                         link.answer(ticket, Err(unavailable(&e)));
                     }
                     for w in waiting.drain(..) {
                         link.answer(w.ticket, Err(unavailable(&e)));
                     }
                     match rx.recv().await {
-                        Some((ticket, event)) => {
-                            // Try once more for this one.
-                            match postgres::listen(&s, "forward", &["dws_inbox"]).await {
-                                Ok(sess) => {
-                                    session = Some(sess);
-                                    if let Some((client, ..)) = &session {
-                                        push(&link, client, ticket, event, &mut waiting).await;
-                                    }
-                                }
-                                Err(e) => link.answer(ticket, Err(unavailable(&e))),
-                            }
-                            continue;
-                        }
+                        Some(item) => next = Some(item),
                         None => return,
                     }
+                    continue;
                 }
             }
         }
         let Some((client, _driver, notified)) = &mut session else {
             continue;
         };
+        if let Some((ticket, event)) = next.take() {
+            push(&link, client, ticket, event, &mut waiting).await;
+        }
         let poll = if waiting.is_empty() {
             Duration::from_secs(3600)
         } else {

@@ -294,7 +294,12 @@ impl Hub {
     /// nacks (deliver again after a delay).
     pub fn ack(&self, conn: ConnId, ack: &v1::Ack) {
         let mut st = self.state();
-        let State { subs, conns, .. } = &mut *st;
+        let State {
+            subs,
+            conns,
+            shared_work,
+            ..
+        } = &mut *st;
         let Some(c) = conns.get_mut(&conn) else {
             return;
         };
@@ -314,16 +319,8 @@ impl Hub {
             }
         }
         if !shared_acked.is_empty() {
-            let id = sub.id.clone();
-            st.shared_work.acked(&id, shared_acked);
+            shared_work.acked(&sub.id, shared_acked);
         }
-        let State { subs, conns, .. } = &mut *st;
-        let Some(c) = conns.get_mut(&conn) else {
-            return;
-        };
-        let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
-            return;
-        };
         let now = Instant::now();
         let mut nacked = false;
         for nack in &ack.nacks {

@@ -33,10 +33,6 @@ impl SharedWork {
             self.released.entry(id.to_owned()).or_default().extend(seqs);
         }
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.acked.is_empty() && self.released.is_empty()
-    }
 }
 
 /// What one shared subscription would claim now.
