@@ -29,6 +29,7 @@
 
 pub mod common;
 pub mod fake_dingtalk;
+pub mod history;
 pub mod pg;
 pub mod wire;
 
