@@ -38,7 +38,7 @@ fn seeds() -> Vec<u64> {
     let base: u64 = std::env::var("DWS_FAULT_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| dws_tests::common::now_ms());
+        .unwrap_or_else(dws_tests::common::now_ms);
     (0..n).map(|i| base.wrapping_add(i)).collect()
 }
 
