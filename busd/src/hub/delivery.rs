@@ -17,30 +17,12 @@ use proto::{
 };
 
 use super::{ConnHandle, ConnId, Hub, State};
-use crate::{clock::now_ms, eventlog::LoggedEvent, store::StoreInfo, upstream::Refusal};
-
-/// An event on its way into the log, before it has a seq. Serializable: a
-/// cluster host that does not own the log hands its publishes to the owner
-/// through the database (`store::postgres::inbox`).
-#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
-pub struct NewEvent {
-    /// Dedup scope: the upstream subscription the event came through.
-    pub scope: String,
-    /// Empty: generated, and the event is not deduplicated.
-    pub event_id: String,
-    pub event_type: String,
-    pub event_born_time: i64,
-    pub event_corp_id: String,
-    pub event_unified_app_id: String,
-    pub source_id: String,
-    pub rule_type: String,
-    /// The upstream subscription the event was routed to (personal stream):
-    /// only local subscriptions bound to it receive the event. Empty: route
-    /// by event type alone.
-    pub upstream_subscription: String,
-    pub data: String,
-    pub headers: BTreeMap<String, String>,
-}
+use crate::{
+    clock::now_ms,
+    eventlog::{LoggedEvent, NewEvent},
+    store::StoreInfo,
+    upstream::Refusal,
+};
 
 /// Result of [`Hub::append`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -189,7 +189,7 @@ impl Hub {
             sub.max_deliver = req.max_deliver;
             sub.on_poison = v1::PoisonPolicy::try_from(req.on_poison).unwrap_or_default();
             if req.shared {
-                if self.shared.cluster.get().is_none() {
+                if !cfg.clustered {
                     return Err(Refusal::new(
                         ErrorCode::BadRequest,
                         "--delivery shared needs store = \"postgres\" (a cluster of hosts)",
