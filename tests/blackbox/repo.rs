@@ -110,12 +110,12 @@ fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
         let mut rest = code;
         while let Some(at) = rest.find("crate::") {
             rest = &rest[at + "crate::".len()..];
-            if rest.starts_with('{') {
+            if let Some(inner) = rest.strip_prefix('{') {
                 // `use crate::{a::X, b, c::{..}}`: the first name of each part
                 // at the top level of the braces.
                 let mut depth = 0;
                 let mut part = String::new();
-                for ch in rest[1..].chars() {
+                for ch in inner.chars() {
                     match ch {
                         '{' => depth += 1,
                         '}' if depth == 0 => break,
