@@ -20,15 +20,21 @@
 //!
 //! Here: the state, fan-out, eviction, attach/detach, pull and acks. The
 //! stored form (`record`, `restore`) is in `record`, the operator verbs in
-//! `verbs`; unit tests in `tests`, the property test against a model in
-//! `model`.
+//! `verbs`, the words of slow consumers (progress, term, backoff, delayed
+//! events kept from retention) in `slow`; unit tests in `tests` and
+//! `slow_tests`, the property test against a model in `model`.
 
 #[cfg(test)]
 mod model;
 mod record;
+mod slow;
+#[cfg(test)]
+mod slow_tests;
 #[cfg(test)]
 mod tests;
 mod verbs;
+
+pub use slow::{wall_ms, MAX_DELAYED_PINNED};
 
 use std::{
     collections::VecDeque,
@@ -78,6 +84,8 @@ pub struct Parked {
     pub event: Arc<LoggedEvent>,
     pub deliveries: u32,
     pub parked_at_ms: i64,
+    /// Why, when the consumer parked it itself (`term`).
+    pub reason: Option<String>,
 }
 
 /// Whether a subscription delivers.
@@ -112,6 +120,10 @@ pub struct Subscription {
     pub upstream_id: Option<String>,
     pub max_deliver: u32,
     pub on_poison: PoisonPolicy,
+    /// The delay before the Nth redelivery after an ack-wait expiry or a
+    /// nack without a delay is `backoff[N-1]`, the last step repeating;
+    /// empty: at once.
+    pub backoff: Vec<Duration>,
     pub state: State,
     /// Shared delivery (cluster): events enter `pending` only when this
     /// host claimed them ([`Subscription::push_claimed`]), never by `offer`.
@@ -187,6 +199,7 @@ impl Subscription {
             upstream_id,
             max_deliver: 0,
             on_poison: PoisonPolicy::PoisonHalt,
+            backoff: Vec::new(),
             state: State::Active,
             shared: false,
             pending: VecDeque::new(),
@@ -236,10 +249,13 @@ impl Subscription {
     }
 
     /// Retention evicted `seq` from the log. If it was pending and not in
-    /// flight it is lost, and reported with the next delivery.
+    /// flight (or waiting out a delay, within [`MAX_DELAYED_PINNED`]) it is
+    /// lost, and reported with the next delivery.
     pub fn evicted(&mut self, seq: u64) {
         if let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) {
-            match self.pending[i].slot {
+            let slot = self.pending[i].slot;
+            match slot {
+                Slot::Delayed { .. } if self.keeps_delayed(i) => {}
                 Slot::Unsent | Slot::Delayed { .. } => {
                     self.pending.remove(i);
                     self.removed_at(i);
@@ -398,9 +414,10 @@ impl Subscription {
         if out.halted.is_some() {
             self.halt_told = true;
         }
-        // Explicit acks: what waited too long goes out again.
+        // Explicit acks: what waited too long goes out again (after its
+        // backoff step).
         if let Some(wait) = self.explicit {
-            self.unsend_in_flight(|since| since + wait <= now);
+            self.expire_in_flight(wait, now);
         }
         // With explicit acks every in-flight event's wait counts for
         // `next_due`: look at all of them.
@@ -456,7 +473,7 @@ impl Subscription {
                     since_unix_ms: crate::clock::now_ms(),
                 };
                 if self.on_poison == PoisonPolicy::PoisonPark {
-                    self.park_at(i);
+                    self.park_at(i, None);
                     continue;
                 }
                 self.state = State::Halted(halt.clone());
@@ -484,8 +501,8 @@ impl Subscription {
         out
     }
 
-    /// Moves `pending[i]` to the parked list.
-    fn park_at(&mut self, i: usize) {
+    /// Moves `pending[i]` to the parked list (`reason`: the consumer's).
+    fn park_at(&mut self, i: usize, reason: Option<String>) {
         let Some(entry) = self.pending.remove(i) else {
             return;
         };
@@ -503,6 +520,7 @@ impl Subscription {
             event: entry.event,
             deliveries: entry.deliveries,
             parked_at_ms: crate::clock::now_ms(),
+            reason,
         });
     }
 

@@ -69,6 +69,8 @@ fn sub(id: &str, cursor: u64) -> SubRecord {
         deliveries: vec![(cursor + 1, 2)],
         parked: vec![],
         acked: vec![cursor + 2],
+        backoff_ms: vec![1_000, 60_000],
+        delayed: vec![(cursor + 1, 1_700_000_100_000)],
     }
 }
 
