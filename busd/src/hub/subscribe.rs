@@ -191,7 +191,11 @@ impl Hub {
             if let Err(why) = proto::limits::check_backoff(&req.backoff_ms) {
                 return Err(Refusal::new(ErrorCode::BadRequest, why));
             }
-            sub.backoff = req.backoff_ms.iter().map(|&ms| Duration::from_millis(ms)).collect();
+            sub.backoff = req
+                .backoff_ms
+                .iter()
+                .map(|&ms| Duration::from_millis(ms))
+                .collect();
             if req.shared {
                 if self.shared.cluster.get().is_none() {
                     return Err(Refusal::new(

@@ -7,12 +7,13 @@
 //! `pending` holds the matched events not yet acked, in seq order, each in a
 //! [`Slot`]: unsent, in flight to the attached consumer, acked out of order
 //! (explicit acks; dropped once everything before it is acked too), or
-//! nacked with a delay. In-flight events are pinned: retention does not take
-//! them from the subscription (at most one window of them), so they can be
-//! delivered again if the consumer goes away without acking. Everything else
-//! in `pending` is also in the log; when retention evicts it before it was
-//! sent, it is dropped and counted as lost, and the next consumer to read
-//! past it gets a gap.
+//! waiting out a delay (a nack's or a backoff step's). In-flight events are
+//! pinned: retention does not take them from the subscription (at most one
+//! window of them), so they can be delivered again if the consumer goes away
+//! without acking; delayed ones are pinned too, up to
+//! [`MAX_DELAYED_PINNED`]. Everything else in `pending` is also in the log;
+//! when retention evicts it before it was sent, it is dropped and counted as
+//! lost, and the next consumer to read past it gets a gap.
 //!
 //! Every delivery of an event is counted. With `max_deliver`, an event about
 //! to be delivered again after that many deliveries is poison: the
@@ -20,13 +21,15 @@
 //!
 //! Here: the state, fan-out, eviction, attach/detach, pull and acks. The
 //! stored form (`record`, `restore`) is in `record`, the operator verbs in
-//! `verbs`, the words of slow consumers (progress, term, backoff, delayed
-//! events kept from retention) in `slow`; unit tests in `tests` and
-//! `slow_tests`, the property test against a model in `model`.
+//! `verbs`, shared delivery's claimed events in `shared`, the words of slow
+//! consumers (progress, term, backoff, delayed events kept from retention)
+//! in `slow`; unit tests in `tests` and `slow_tests`, the property test
+//! against a model in `model`.
 
 #[cfg(test)]
 mod model;
 mod record;
+mod shared;
 mod slow;
 #[cfg(test)]
 mod slow_tests;
@@ -306,68 +309,6 @@ impl Subscription {
         if let Some(i) = first {
             self.reopen(i);
         }
-    }
-
-    /// Shared delivery: an event this host claimed, delivered for the
-    /// `deliveries`-th time (a claim taken over from a host that died counts
-    /// again, so the delivery is marked redelivered). Kept in seq order.
-    pub fn push_claimed(&mut self, event: Arc<LoggedEvent>, deliveries: u32) -> bool {
-        let Err(at) = self
-            .pending
-            .binary_search_by_key(&event.seq, |e| e.event.seq)
-        else {
-            return false;
-        };
-        self.pending.insert(
-            at,
-            Entry {
-                event,
-                slot: Slot::Unsent,
-                deliveries: deliveries.saturating_sub(1),
-            },
-        );
-        self.counters.matched += 1;
-        self.reopen(at);
-        true
-    }
-
-    /// Whether `seq` is pending here (claimed by this host, not yet acked).
-    pub fn holds(&self, seq: u64) -> bool {
-        self.pending
-            .binary_search_by_key(&seq, |e| e.event.seq)
-            .is_ok_and(|i| self.pending[i].slot != Slot::Acked)
-    }
-
-    /// The in-flight events at or below `seq` (what a cumulative ack of
-    /// `seq` acks).
-    pub fn in_flight_upto(&self, seq: u64) -> Vec<u64> {
-        self.pending
-            .iter()
-            .take_while(|e| e.event.seq <= seq)
-            .filter(|e| matches!(e.slot, Slot::InFlight { .. }))
-            .map(|e| e.event.seq)
-            .collect()
-    }
-
-    /// Shared delivery, the consumer left: everything not acked is given
-    /// back (the claims are released, so another host delivers them).
-    pub fn release_all(&mut self) -> Vec<u64> {
-        let seqs = self
-            .pending
-            .iter()
-            .filter(|e| e.slot != Slot::Acked)
-            .map(|e| e.event.seq)
-            .collect();
-        self.pending.clear();
-        self.in_flight = 0;
-        self.acked_in_queue = 0;
-        self.rescan();
-        seqs
-    }
-
-    /// Shared delivery: room for more claims (within the window).
-    pub fn claim_room(&self) -> usize {
-        self.window.saturating_sub(self.pending_len())
     }
 
     /// `pending[i]` became sendable (unsent or delayed): the scan must

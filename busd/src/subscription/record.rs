@@ -56,7 +56,11 @@ impl Subscription {
         sub.counters = rec.counters;
         sub.max_deliver = rec.max_deliver;
         sub.shared = rec.shared;
-        sub.backoff = rec.backoff_ms.iter().map(|&ms| Duration::from_millis(ms)).collect();
+        sub.backoff = rec
+            .backoff_ms
+            .iter()
+            .map(|&ms| Duration::from_millis(ms))
+            .collect();
         sub.on_poison = if rec.on_poison == "park" {
             PoisonPolicy::PoisonPark
         } else {

@@ -215,7 +215,10 @@ mod tests {
         assert_eq!(settle("progress 7", &mut d).unwrap().progress, [7]);
         assert_eq!(d, delivered(&[4, 7]));
         let ack = settle("term 7 schema mismatch", &mut d).unwrap();
-        assert_eq!((ack.terms[0].seq, ack.terms[0].reason.as_str()), (7, "schema mismatch"));
+        assert_eq!(
+            (ack.terms[0].seq, ack.terms[0].reason.as_str()),
+            (7, "schema mismatch")
+        );
         assert_eq!(d, delivered(&[4]));
         assert_eq!(settle("progress 7", &mut d), Err(not_ours(7)));
         assert_eq!(settle("term 7", &mut d), Err(not_ours(7)));
