@@ -1325,7 +1325,14 @@ fn examples_keep_a_slow_event_alive_with_progress_and_term_a_hopeless_one() {
                 "--stop-with",
                 "stdin",
             ],
-            &["--subscribe-id", "s3", "--ack", "explicit", "--ack-wait", "1s"],
+            &[
+                "--subscribe-id",
+                "s3",
+                "--ack",
+                "explicit",
+                "--ack-wait",
+                "1s",
+            ],
         );
         wait_example_ready(&mut c, None);
         env.publish("slow.a", "big", &[]);
@@ -1347,7 +1354,12 @@ fn examples_keep_a_slow_event_alive_with_progress_and_term_a_hopeless_one() {
         let st = env.status();
         let s3 = listed(&st, "s3");
         assert_eq!(
-            (&s3["acked"], &s3["parked"], &s3["redelivered"], &s3["pending"]),
+            (
+                &s3["acked"],
+                &s3["parked"],
+                &s3["redelivered"],
+                &s3["pending"]
+            ),
             (&json!(1), &json!(1), &json!(0), &json!(0)),
             "{name}: {s3:#}"
         );
@@ -1357,8 +1369,7 @@ fn examples_keep_a_slow_event_alive_with_progress_and_term_a_hopeless_one() {
         );
         assert_valid("subscription", &parked);
         assert_eq!(
-            parked["parked_events"][0]["reason"],
-            "demo handler: \"never\" can never succeed",
+            parked["parked_events"][0]["reason"], "demo handler: \"never\" can never succeed",
             "{name}: {parked:#}"
         );
     }

@@ -197,3 +197,19 @@ fn retention_keeps_delayed_events_within_a_bound() {
     assert_eq!(p.gap.map(|g| g.lost), Some(3));
     assert_eq!(s.oldest_kept(), Some(1));
 }
+
+#[test]
+fn a_record_stored_before_these_fields_existed_still_loads() {
+    let old = r#"{"id":"s","patterns":["a.*"],"ttl_ms":1000,"created_at_unix_ms":1,
+        "cursor":0,"max_sent_seq":0,"gap_lost":0,"detached_since_unix_ms":null,
+        "counters":{"matched":0,"delivered":0,"acked":0,"redelivered":0,"lost":0},
+        "parked":[{"seq":3,"deliveries":2,"parked_at_unix_ms":5}]}"#;
+    let rec: crate::store::SubRecord = serde_json::from_str(old).unwrap();
+    assert!(rec.backoff_ms.is_empty() && rec.delayed.is_empty());
+    assert_eq!(rec.parked[0].reason, None);
+    let text = serde_json::to_string(&rec).unwrap();
+    assert!(
+        !text.contains("backoff_ms") && !text.contains("reason"),
+        "absent fields stay absent: {text}"
+    );
+}
