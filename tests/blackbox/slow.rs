@@ -193,6 +193,17 @@ fn the_backoff_spaces_redeliveries_and_its_last_step_repeats() {
             due >= nacked_ms + 2000,
             "due {due}, nacked at {nacked_ms}\n{st:#}"
         );
+        if n == 2 {
+            let text = env.dws(["event", "status"]).run_with_timeout(EXIT_TIMEOUT);
+            text.assert_code(0);
+            assert!(text.stdout.contains("DELAYED"), "{text}");
+            // Unless it came due meanwhile: one delayed, due in N s.
+            let shown = text.stdout.contains(" 1 (in ");
+            assert!(
+                shown || c.try_wait_stdout_lines(n, Duration::ZERO).is_some(),
+                "{text}"
+            );
+        }
         assert_eq!(seen(&line(&mut c, n)), (1, true, n as u64 + 2));
         assert!(
             nacked.elapsed() >= Duration::from_secs(2),

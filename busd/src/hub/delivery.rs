@@ -268,8 +268,8 @@ impl Hub {
             *subs_dirty = true;
             halted_line(&sub.id, h.seq, h.deliveries)
         });
-        if !pulled.events.is_empty() && !sub.owned {
-            // Delivery counts are stored.
+        if (!pulled.events.is_empty() || pulled.expired) && !sub.owned {
+            // Delivery counts and due times are stored.
             *subs_dirty = true;
         }
         let next_due = pulled.next_due;

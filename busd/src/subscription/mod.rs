@@ -175,6 +175,9 @@ pub struct Pulled {
     /// When something not deliverable now becomes deliverable (a nack's
     /// delay, an explicit ack's wait): the connection wakes then.
     pub next_due: Option<Instant>,
+    /// An ack wait ran out during this pull (what is stored changed: a
+    /// delivery count, a backoff's due time).
+    pub expired: bool,
 }
 
 /// Why an operator verb does not apply.
@@ -358,7 +361,7 @@ impl Subscription {
         // Explicit acks: what waited too long goes out again (after its
         // backoff step).
         if let Some(wait) = self.explicit {
-            self.expire_in_flight(wait, now);
+            out.expired = self.expire_in_flight(wait, now);
         }
         // With explicit acks every in-flight event's wait counts for
         // `next_due`: look at all of them.

@@ -31,7 +31,8 @@ impl Subscription {
 
     /// Explicit acks: in-flight events whose wait ran out at `now` are
     /// delivered again, after their backoff step (counted from the expiry).
-    pub(super) fn expire_in_flight(&mut self, wait: Duration, now: Instant) {
+    /// Returns whether any was.
+    pub(super) fn expire_in_flight(&mut self, wait: Duration, now: Instant) -> bool {
         let mut first = None;
         for i in 0..self.pending.len() {
             let Slot::InFlight { since } = self.pending[i].slot else {
@@ -54,6 +55,7 @@ impl Subscription {
         if let Some(i) = first {
             self.reopen(i);
         }
+        first.is_some()
     }
 
     /// Nack of the in-flight event `seq`: delivered again after `delay`, or

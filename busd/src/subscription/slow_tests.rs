@@ -105,6 +105,7 @@ fn the_backoff_spaces_redeliveries_after_an_expiry_and_its_last_step_repeats() {
     // Expired at t+10: the 1st redelivery waits 1 s more.
     let p = s.pull(10, 1, t + 10 * S);
     assert!(p.events.is_empty());
+    assert!(p.expired, "the hub saves the due time");
     assert_eq!(p.next_due, Some(t + 11 * S));
     assert_eq!(s.delayed(), (1, Some(t + 11 * S)));
     assert_eq!(sent(&s.pull(10, 1, t + 11 * S)), [(1, true, 2)]);
