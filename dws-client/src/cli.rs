@@ -155,7 +155,7 @@ pub enum AckMode {
     Explicit,
 }
 
-/// Poison handling of a subscription being created.
+/// Poison handling and redelivery backoff of a subscription being created.
 #[derive(Debug, Clone, Default, Args)]
 pub struct PoisonArgs {
     /// An event delivered this many times without an ack is poison (default 0: unlimited).
