@@ -250,8 +250,8 @@ impl Hub {
             *subs_dirty = true;
             halted_line(&sub.id, h.seq, h.deliveries)
         });
-        if !pulled.events.is_empty() && !sub.owned {
-            // Delivery counts are stored.
+        if (!pulled.events.is_empty() || pulled.expired) && !sub.owned {
+            // Delivery counts and due times are stored.
             *subs_dirty = true;
         }
         let next_due = pulled.next_due;
@@ -272,8 +272,9 @@ impl Hub {
         (Some(d), next_due)
     }
 
-    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`), and
-    /// nacks (deliver again after a delay).
+    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`),
+    /// nacks (deliver again after a delay or the backoff step), progress
+    /// (still working: the ack wait starts again) and terms (parked now).
     pub fn ack(&self, conn: ConnId, ack: &v1::Ack) {
         let mut st = self.state();
         let State {
@@ -300,19 +301,35 @@ impl Hub {
                 shared_acked.push(seq);
             }
         }
+        let now = Instant::now();
+        let mut freed = false;
+        for nack in &ack.nacks {
+            freed |= sub.nack_after(nack.seq, Duration::from_millis(nack.delay_ms), now);
+        }
+        for &seq in &ack.progress {
+            // The connection wakes at the old deadline, finds nothing due
+            // and sleeps until the new one.
+            sub.progress(seq, now);
+        }
+        for term in &ack.terms {
+            let parked = sub.term(term.seq, &term.reason);
+            if parked {
+                tracing::info!(subscription = %sub.id, seq = term.seq, "event parked by its consumer (term)");
+                if sub.shared {
+                    // Done for the cluster: no other host delivers it again.
+                    shared_acked.push(term.seq);
+                }
+            }
+            freed |= parked;
+        }
         if !shared_acked.is_empty() {
             shared_work.acked(&sub.id, shared_acked);
         }
-        let now = Instant::now();
-        let mut nacked = false;
-        for nack in &ack.nacks {
-            nacked |= sub.nack(nack.seq, now + Duration::from_millis(nack.delay_ms));
-        }
         c.acked += n;
-        let more = sub.has_unsent() || nacked;
+        let more = sub.has_unsent() || freed;
         let named = !sub.owned;
         let handle = c.handle.clone();
-        if named && (n > 0 || nacked) && !st.subs_dirty {
+        if named && (n > 0 || freed) && !st.subs_dirty {
             st.subs_dirty = true;
             self.wake_committer();
         }

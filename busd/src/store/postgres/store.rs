@@ -106,6 +106,8 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         parked: vec![],
         acked: vec![],
         shared: record.shared,
+        backoff_ms: record.backoff_ms.clone(),
+        delayed: vec![],
     }
 }
 
