@@ -3,7 +3,8 @@
 //! ```toml
 //! [profiles.team]
 //! store = "postgres"
-//! postgres_url_file = "/home/me/.dws/pg.url"   # 0600: postgres://USER:PASSWORD@HOST:PORT/DB
+//! postgres_url_file = "/home/me/.dws/pg.url"   # 0600: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full
+//! postgres_ca_file = "/home/me/.dws/pg-ca.pem" # the CA that signed the server's certificate (PEM)
 //! cluster = "team"                             # default: the profile name
 //! cluster_host = "laptop"                      # default: the machine's host name
 //! ```
@@ -14,10 +15,17 @@
 //! in an error. This host's name in the cluster is `DWS_CLUSTER_HOST`, else
 //! `cluster_host`, else the machine's host name (several "hosts" may run on
 //! one machine, as the tests do); names follow the profile-name rule.
+//!
+//! The CA file (`DWS_POSTGRES_CA_FILE`, else `postgres_ca_file`, relative
+//! to the config dir) is not a secret: any mode, read once at start; it is
+//! used by `sslmode=verify-full` alone, and refused with any other mode
+//! (see `tls`).
+
+use std::path::PathBuf;
 
 use proto::limits::quoted;
 
-use super::PgSettings;
+use super::{tls::CaFile, PgSettings};
 use crate::profile::{ConfigError, SectionReader};
 
 /// Reads and checks the settings: the URL present and well-formed, the
@@ -58,7 +66,20 @@ pub fn settings(r: &mut SectionReader<'_>) -> Result<PgSettings, ConfigError> {
         (None, Some(h)) => valid_host(&h, &r.in_file("cluster_host"))?,
         (None, None) => host_name()?,
     };
-    let settings = PgSettings { url, cluster, host };
+    let ca = match (&r.env.postgres_ca_file, r.section.postgres_ca_file.take()) {
+        (Some(f), _) => Some(("DWS_POSTGRES_CA_FILE".to_owned(), PathBuf::from(f))),
+        (None, Some(f)) => Some((r.in_file("postgres_ca_file"), r.path_of(f))),
+        (None, None) => None,
+    };
+    let ca = ca
+        .map(|(from, f)| CaFile::load(&f).map_err(|e| ConfigError::Invalid(format!("{from}: {e}"))))
+        .transpose()?;
+    let settings = PgSettings {
+        url,
+        cluster,
+        host,
+        ca,
+    };
     super::config(&settings, "check").map_err(|e| ConfigError::Invalid(format!("{from}: {e}")))?;
     Ok(settings)
 }
