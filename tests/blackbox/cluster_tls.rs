@@ -173,9 +173,19 @@ fn tls_a_certificate_from_another_ca_is_refused_before_ready() {
     let wrong = ca_file(&dir, "other.pem", &other.pem);
     let u = url(&server, "localhost", "sslmode=verify-full");
     let env = tls_host(&u, "h", Some(&wrong));
-    assert_refused(&env, server.password(), 2, "does not verify against the CA file");
+    assert_refused(
+        &env,
+        server.password(),
+        2,
+        "does not verify against the CA file",
+    );
     let env = tls_host(&u, "h", None);
-    assert_refused(&env, server.password(), 2, "does not verify against the bundled");
+    assert_refused(
+        &env,
+        server.password(),
+        2,
+        "does not verify against the bundled",
+    );
 }
 
 /// Under `verify-full` the certificate must name the URL's host: a
@@ -206,12 +216,28 @@ fn tls_what_cannot_work_is_refused_with_exit_2() {
     let ca_path = ca_file(&dir, "ca.pem", &new_ca("dws test CA").pem);
     let not_pem = ca_file(&dir, "not.pem", "not a certificate\n");
     for (query, ca, says) in [
-        ("sslmode=verify-ca", None, "sslmode=verify-ca is not supported"),
+        (
+            "sslmode=verify-ca",
+            None,
+            "sslmode=verify-ca is not supported",
+        ),
         ("sslmode=prefer", None, "sslmode=prefer is not supported"),
-        ("sslmode=require", Some(&ca_path), "does not verify the server's certificate"),
+        (
+            "sslmode=require",
+            Some(&ca_path),
+            "does not verify the server's certificate",
+        ),
         ("sslmode=disable", Some(&ca_path), "add sslmode=verify-full"),
-        ("sslrootcert=/x.pem&sslmode=verify-full", None, "postgres_ca_file"),
-        ("sslmode=verify-full", Some(&not_pem), "holds no certificate"),
+        (
+            "sslrootcert=/x.pem&sslmode=verify-full",
+            None,
+            "postgres_ca_file",
+        ),
+        (
+            "sslmode=verify-full",
+            Some(&not_pem),
+            "holds no certificate",
+        ),
     ] {
         let env = tls_host(&url(&server, "localhost", query), "h", ca);
         assert_refused(&env, server.password(), 2, says);

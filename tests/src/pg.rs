@@ -411,7 +411,10 @@ impl PgServer {
         if self.tls {
             let dir = self.dir.path();
             cmd.args(["-c", "ssl=on", "-c"])
-                .arg(format!("ssl_cert_file={}", dir.join("server.crt").display()))
+                .arg(format!(
+                    "ssl_cert_file={}",
+                    dir.join("server.crt").display()
+                ))
                 .arg("-c")
                 .arg(format!("ssl_key_file={}", dir.join("server.key").display()));
         }
