@@ -243,3 +243,45 @@ fn tls_what_cannot_work_is_refused_with_exit_2() {
         assert_refused(&env, server.password(), 2, says);
     }
 }
+
+/// PostgreSQL restarted under a host on `verify-full`: its sessions
+/// reconnect over TLS (verifying again) and a publish answered after the
+/// restart reaches the consumer. (One host: which of several takes the
+/// lease back after a restart is the lease's business, not TLS's.)
+#[test]
+fn tls_a_postgres_restart_is_ridden_out_over_tls() {
+    let ca = new_ca("dws test CA");
+    let (cert, key) = server_cert(&ca, &["localhost"]);
+    let mut server = PgServer::start_tls(&cert, &key);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca_path = ca_file(&dir, "ca.pem", &ca.pem);
+    let u = url(&server, "localhost", "sslmode=verify-full");
+    let a = tls_host(&u, "host-a", Some(&ca_path));
+    let mut consumer = a.dws(["event", "consume", "rs.*"]).spawn();
+    consumer.wait_ready();
+    a.wait_until(Duration::from_secs(15), "host-a owns the cluster", || {
+        a.status()["cluster"]["role"] == "owner"
+    });
+    a.publish("rs.x", "{}", &["--id", "before"]);
+
+    server.stop();
+    server.start_again();
+    a.publish("rs.x", "{}", &["--id", "after"]);
+    let lines = consumer.wait_stdout_lines(2, EXIT_TIMEOUT);
+    let ids: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            v["event_id"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert_eq!(ids, ["before", "after"], "{lines:?}");
+    a.wait_until(
+        Duration::from_secs(30),
+        "the host reconnected, encrypted",
+        || {
+            let (tls, all) = busd_sessions(&server);
+            all >= 2 && tls == all
+        },
+    );
+}
