@@ -126,7 +126,13 @@ fn tls_verify_full_with_the_ca_file_carries_the_cluster() {
     let server = PgServer::start_tls(&cert, &key);
     let dir = tempfile::tempdir().expect("temp dir");
     let ca_path = ca_file(&dir, "ca.pem", &ca.pem);
-    let u = url(&server, "localhost", "sslmode=verify-full");
+    // channel_binding=require: SCRAM-SHA-256-PLUS, which the server
+    // accepts only if busd hashed the certificate it really presented.
+    let u = url(
+        &server,
+        "localhost",
+        "sslmode=verify-full&channel_binding=require",
+    );
     let a = tls_host(&u, "host-a", Some(&ca_path));
     let b = tls_host(&u, "host-b", Some(&ca_path));
     assert_cluster_works_encrypted(&server, &a, &b);
@@ -139,7 +145,11 @@ fn tls_require_accepts_a_self_signed_server() {
     let own = rcgen::generate_simple_self_signed(vec!["db.invalid".to_owned()])
         .expect("self-signed certificate");
     let server = PgServer::start_tls(&own.cert.pem(), &own.signing_key.serialize_pem());
-    let u = url(&server, "127.0.0.1", "sslmode=require");
+    let u = url(
+        &server,
+        "127.0.0.1",
+        "sslmode=require&channel_binding=require",
+    );
     let a = tls_host(&u, "host-a", None);
     let b = tls_host(&u, "host-b", None);
     assert_cluster_works_encrypted(&server, &a, &b);

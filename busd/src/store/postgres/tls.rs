@@ -426,14 +426,82 @@ where
     }
 }
 
-/// An encrypted session's stream. No channel binding (SCRAM runs without
-/// `-PLUS`; `channel_binding=require` is not supported).
+/// An encrypted session's stream. It offers SCRAM the `tls-server-end-point`
+/// channel binding ([`server_end_point`]), so `channel_binding=require` in
+/// the URL works.
 pub struct RustlsStream<S>(tokio_rustls::client::TlsStream<S>);
 
 impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
     fn channel_binding(&self) -> ChannelBinding {
-        ChannelBinding::none()
+        let (_, session) = self.0.get_ref();
+        session
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .and_then(|cert| server_end_point(cert))
+            .map_or_else(ChannelBinding::none, ChannelBinding::tls_server_end_point)
     }
+}
+
+/// RFC 5929 `tls-server-end-point`: the server certificate's hash, by the
+/// hash of its signature algorithm (MD5 and SHA-1 count as SHA-256); `None`
+/// for an algorithm without one (RSA-PSS, Ed25519) or an unreadable
+/// certificate: SCRAM then runs without binding.
+pub fn server_end_point(der: &[u8]) -> Option<Vec<u8>> {
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+    const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
+    const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03];
+    use ring::digest::{SHA256, SHA384, SHA512};
+    let oid = signature_oid(der)?;
+    let (family, last) = oid.split_at_checked(oid.len().checked_sub(1)?)?;
+    let hash = match (family, last) {
+        // md5, sha1, sha256, sha384, sha512 WithRSAEncryption
+        (RSA, [4 | 5 | 11]) => &SHA256,
+        (RSA, [12]) => &SHA384,
+        (RSA, [13]) => &SHA512,
+        _ if oid == ECDSA_SHA1 => &SHA256,
+        (ECDSA_SHA2, [2]) => &SHA256,
+        (ECDSA_SHA2, [3]) => &SHA384,
+        (ECDSA_SHA2, [4]) => &SHA512,
+        _ => return None,
+    };
+    Some(ring::digest::digest(hash, der).as_ref().to_vec())
+}
+
+/// The `signatureAlgorithm` OID (its content bytes) of a DER certificate:
+/// `SEQUENCE { tbsCertificate, SEQUENCE { OID, … }, … }`.
+fn signature_oid(der: &[u8]) -> Option<&[u8]> {
+    let (0x30, cert, _) = tlv(der)? else {
+        return None;
+    };
+    let (_, _, rest) = tlv(cert)?;
+    let (0x30, alg, _) = tlv(rest)? else {
+        return None;
+    };
+    match tlv(alg)? {
+        (0x06, oid, _) => Some(oid),
+        _ => None,
+    }
+}
+
+/// One DER element: its tag, its content and what follows it.
+fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&first, b) = b.split_first()?;
+    let (len, b) = if first < 0x80 {
+        (usize::from(first), b)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let (bytes, rest) = b.split_at_checked(n)?;
+        let len = bytes
+            .iter()
+            .fold(0usize, |acc, &x| (acc << 8) | usize::from(x));
+        (len, rest)
+    };
+    let (content, rest) = b.split_at_checked(len)?;
+    Some((tag, content, rest))
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
