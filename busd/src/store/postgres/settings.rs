@@ -247,6 +247,43 @@ mod tests {
     }
 
     #[test]
+    fn postgres_ca_file_comes_from_the_env_or_the_file_and_must_hold_a_certificate() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(tmp.path(), "ca.pem", super::super::tests_tls::CA_PEM, 0o644);
+        write(tmp.path(), "other.pem", "no certificate here\n", 0o644);
+        let env = EnvOverrides {
+            postgres_url: Some("postgres://dws:pw@db/dws?sslmode=verify-full".into()),
+            ..EnvOverrides::default()
+        };
+        let s = settings(tmp.path(), "", &env).unwrap();
+        assert!(s.ca.is_none());
+        // Relative to the config dir; not a secret, so 0644 is fine.
+        let s = settings(tmp.path(), "postgres_ca_file = \"ca.pem\"", &env).unwrap();
+        assert_eq!(s.ca.unwrap().path(), tmp.path().join("ca.pem"));
+        let e = settings(tmp.path(), "postgres_ca_file = \"other.pem\"", &env).unwrap_err();
+        assert!(matches!(e, ConfigError::Invalid(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.starts_with("profiles.team.postgres_ca_file") && e.contains("holds no certificate"),
+            "{e}"
+        );
+        // The environment wins over the file.
+        let with_env = EnvOverrides {
+            postgres_ca_file: Some(tmp.path().join("ca.pem").display().to_string()),
+            ..env.clone()
+        };
+        let s = settings(tmp.path(), "postgres_ca_file = \"other.pem\"", &with_env).unwrap();
+        assert!(s.ca.is_some());
+        // A CA file the mode would not use is refused.
+        let plain = EnvOverrides {
+            postgres_url: Some("postgres://dws:pw@db/dws".into()),
+            ..with_env
+        };
+        let e = settings(tmp.path(), "", &plain).unwrap_err().to_string();
+        assert!(e.contains("add sslmode=verify-full"), "{e}");
+    }
+
+    #[test]
     fn postgres_cluster_host_comes_from_the_env_the_file_or_the_machine() {
         let tmp = tempfile::tempdir().unwrap();
         let env = EnvOverrides {

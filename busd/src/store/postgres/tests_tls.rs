@@ -180,7 +180,7 @@ fn channel_binding_hashes_the_certificate_by_its_signature_algorithm() {
 }
 
 /// A throwaway self-signed CA (P-256, its key discarded), for the file checks.
-const CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+pub(super) const CA_PEM: &str = "-----BEGIN CERTIFICATE-----
 MIIBgzCCASmgAwIBAgIUf3/QffyDarq9zTqHieEr44vEToAwCgYIKoZIzj0EAwIw
 FjEUMBIGA1UEAwwLZHdzIHRlc3QgQ0EwIBcNMjYxMjAxMTYwNTExWhgPMjEyNjEx
 MDcxNjA1MTFaMBYxFDASBgNVBAMMC2R3cyB0ZXN0IENBMFkwEwYHKoZIzj0CAQYI
