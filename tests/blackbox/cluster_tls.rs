@@ -136,6 +136,11 @@ fn tls_verify_full_with_the_ca_file_carries_the_cluster() {
     let a = tls_host(&u, "host-a", Some(&ca_path));
     let b = tls_host(&u, "host-b", Some(&ca_path));
     assert_cluster_works_encrypted(&server, &a, &b);
+    let log = a.bus_log_tail();
+    assert!(
+        log.contains("TLS, sslmode=verify-full, CA file") && !log.contains(server.password()),
+        "{log}"
+    );
 }
 
 /// `sslmode=require` encrypts without verifying (libpq's meaning): a

@@ -480,6 +480,8 @@ async fn open(
 ) -> Result<(Client, Driver), PgError> {
     let (config, mode) = config_and_mode(settings, purpose)?;
     let target = target(&config);
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    NOTED.call_once(|| note_transport(&config, mode, settings.ca.as_ref(), &target));
     match mode {
         tls::Mode::Disable => {
             let (client, connection) = start(&config, NoTls, &target, mode, None).await?;
@@ -492,6 +494,33 @@ async fn open(
             let (client, connection) = start(&config, make, &target, mode, ca).await?;
             Ok((client, drive(connection, target, notify)))
         }
+    }
+}
+
+/// Says once in `bus.log` how this busd reaches PostgreSQL; a warning when
+/// an unencrypted connection leaves the machine.
+fn note_transport(config: &Config, mode: tls::Mode, ca: Option<&tls::CaFile>, target: &str) {
+    match (mode, ca) {
+        (tls::Mode::Disable, _) if tls::leaves_the_machine(config) => tracing::warn!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: the connection is not encrypted (no sslmode, or \
+             sslmode=disable): the network path sees events and queries; outside a private \
+             network use sslmode=verify-full"
+        ),
+        (tls::Mode::Disable, _) => {
+            tracing::info!(target: "busd::postgres", "PostgreSQL at {target}: without TLS")
+        }
+        (_, Some(ca)) => tracing::info!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: TLS, sslmode={}, CA file {}",
+            mode.as_str(),
+            ca.path().display()
+        ),
+        (_, None) => tracing::info!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: TLS, sslmode={}",
+            mode.as_str()
+        ),
     }
 }
 

@@ -8,7 +8,7 @@ use rustls::pki_types::pem::PemObject;
 use super::{
     config_and_mode,
     tests::settings,
-    tls::{server_end_point, split_sslmode, CaFile, Mode},
+    tls::{leaves_the_machine, server_end_point, split_sslmode, CaFile, Mode},
     PgError,
 };
 
@@ -138,6 +138,19 @@ fn config_sets_the_mode_and_refuses_a_ca_file_it_would_not_use() {
     s.ca = Some(ca);
     assert!(config_and_mode(&s, "t").is_ok());
     assert!(format!("{s:?}").contains("ca.pem"));
+}
+
+#[test]
+fn a_connection_leaves_the_machine_unless_every_host_is_local() {
+    let leaves = |url: &str| leaves_the_machine(&url.parse().unwrap());
+    assert!(!leaves("postgres://u@localhost/db"));
+    assert!(!leaves("postgres://u@127.0.0.2:5/db"));
+    assert!(!leaves("postgres://u@[::1]/db"));
+    assert!(!leaves("host=/run/postgresql user=u"));
+    assert!(!leaves("host=db.example hostaddr=127.0.0.1 user=u"));
+    assert!(leaves("postgres://u@db.example/db"));
+    assert!(leaves("postgres://u@localhost,10.0.0.9/db"));
+    assert!(leaves("host=localhost hostaddr=10.0.0.9 user=u"));
 }
 
 #[test]

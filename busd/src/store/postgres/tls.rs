@@ -89,6 +89,22 @@ impl Mode {
     }
 }
 
+/// Whether a connection of `config` would leave the machine: a TCP host
+/// (or `hostaddr`) that is not loopback (`localhost`, `127.0.0.0/8`, `::1`).
+pub fn leaves_the_machine(config: &tokio_postgres::Config) -> bool {
+    let loopback = |h: &str| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    config.get_hostaddrs().iter().any(|ip| !ip.is_loopback())
+        || (config.get_hostaddrs().is_empty()
+            && config.get_hosts().iter().any(|h| match h {
+                tokio_postgres::config::Host::Tcp(name) => !loopback(name),
+                tokio_postgres::config::Host::Unix(_) => false,
+            }))
+}
+
 /// libpq options of the URL that busd does not read: TLS material is not
 /// taken from the URL.
 const UNSUPPORTED: &[&str] = &[
