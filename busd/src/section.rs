@@ -53,6 +53,7 @@ pub struct ProfileSection {
     pub durability: Option<String>,
     // store = "postgres" (store::postgres::settings)
     pub postgres_url_file: Option<PathBuf>,
+    pub postgres_ca_file: Option<PathBuf>,
     pub cluster: Option<String>,
     pub cluster_host: Option<String>,
     // exec
@@ -117,6 +118,7 @@ pub struct EnvOverrides {
     pub store: Option<String>,
     pub durability: Option<String>,
     pub postgres_url: Option<String>,
+    pub postgres_ca_file: Option<String>,
     pub cluster_host: Option<String>,
 }
 
@@ -138,6 +140,7 @@ impl EnvOverrides {
             store: get("DWS_EVENT_BUS_STORE"),
             durability: get("DWS_EVENT_BUS_DURABILITY"),
             postgres_url: get("DWS_POSTGRES_URL"),
+            postgres_ca_file: get("DWS_POSTGRES_CA_FILE"),
             cluster_host: get("DWS_CLUSTER_HOST"),
         }
     }

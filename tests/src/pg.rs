@@ -41,6 +41,10 @@
 //!   (`PR_SET_PDEATHSIG`, armed from one spawner thread that lives as long as
 //!   the process, since the signal follows the forking *thread*), so a test
 //!   binary killed by a timeout leaves no server behind.
+//! - **TLS when asked.** [`PgServer::start_tls`] serves TLS (`ssl=on`) with
+//!   the certificate and key a test made (the tests make them with `rcgen`),
+//!   both in the server's 0700 dir, the key 0600 and the server user's, as
+//!   PostgreSQL insists; TCP connections may still be plain.
 //! - **Bounded waits.** Every wait has a deadline and panics naming what it
 //!   waited for, with the tail of the server log.
 
@@ -87,22 +91,30 @@ pub struct PgServer {
     postmaster: Option<Child>,
     /// `fsync=on`: the benchmark's server, whose commits must be durable.
     durable: bool,
+    /// `ssl=on` with `server.crt`/`server.key` in the server's dir.
+    tls: bool,
 }
 
 impl PgServer {
     /// Creates, starts and prepares a server; panics with the reason (and
     /// how to install PostgreSQL when it is missing).
     pub fn start() -> PgServer {
-        Self::start_with(false)
+        Self::start_with(false, None)
+    }
+
+    /// A server that also speaks TLS, with the certificate (chain) and the
+    /// private key given as PEM.
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> PgServer {
+        Self::start_with(false, Some((cert_pem, key_pem)))
     }
 
     /// A server that fsyncs its commits (and writes full pages), as a real
     /// one would: for benchmarks, where `fsync=off` would flatter the store.
     pub fn start_durable() -> PgServer {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
-    fn start_with(durable: bool) -> PgServer {
+    fn start_with(durable: bool, tls: Option<(&str, &str)>) -> PgServer {
         let bin = bin_dir();
         let run_as = server_user();
         let dir = tempfile::Builder::new()
@@ -127,7 +139,12 @@ impl PgServer {
             password: random_password(),
             postmaster: None,
             durable,
+            tls: tls.is_some(),
         };
+        if let Some((cert, key)) = tls {
+            server.write_server_file("server.crt", cert, 0o644);
+            server.write_server_file("server.key", key, 0o600);
+        }
         server.initdb();
         server.launch_on_free_port();
         server.psql_in(
@@ -273,6 +290,22 @@ impl PgServer {
         self.dir.path().join("postgres.log")
     }
 
+    /// A file of the server user in the server's dir, with `mode`.
+    fn write_server_file(&self, name: &str, body: &str, mode: u32) {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, body).unwrap_or_else(|e| panic!("write {name}: {e}"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .unwrap_or_else(|e| panic!("chmod {name}: {e}"));
+        if let Some((uid, gid)) = self.run_as {
+            nix::unistd::chown(
+                &path,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .unwrap_or_else(|e| panic!("chown {name}: {e}"));
+        }
+    }
+
     fn log_section(&self) -> String {
         format!(
             "--- {} (tail) ---\n{}\n---",
@@ -374,6 +407,16 @@ impl PgServer {
             "log_connections=off",
         ] {
             cmd.args(["-c", setting]);
+        }
+        if self.tls {
+            let dir = self.dir.path();
+            cmd.args(["-c", "ssl=on", "-c"])
+                .arg(format!(
+                    "ssl_cert_file={}",
+                    dir.join("server.crt").display()
+                ))
+                .arg("-c")
+                .arg(format!("ssl_key_file={}", dir.join("server.key").display()));
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup the log fd"))

@@ -27,9 +27,10 @@
 //!   another host can attach to a subscription created elsewhere. Shared
 //!   subscriptions (`dws_claim`) are not used yet.
 //!
-//! Connections ([`connect`]) are made with `tokio-postgres` without TLS
-//! (`sslmode=require` is refused: reach the server over a private network or
-//! a Unix socket). Each sets TCP keepalives on both ends (the server's
+//! Connections ([`connect`]) are made with `tokio-postgres`, with TLS
+//! (rustls) as the URL's `sslmode` says: `disable` (the default), `require`
+//! or `verify-full`, with the CA file of `postgres_ca_file` ([`tls`] has
+//! the rules). Each sets TCP keepalives on both ends (the server's
 //! `tcp_keepalives_*` and `tcp_user_timeout` as startup options, so a host
 //! that vanished without a FIN loses its session, and with it the lease,
 //! within about [`LOSS_BOUND`]; a session left idle inside a transaction by
@@ -58,6 +59,9 @@ mod tests;
 mod tests_log;
 #[cfg(test)]
 mod tests_store;
+#[cfg(test)]
+mod tests_tls;
+pub mod tls;
 
 use std::{fmt, future::poll_fn, time::Duration};
 
@@ -65,7 +69,8 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_postgres::{
     config::{Host, SslMode},
     error::SqlState,
-    AsyncMessage, Client, Config, NoTls,
+    tls::MakeTlsConnect,
+    AsyncMessage, Client, Config, Connection, NoTls, Socket,
 };
 
 use crate::{ready::StartError, section::Secret};
@@ -100,6 +105,9 @@ pub struct PgSettings {
     pub cluster: String,
     /// This host's name in the cluster.
     pub host: String,
+    /// The CA certificates `sslmode=verify-full` trusts (`postgres_ca_file`);
+    /// `None`: the bundled public CAs.
+    pub ca: Option<tls::CaFile>,
 }
 
 impl fmt::Debug for PgSettings {
@@ -108,6 +116,7 @@ impl fmt::Debug for PgSettings {
             .field("url", &redacted_url(self.url.expose()))
             .field("cluster", &self.cluster)
             .field("host", &self.host)
+            .field("ca", &self.ca)
             .finish()
     }
 }
@@ -227,8 +236,13 @@ impl PgError {
         PgError::Other(format!("PostgreSQL: {e}"))
     }
 
-    /// A failed connect to `target` (`host:port/db`).
-    fn connect(e: &tokio_postgres::Error, target: &str) -> PgError {
+    /// A failed connect to `target` (`host:port/db`) under TLS `mode`.
+    fn connect(
+        e: &tokio_postgres::Error,
+        target: &str,
+        mode: tls::Mode,
+        ca: Option<&tls::CaFile>,
+    ) -> PgError {
         if let Some(db) = e.as_db_error() {
             return make(
                 class_of(db.code()),
@@ -244,9 +258,12 @@ impl PgError {
             ("invalid configuration", Some(why)) => {
                 PgError::Config(format!("PostgreSQL URL for {target}: {why}"))
             }
-            ("error performing TLS handshake", _) => PgError::Config(format!(
-                "PostgreSQL at {target}: the server requires TLS, which busd does not speak yet"
-            )),
+            ("error performing TLS handshake", _) => {
+                match tls::handshake_failure(e, target, mode, ca) {
+                    tls::Failure::Config(m) => PgError::Config(m),
+                    tls::Failure::Broken(m) => PgError::Unreachable(m),
+                }
+            }
             _ if io_cause(e).is_some() || e.is_closed() => {
                 let why = io_cause(e).map_or_else(|| e.to_string(), |io| io.to_string());
                 PgError::Unreachable(format!("PostgreSQL at {target}: cannot connect: {why}"))
@@ -329,7 +346,17 @@ pub fn redacted_url(url: &str) -> String {
 /// Parses and checks the URL, then applies what busd insists on: keepalives
 /// on both ends, the connect bound, the application name.
 pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
-    let mut config = settings.url.expose().parse::<Config>().map_err(|e| {
+    config_and_mode(settings, purpose).map(|(config, _)| config)
+}
+
+/// [`config`] and the TLS mode of its connections: the URL's `sslmode`,
+/// checked against the CA file (see [`tls`]).
+pub fn config_and_mode(
+    settings: &PgSettings,
+    purpose: &str,
+) -> Result<(Config, tls::Mode), PgError> {
+    let (url, sslmode) = tls::split_sslmode(settings.url.expose()).map_err(PgError::Config)?;
+    let mut config = url.parse::<Config>().map_err(|e| {
         PgError::Config(format!(
             "the PostgreSQL URL is not valid ({}); expected postgres://USER:PASSWORD@HOST:PORT/DATABASE",
             parse_reason(&e)
@@ -341,13 +368,37 @@ pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
                 .into(),
         ));
     }
-    if config.get_ssl_mode() == SslMode::Require {
+    if sslmode.is_none() && config.get_ssl_mode() != SslMode::Prefer {
+        // The scan missed an sslmode tokio-postgres read: never guess.
         return Err(PgError::Config(format!(
-            "PostgreSQL URL for {}: sslmode=require, but busd does not speak TLS to PostgreSQL yet; \
-             use a private network or a Unix socket",
+            "PostgreSQL URL for {}: its sslmode could not be read; write it as \
+             postgres://…?sslmode=MODE",
             target(&config)
         )));
     }
+    let mode = tls::Mode::parse(sslmode.as_deref())
+        .map_err(|why| PgError::Config(format!("PostgreSQL URL for {}: {why}", target(&config))))?;
+    if let (Some(ca), true) = (&settings.ca, mode != tls::Mode::VerifyFull) {
+        return Err(PgError::Config(format!(
+            "PostgreSQL URL for {}: a CA file is set ({}), but sslmode={} does not verify the \
+             server's certificate; add sslmode=verify-full to the URL",
+            target(&config),
+            ca.path().display(),
+            mode.as_str()
+        )));
+    }
+    // Unix sockets have no TLS in PostgreSQL (libpq ignores sslmode there).
+    let all_unix = !config.get_hosts().is_empty()
+        && config.get_hostaddrs().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, Host::Unix(_)));
+    let mode = if all_unix { tls::Mode::Disable } else { mode };
+    config.ssl_mode(match mode {
+        tls::Mode::Disable => SslMode::Disable,
+        tls::Mode::Require | tls::Mode::VerifyFull => SslMode::Require,
+    });
     let server_side = format!(
         "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} -c tcp_user_timeout={} \
          -c idle_in_transaction_session_timeout={}",
@@ -373,7 +424,7 @@ pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
         .keepalives_interval(KEEPALIVE_INTERVAL)
         .keepalives_retries(KEEPALIVE_COUNT)
         .tcp_user_timeout(LOSS_BOUND);
-    Ok(config)
+    Ok((config, mode))
 }
 
 /// The task that drives one connection: it ends with `Ok` when the client
@@ -428,9 +479,67 @@ async fn open(
     purpose: &str,
     notify: Option<mpsc::Sender<String>>,
 ) -> Result<(Client, Driver), PgError> {
-    let config = config(settings, purpose)?;
+    let (config, mode) = config_and_mode(settings, purpose)?;
     let target = target(&config);
-    let (client, mut connection) = tokio::time::timeout(STARTUP_TIMEOUT, config.connect(NoTls))
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    NOTED.call_once(|| note_transport(&config, mode, settings.ca.as_ref(), &target));
+    match mode {
+        tls::Mode::Disable => {
+            let (client, connection) = start(&config, NoTls, &target, mode, None).await?;
+            Ok((client, drive(connection, target, notify)))
+        }
+        tls::Mode::Require | tls::Mode::VerifyFull => {
+            let ca = settings.ca.as_ref();
+            let rustls = tls::client_config(mode, ca).map_err(PgError::Other)?;
+            let make = tls::MakeRustls(rustls);
+            let (client, connection) = start(&config, make, &target, mode, ca).await?;
+            Ok((client, drive(connection, target, notify)))
+        }
+    }
+}
+
+/// Says once in `bus.log` how this busd reaches PostgreSQL; a warning when
+/// an unencrypted connection leaves the machine.
+fn note_transport(config: &Config, mode: tls::Mode, ca: Option<&tls::CaFile>, target: &str) {
+    match (mode, ca) {
+        (tls::Mode::Disable, _) if tls::leaves_the_machine(config) => tracing::warn!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: the connection is not encrypted (no sslmode, or \
+             sslmode=disable): the network path sees events and queries; outside a private \
+             network use sslmode=verify-full"
+        ),
+        (tls::Mode::Disable, _) => {
+            tracing::info!(target: "busd::postgres", "PostgreSQL at {target}: without TLS")
+        }
+        (_, Some(ca)) => tracing::info!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: TLS, sslmode={}, CA file {}",
+            mode.as_str(),
+            ca.path().display()
+        ),
+        (_, None) => tracing::info!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: TLS, sslmode={}",
+            mode.as_str()
+        ),
+    }
+}
+
+/// Connects within [`STARTUP_TIMEOUT`], the failure classified.
+async fn start<T>(
+    config: &Config,
+    tls: T,
+    target: &str,
+    mode: tls::Mode,
+    ca: Option<&tls::CaFile>,
+) -> Result<(Client, Connection<Socket, T::Stream>), PgError>
+where
+    T: MakeTlsConnect<Socket>,
+    T::TlsConnect: Send,
+    T::Stream: Send,
+    <T::TlsConnect as tokio_postgres::tls::TlsConnect<Socket>>::Future: Send,
+{
+    tokio::time::timeout(STARTUP_TIMEOUT, config.connect(tls))
         .await
         .map_err(|_| {
             PgError::Unreachable(format!(
@@ -438,8 +547,20 @@ async fn open(
                 STARTUP_TIMEOUT.as_secs()
             ))
         })?
-        .map_err(|e| PgError::connect(&e, &target))?;
-    let driver = tokio::spawn(async move {
+        .map_err(|e| PgError::connect(&e, target, mode, ca))
+}
+
+/// The task that drives `connection`: notices logged, notifications to
+/// `notify`.
+fn drive<S>(
+    mut connection: Connection<Socket, S>,
+    target: String,
+    notify: Option<mpsc::Sender<String>>,
+) -> Driver
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
         loop {
             match poll_fn(|cx| connection.poll_message(cx)).await {
                 None => return Ok(()),
@@ -457,6 +578,5 @@ async fn open(
                 Some(Err(e)) => return Err(PgError::query(&e)),
             }
         }
-    });
-    Ok((client, driver))
+    })
 }

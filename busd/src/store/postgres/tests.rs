@@ -23,6 +23,7 @@ pub(super) fn settings(url: &str, host: &str) -> PgSettings {
         url: Secret::new(url),
         cluster: "c1".into(),
         host: host.into(),
+        ca: None,
     }
 }
 
@@ -97,8 +98,8 @@ fn postgres_url_errors_are_config_errors_that_never_echo_the_input() {
         ),
         (CANARY.to_string(), "unexpected EOF"),
         (
-            format!("postgres://dws:{CANARY}@127.0.0.1/dws?sslmode=require"),
-            "sslmode=require",
+            format!("postgres://dws:{CANARY}@127.0.0.1/dws?sslmode=prefer"),
+            "sslmode=prefer",
         ),
         (format!("postgres://dws:{CANARY}@/dws"), "no host"),
     ] {
