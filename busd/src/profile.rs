@@ -105,6 +105,7 @@ pub struct ProfileSection {
     pub postgres_url_file: Option<PathBuf>,
     pub cluster: Option<String>,
     pub cluster_host: Option<String>,
+    pub cluster_lease: Option<String>,
     // exec
     pub command: Option<Vec<String>>,
     pub restart_min: Option<String>,
@@ -168,6 +169,7 @@ pub struct EnvOverrides {
     pub durability: Option<String>,
     pub postgres_url: Option<String>,
     pub cluster_host: Option<String>,
+    pub cluster_lease: Option<String>,
 }
 
 impl EnvOverrides {
@@ -189,6 +191,7 @@ impl EnvOverrides {
             durability: get("DWS_EVENT_BUS_DURABILITY"),
             postgres_url: get("DWS_POSTGRES_URL"),
             cluster_host: get("DWS_CLUSTER_HOST"),
+            cluster_lease: get("DWS_CLUSTER_LEASE"),
         }
     }
 }

@@ -87,6 +87,8 @@ pub struct PgServer {
     postmaster: Option<Child>,
     /// `fsync=on`: the benchmark's server, whose commits must be durable.
     durable: bool,
+    /// More `-c name=value` settings of the postmaster (after the defaults).
+    extra: Vec<String>,
 }
 
 impl PgServer {
@@ -102,7 +104,18 @@ impl PgServer {
         Self::start_with(true)
     }
 
+    /// A server started with more `name=value` settings (each passed as
+    /// `-c`, after the defaults, so they win), e.g. `synchronous_commit=off`
+    /// for a server configured carelessly.
+    pub fn start_with_settings(settings: &[&str]) -> PgServer {
+        Self::start_with_extra(false, settings.iter().map(|s| s.to_string()).collect())
+    }
+
     fn start_with(durable: bool) -> PgServer {
+        Self::start_with_extra(durable, vec![])
+    }
+
+    fn start_with_extra(durable: bool, extra: Vec<String>) -> PgServer {
         let bin = bin_dir();
         let run_as = server_user();
         let dir = tempfile::Builder::new()
@@ -127,6 +140,7 @@ impl PgServer {
             password: random_password(),
             postmaster: None,
             durable,
+            extra,
         };
         server.initdb();
         server.launch_on_free_port();
@@ -221,6 +235,13 @@ impl PgServer {
     /// Fast shutdown (SIGINT), waiting until the postmaster has exited.
     pub fn stop(&mut self) {
         self.shut_down(Signal::SIGINT);
+    }
+
+    /// Immediate shutdown (SIGQUIT, `pg_ctl stop -m immediate`): no
+    /// checkpoint and no flush of WAL still in shared memory; the next start
+    /// recovers from what reached the WAL files.
+    pub fn stop_immediate(&mut self) {
+        self.shut_down(Signal::SIGQUIT);
     }
 
     /// Starts the server again on the same data dir and port (after
@@ -366,6 +387,9 @@ impl PgServer {
             "log_min_messages=warning",
             "log_connections=off",
         ] {
+            cmd.args(["-c", setting]);
+        }
+        for setting in &self.extra {
             cmd.args(["-c", setting]);
         }
         cmd.stdin(Stdio::null())

@@ -27,7 +27,7 @@ use crate::{
 };
 
 pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Shutdown) {
-    let timing = LeaseTiming::default();
+    let timing = LeaseTiming::for_bound(link.settings.lease);
     let mut backoff = Duration::from_millis(200);
     let lease = loop {
         tokio::select! {
@@ -158,7 +158,7 @@ async fn take_back(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, S
             None => LeaseSession::open(s).await,
         };
         match contender {
-            Ok(sess) => match sess.try_acquire(LeaseTiming::default()).await {
+            Ok(sess) => match sess.try_acquire(LeaseTiming::for_bound(s.lease)).await {
                 Ok(Ok(lease)) => return Ok(lease),
                 Ok(Err(back)) => session = Some(back),
                 Err(e) => tracing::debug!(cause = %e, "taking the lease back failed"),

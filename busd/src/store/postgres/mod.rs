@@ -99,6 +99,9 @@ pub struct PgSettings {
     pub cluster: String,
     /// This host's name in the cluster.
     pub host: String,
+    /// How long the upstream lease lasts without a renewal, on the
+    /// database's clock (`cluster_lease`, `DWS_CLUSTER_LEASE`; see [`lease`]).
+    pub lease: Duration,
 }
 
 impl fmt::Debug for PgSettings {
@@ -107,6 +110,7 @@ impl fmt::Debug for PgSettings {
             .field("url", &redacted_url(self.url.expose()))
             .field("cluster", &self.cluster)
             .field("host", &self.host)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -349,7 +353,7 @@ pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
     }
     let server_side = format!(
         "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} -c tcp_user_timeout={} \
-         -c idle_in_transaction_session_timeout={}",
+         -c idle_in_transaction_session_timeout={} -c synchronous_commit=on",
         KEEPALIVE_IDLE.as_secs(),
         KEEPALIVE_INTERVAL.as_secs(),
         KEEPALIVE_COUNT,
@@ -429,7 +433,7 @@ async fn open(
 ) -> Result<(Client, Driver), PgError> {
     let config = config(settings, purpose)?;
     let target = target(&config);
-    let (client, mut connection) = tokio::time::timeout(STARTUP_TIMEOUT, config.connect(NoTls))
+    let (client, connection) = tokio::time::timeout(STARTUP_TIMEOUT, config.connect(NoTls))
         .await
         .map_err(|_| {
             PgError::Unreachable(format!(
@@ -438,7 +442,53 @@ async fn open(
             ))
         })?
         .map_err(|e| PgError::connect(&e, &target))?;
-    let driver = tokio::spawn(async move {
+    let driver = drive(connection, notify, target.clone());
+    if let Err(e) = check_synchronous_commit(&client, &target).await {
+        driver.abort();
+        return Err(e);
+    }
+    Ok((client, driver))
+}
+
+/// What `SHOW synchronous_commit` must not say: with `off`, a commit is
+/// answered before its WAL is written, so a server crash loses events the
+/// bus acknowledged (and the owner then reuses their seqs).
+pub(crate) fn lossy_commit(setting: &str) -> Option<String> {
+    (setting.trim().eq_ignore_ascii_case("off")).then(|| {
+        format!(
+            "synchronous_commit is {setting} in busd's session although busd asks for on: \
+             something between busd and the server (a pooler, a forced setting) overrides it, \
+             and an acknowledged event could be lost in a server crash"
+        )
+    })
+}
+
+/// Refuses a session whose commits are not durable when answered (see
+/// [`lossy_commit`]): busd sets `synchronous_commit=on` at start-up
+/// ([`config`]) and checks that it held.
+async fn check_synchronous_commit(client: &Client, target: &str) -> Result<(), PgError> {
+    let row = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .map_err(|e| PgError::query(&e))?;
+    let setting: String = row.try_get(0).map_err(|e| PgError::query(&e))?;
+    match lossy_commit(&setting) {
+        Some(why) => Err(PgError::Config(format!("PostgreSQL at {target}: {why}"))),
+        None => Ok(()),
+    }
+}
+
+/// Spawns the task that drives `connection` (see [`Driver`]).
+fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    notify: Option<mpsc::Sender<String>>,
+    target: String,
+) -> Driver
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
         loop {
             match poll_fn(|cx| connection.poll_message(cx)).await {
                 None => return Ok(()),
@@ -456,6 +506,5 @@ async fn open(
                 Some(Err(e)) => return Err(PgError::query(&e)),
             }
         }
-    });
-    Ok((client, driver))
+    })
 }
