@@ -11,7 +11,13 @@
 //! lease session is gone from `pg_stat_activity` (its process died, its
 //! session was terminated, the server restarted: a takeover within the
 //! contender's retry, as the session advisory lock this row replaced
-//! allowed). Taking it bumps `dws_cluster.epoch`.
+//! allowed). The session is named by its backend pid and start time; a
+//! contender connected as another role sees no start time of it (NULL) and
+//! goes by the pid alone. A session that is gone because the *server*
+//! restarted since it began (`pg_postmaster_start_time()`) does not free
+//! the lease for other hosts before it expires: its owner is probably
+//! alive and reconnecting, and takes it back at once (its own host name
+//! may). Taking it bumps `dws_cluster.epoch`.
 //!
 //! The owner renews the row every [`LeaseTiming::heartbeat`]
 //! ([`Lease::lost`]): `lease_expires_at = clock_timestamp() + bound`, only
@@ -51,9 +57,12 @@ const TAKE_SQL: &str = "UPDATE dws_cluster c
      WHERE c.cluster = $1
        AND (c.owner_host IS NULL OR c.lease_expires_at IS NULL
             OR c.lease_expires_at < clock_timestamp()
-            OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                           WHERE a.pid = c.owner_pid
-                             AND a.backend_start = c.owner_backend_start))
+            OR (NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                            WHERE a.pid = c.owner_pid
+                              AND (a.backend_start IS NULL
+                                   OR a.backend_start = c.owner_backend_start))
+                AND (c.owner_host = $2 OR c.owner_backend_start IS NULL
+                     OR c.owner_backend_start >= pg_postmaster_start_time())))
      RETURNING c.epoch";
 /// Renews the lease if it is still this session's (see the module doc);
 /// answers the backend pid, the cluster's epoch and whether it renewed.
