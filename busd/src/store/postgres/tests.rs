@@ -398,6 +398,18 @@ async fn postgres_lease_is_lost_when_the_server_restarts() {
         other => panic!("{:?}", other.err()),
     }
     tokio::task::block_in_place(|| server.start_again());
+    // The server restarted since a's session began: another host may not
+    // take the unexpired lease, a takes it back.
+    let b = settings(&server.url(), "b");
+    match LeaseSession::open(&b)
+        .await
+        .unwrap()
+        .try_acquire(quick())
+        .await
+    {
+        Ok(Err(_)) => {}
+        _ => panic!("b took a lease whose owner only lost its session to a restart"),
+    }
     let again = within(
         "the lease is taken again",
         Lease::acquire_or_wait(&a, quick()),
