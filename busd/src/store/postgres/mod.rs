@@ -12,11 +12,13 @@
 //!   Every table is keyed by the cluster name, so several clusters can share
 //!   one database ([`schema`]).
 //! - **One owner.** Exactly one host holds the cluster's upstream
-//!   connection and appends to the log: the holder of a session advisory
-//!   lock on a dedicated connection ([`lease`]). Each acquisition bumps the
-//!   cluster's *epoch*; every append checks it inside its transaction
-//!   ([`log::append`]), so a host that lost its lease cannot append, hence
-//!   cannot ack upstream what it did not store.
+//!   connection and appends to the log: the holder of the lease row, a
+//!   time-bounded lease on the database's clock renewed from a dedicated
+//!   connection ([`lease`]). Each acquisition bumps the cluster's *epoch*;
+//!   every append checks it and the lease's expiry inside its transaction
+//!   ([`log::append`]), so a host that lost its lease (or could not renew
+//!   it: frozen, stalled, cut off) cannot append, hence cannot ack upstream
+//!   what it did not store.
 //! - **Followers.** The other hosts never append: their log is fed from the
 //!   database ([`log::read_after`], woken by [`log::LOG_CHANNEL`]); their
 //!   publishes go through [`inbox`] to the owner.
@@ -26,6 +28,11 @@
 //!   host's cursors too (`dws_cursor`), for status and so that a consumer on
 //!   another host can attach to a subscription created elsewhere. Shared
 //!   subscriptions (`dws_claim`) are not used yet.
+//!
+//! Every session starts with `synchronous_commit=on` and is refused when
+//! `SHOW synchronous_commit` says `off` anyway ([`lossy_commit`]): a
+//! commit answered before its WAL is written could vanish in a server crash
+//! after the bus acknowledged its events (and their seqs be reused).
 //!
 //! Connections ([`connect`]) are made with `tokio-postgres` without TLS
 //! (`sslmode=require` is refused: reach the server over a private network or

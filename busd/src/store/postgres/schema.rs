@@ -27,9 +27,10 @@ use super::PgError;
 /// The newest schema version this busd knows.
 pub const SCHEMA_VERSION: u32 = 4;
 
-/// The advisory lock that serializes migrations ("dws-schm" in ASCII). The
-/// lease's keys come from `hashtextextended(cluster, 0)`; a collision with
-/// this constant would only make a migration wait for a lease holder.
+/// The advisory lock that serializes migrations ("dws-schm" in ASCII). A
+/// busd before schema version 4 held a session advisory lock keyed by
+/// `hashtextextended(cluster, 0)` as its lease; a collision with this
+/// constant would only make a migration wait for such a lease holder.
 pub const MIGRATION_LOCK_KEY: i64 = 0x6477_732d_7363_686d;
 
 /// How long a start waits for another host's migration.
