@@ -134,6 +134,41 @@ fn a_frozen_owner_loses_its_lease_and_a_follower_takes_over() {
     assert_eq!(rows[2].0, after["seq"].as_u64().unwrap_or_default());
 }
 
+/// The owner frozen for less than its (long) lease but longer than a
+/// forwarded publish waits: the follower's publish is said to fail, and it
+/// is withdrawn, so the owner does not append it once it wakes up; it goes
+/// on as the owner.
+#[test]
+fn a_forwarded_publish_said_to_fail_is_never_appended_later() {
+    let server = PgServer::start();
+    let lease = [("DWS_CLUSTER_LEASE", "120s")];
+    let (a, _ca) = start_host(&server, "host-a", &lease, "wd.*", "owner");
+    let (b, mut cb) = start_host(&server, "host-b", &lease, "wd.*", "follower");
+    let pid_a = busd_pid(&a);
+    signal(pid_a, Sig::SIGSTOP);
+    let during = publish_outcome(&b, &["wd.x", "{}", "--id", "given-up"]);
+    signal(pid_a, Sig::SIGCONT);
+    let Outcome::Failed(out) = during else {
+        panic!("a publish no owner could take was answered");
+    };
+    let after = b.publish("wd.x", "{}", &["--id", "after"]);
+    assert_eq!(after["duplicate"], false, "{after}");
+    let got = lines_until(&mut cb, "after");
+    let ids: Vec<&str> = got.iter().map(|(_, id)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["after"],
+        "said to fail ({}), yet delivered",
+        out.stderr.trim()
+    );
+    let rows = log_rows(&server);
+    assert!(rows.iter().all(|(_, id)| id != "given-up"), "{rows:?}");
+    assert!(out.stderr.contains("withdrawn"), "{out}");
+    wait_cluster(&a, "host-a still owns the cluster", |c| {
+        c["role"] == "owner" && c["epoch"] == 1
+    });
+}
+
 /// Publishes `prefix-N` (with `--id` when `with_id`) from `threads` threads
 /// on `env` until `stop`; returns `(N, outcome)` of every publish.
 fn flood(
