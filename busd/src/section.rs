@@ -56,6 +56,7 @@ pub struct ProfileSection {
     pub postgres_ca_file: Option<PathBuf>,
     pub cluster: Option<String>,
     pub cluster_host: Option<String>,
+    pub cluster_lease: Option<String>,
     // exec
     pub command: Option<Vec<String>>,
     pub restart_min: Option<String>,
@@ -120,6 +121,7 @@ pub struct EnvOverrides {
     pub postgres_url: Option<String>,
     pub postgres_ca_file: Option<String>,
     pub cluster_host: Option<String>,
+    pub cluster_lease: Option<String>,
 }
 
 impl EnvOverrides {
@@ -142,6 +144,7 @@ impl EnvOverrides {
             postgres_url: get("DWS_POSTGRES_URL"),
             postgres_ca_file: get("DWS_POSTGRES_CA_FILE"),
             cluster_host: get("DWS_CLUSTER_HOST"),
+            cluster_lease: get("DWS_CLUSTER_LEASE"),
         }
     }
 }

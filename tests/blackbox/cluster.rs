@@ -7,9 +7,12 @@
 //!
 //! Submodules, against the fake DingTalk gateway: [`failover`] (the owner
 //! dies, the upstream moves to another host), [`fencing`] (the owner loses
-//! its lease, running or frozen), and their harness [`upstream`].
+//! its lease, running or frozen), and their harness [`upstream`];
+//! [`faults_lease`] (the time-bounded lease, a crashing server, forwarded
+//! publishes across a restart, a pinned duplicate id).
 
 mod failover;
+mod faults_lease;
 mod fencing;
 mod upstream;
 

@@ -93,28 +93,41 @@ pub struct PgServer {
     durable: bool,
     /// `ssl=on` with `server.crt`/`server.key` in the server's dir.
     tls: bool,
+    /// More `-c name=value` settings of the postmaster (after the defaults).
+    extra: Vec<String>,
 }
 
 impl PgServer {
     /// Creates, starts and prepares a server; panics with the reason (and
     /// how to install PostgreSQL when it is missing).
     pub fn start() -> PgServer {
-        Self::start_with(false, None)
+        Self::start_with(false, None, vec![])
     }
 
     /// A server that also speaks TLS, with the certificate (chain) and the
     /// private key given as PEM.
     pub fn start_tls(cert_pem: &str, key_pem: &str) -> PgServer {
-        Self::start_with(false, Some((cert_pem, key_pem)))
+        Self::start_with(false, Some((cert_pem, key_pem)), vec![])
     }
 
     /// A server that fsyncs its commits (and writes full pages), as a real
     /// one would: for benchmarks, where `fsync=off` would flatter the store.
     pub fn start_durable() -> PgServer {
-        Self::start_with(true, None)
+        Self::start_with(true, None, vec![])
     }
 
-    fn start_with(durable: bool, tls: Option<(&str, &str)>) -> PgServer {
+    /// A server started with more `name=value` settings (each passed as
+    /// `-c`, after the defaults, so they win), e.g. `synchronous_commit=off`
+    /// for a server configured carelessly.
+    pub fn start_with_settings(settings: &[&str]) -> PgServer {
+        Self::start_with(
+            false,
+            None,
+            settings.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
+    fn start_with(durable: bool, tls: Option<(&str, &str)>, extra: Vec<String>) -> PgServer {
         let bin = bin_dir();
         let run_as = server_user();
         let dir = tempfile::Builder::new()
@@ -140,6 +153,7 @@ impl PgServer {
             postmaster: None,
             durable,
             tls: tls.is_some(),
+            extra,
         };
         if let Some((cert, key)) = tls {
             server.write_server_file("server.crt", cert, 0o644);
@@ -241,8 +255,8 @@ impl PgServer {
     }
 
     /// Immediate shutdown (SIGQUIT, `pg_ctl stop -m immediate`): no
-    /// checkpoint, crash recovery at the next start; returns once the
-    /// postmaster has exited.
+    /// checkpoint and no flush of WAL still in shared memory; the next start
+    /// recovers from what reached the WAL files.
     pub fn stop_immediate(&mut self) {
         self.shut_down(Signal::SIGQUIT);
     }
@@ -417,6 +431,9 @@ impl PgServer {
                 ))
                 .arg("-c")
                 .arg(format!("ssl_key_file={}", dir.join("server.key").display()));
+        }
+        for setting in &self.extra {
+            cmd.args(["-c", setting]);
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup the log fd"))

@@ -77,10 +77,14 @@ pub struct Link {
     tail_running: AtomicBool,
     tail_stopped: Notify,
     next_ticket: AtomicU64,
+    /// This bus's start (ms) and pid: with the ticket, a forwarded
+    /// publish's idempotency key (`forward`).
+    incarnation: (i64, u32),
     answers: Mutex<HashMap<u64, Option<Answer>>>,
     /// The forwarder task's queue, started by the first forward. Bounded by
     /// the connections: each holds at most so many replies waiting.
-    forwards: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(u64, crate::hub::NewEvent)>>>,
+    forwards:
+        Mutex<Option<tokio::sync::mpsc::UnboundedSender<(u64, String, crate::hub::NewEvent)>>>,
 }
 
 impl Link {
@@ -95,6 +99,7 @@ impl Link {
             tail_running: AtomicBool::new(false),
             tail_stopped: Notify::new(),
             next_ticket: AtomicU64::new(1),
+            incarnation: (crate::clock::now_ms(), std::process::id()),
             answers: Mutex::new(HashMap::new()),
             forwards: Mutex::new(None),
         })

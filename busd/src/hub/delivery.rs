@@ -65,7 +65,7 @@ impl Hub {
         count_type(&mut st.types, &ev.event_type, |c| c.received += 1);
         let dedup_key = (!ev.event_id.is_empty()).then(|| (ev.scope.clone(), ev.event_id.clone()));
         if let Some(key) = &dedup_key {
-            if let Some(&seq) = st.dedup.get(key) {
+            if let Some(seq) = st.dedup.get(key) {
                 count_type(&mut st.types, &ev.event_type, |c| c.duplicates += 1);
                 return Ok(Appended {
                     seq,

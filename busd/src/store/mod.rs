@@ -277,6 +277,11 @@ pub trait Store: Send {
     /// subscription's snapshot are past them): their space may be reclaimed.
     fn release_below(&mut self, seq: u64) -> Result<(), StoreError>;
     fn info(&self) -> StoreInfo;
+    /// The oldest seq the store still holds, when it keeps events the hub's
+    /// dedup window must still cover (the cluster store); `None` otherwise.
+    fn retained_from(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Opens the configured store at `dir` (not touched for `memory` and

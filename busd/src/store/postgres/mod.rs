@@ -12,11 +12,13 @@
 //!   Every table is keyed by the cluster name, so several clusters can share
 //!   one database ([`schema`]).
 //! - **One owner.** Exactly one host holds the cluster's upstream
-//!   connection and appends to the log: the holder of a session advisory
-//!   lock on a dedicated connection ([`lease`]). Each acquisition bumps the
-//!   cluster's *epoch*; every append checks it inside its transaction
-//!   ([`log::append`]), so a host that lost its lease cannot append, hence
-//!   cannot ack upstream what it did not store.
+//!   connection and appends to the log: the holder of the lease row, a
+//!   time-bounded lease on the database's clock renewed from a dedicated
+//!   connection ([`lease`]). Each acquisition bumps the cluster's *epoch*;
+//!   every append checks it and the lease's expiry inside its transaction
+//!   ([`log::append`]), so a host that lost its lease (or could not renew
+//!   it: frozen, stalled, cut off) cannot append, hence cannot ack upstream
+//!   what it did not store.
 //! - **Followers.** The other hosts never append: their log is fed from the
 //!   database ([`log::read_after`], woken by [`log::LOG_CHANNEL`]); their
 //!   publishes go through [`inbox`] to the owner.
@@ -24,8 +26,13 @@
 //!   subscriptions (its `store::Snapshot`, in `dws_host_snapshot`); their
 //!   definitions are published cluster-wide (`dws_subscription`) and every
 //!   host's cursors too (`dws_cursor`), for status and so that a consumer on
-//!   another host can attach to a subscription created elsewhere. Shared
-//!   subscriptions (`dws_claim`) are not used yet.
+//!   another host can attach to a subscription created elsewhere; shared
+//!   subscriptions' claims (`dws_claim`).
+//!
+//! Every session starts with `synchronous_commit=on` and is refused when
+//! `SHOW synchronous_commit` says `off` anyway ([`lossy_commit`]): a
+//! commit answered before its WAL is written could vanish in a server crash
+//! after the bus acknowledged its events (and their seqs be reused).
 //!
 //! Connections ([`connect`]) are made with `tokio-postgres`, with TLS
 //! (rustls) as the URL's `sslmode` says: `disable` (the default), `require`
@@ -108,6 +115,9 @@ pub struct PgSettings {
     /// The CA certificates `sslmode=verify-full` trusts (`postgres_ca_file`);
     /// `None`: the bundled public CAs.
     pub ca: Option<tls::CaFile>,
+    /// How long the upstream lease lasts without a renewal, on the
+    /// database's clock (`cluster_lease`, `DWS_CLUSTER_LEASE`; see [`lease`]).
+    pub lease: Duration,
 }
 
 impl fmt::Debug for PgSettings {
@@ -117,6 +127,7 @@ impl fmt::Debug for PgSettings {
             .field("cluster", &self.cluster)
             .field("host", &self.host)
             .field("ca", &self.ca)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -401,7 +412,7 @@ pub fn config_and_mode(
     });
     let server_side = format!(
         "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} -c tcp_user_timeout={} \
-         -c idle_in_transaction_session_timeout={}",
+         -c idle_in_transaction_session_timeout={} -c synchronous_commit=on",
         KEEPALIVE_IDLE.as_secs(),
         KEEPALIVE_INTERVAL.as_secs(),
         KEEPALIVE_COUNT,
@@ -483,19 +494,24 @@ async fn open(
     let target = target(&config);
     static NOTED: std::sync::Once = std::sync::Once::new();
     NOTED.call_once(|| note_transport(&config, mode, settings.ca.as_ref(), &target));
-    match mode {
+    let (client, driver) = match mode {
         tls::Mode::Disable => {
             let (client, connection) = start(&config, NoTls, &target, mode, None).await?;
-            Ok((client, drive(connection, target, notify)))
+            (client, drive(connection, target.clone(), notify))
         }
         tls::Mode::Require | tls::Mode::VerifyFull => {
             let ca = settings.ca.as_ref();
             let rustls = tls::client_config(mode, ca).map_err(PgError::Other)?;
             let make = tls::MakeRustls(rustls);
             let (client, connection) = start(&config, make, &target, mode, ca).await?;
-            Ok((client, drive(connection, target, notify)))
+            (client, drive(connection, target.clone(), notify))
         }
+    };
+    if let Err(e) = check_synchronous_commit(&client, &target).await {
+        driver.abort();
+        return Err(e);
     }
+    Ok((client, driver))
 }
 
 /// Says once in `bus.log` how this busd reaches PostgreSQL; a warning when
@@ -548,6 +564,34 @@ where
             ))
         })?
         .map_err(|e| PgError::connect(&e, target, mode, ca))
+}
+
+/// What `SHOW synchronous_commit` must not say: with `off`, a commit is
+/// answered before its WAL is written, so a server crash loses events the
+/// bus acknowledged (and the owner then reuses their seqs).
+pub(crate) fn lossy_commit(setting: &str) -> Option<String> {
+    (setting.trim().eq_ignore_ascii_case("off")).then(|| {
+        format!(
+            "synchronous_commit is {setting} in busd's session although busd asks for on: \
+             something between busd and the server (a pooler, a forced setting) overrides it, \
+             and an acknowledged event could be lost in a server crash"
+        )
+    })
+}
+
+/// Refuses a session whose commits are not durable when answered (see
+/// [`lossy_commit`]): busd sets `synchronous_commit=on` at start-up
+/// ([`config`]) and checks that it held.
+async fn check_synchronous_commit(client: &Client, target: &str) -> Result<(), PgError> {
+    let row = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .map_err(|e| PgError::query(&e))?;
+    let setting: String = row.try_get(0).map_err(|e| PgError::query(&e))?;
+    match lossy_commit(&setting) {
+        Some(why) => Err(PgError::Config(format!("PostgreSQL at {target}: {why}"))),
+        None => Ok(()),
+    }
 }
 
 /// The task that drives `connection`: notices logged, notifications to

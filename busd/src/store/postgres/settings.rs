@@ -7,7 +7,13 @@
 //! postgres_ca_file = "/home/me/.dws/pg-ca.pem" # the CA that signed the server's certificate (PEM)
 //! cluster = "team"                             # default: the profile name
 //! cluster_host = "laptop"                      # default: the machine's host name
+//! cluster_lease = "10s"                        # default 10s; DWS_CLUSTER_LEASE overrides
 //! ```
+//!
+//! `cluster_lease` bounds how long the upstream owner keeps the lease
+//! without renewing it on the database's clock (a frozen or cut-off owner
+//! loses it after that long, and a follower takes over within about 2 s
+//! more); [`LEASE_MIN`] to [`LEASE_MAX`].
 //!
 //! The URL is a secret like every other: from `DWS_POSTGRES_URL`, or from
 //! the file `postgres_url_file` names (refused unless 0600 and ours, the
@@ -21,7 +27,7 @@
 //! used by `sslmode=verify-full` alone, and refused with any other mode
 //! (see `tls`).
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use proto::limits::quoted;
 
@@ -74,14 +80,46 @@ pub fn settings(r: &mut SectionReader<'_>) -> Result<PgSettings, ConfigError> {
     let ca = ca
         .map(|(from, f)| CaFile::load(&f).map_err(|e| ConfigError::Invalid(format!("{from}: {e}"))))
         .transpose()?;
+    let lease = match (&r.env.cluster_lease, r.section.cluster_lease.take()) {
+        (Some(v), _) => lease_bound(v, "DWS_CLUSTER_LEASE")?,
+        (None, Some(v)) => lease_bound(&v, &r.in_file("cluster_lease"))?,
+        (None, None) => LEASE_DEFAULT,
+    };
     let settings = PgSettings {
         url,
         cluster,
         host,
         ca,
+        lease,
     };
     super::config(&settings, "check").map_err(|e| ConfigError::Invalid(format!("{from}: {e}")))?;
     Ok(settings)
+}
+
+/// The lease's default bound.
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(10);
+/// The shortest lease: a renewal every second must fit it several times.
+pub const LEASE_MIN: Duration = Duration::from_secs(2);
+/// The longest lease: a frozen owner holds the upstream at most this long.
+pub const LEASE_MAX: Duration = Duration::from_secs(600);
+
+/// A lease bound (`value`, from `from`), within [`LEASE_MIN`]..=[`LEASE_MAX`].
+pub fn lease_bound(value: &str, from: &str) -> Result<Duration, ConfigError> {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| {
+        ConfigError::Invalid(format!(
+            "{from} = {}: not a duration ({e}); use e.g. \"10s\"",
+            quoted(value)
+        ))
+    })?;
+    if !(LEASE_MIN..=LEASE_MAX).contains(&d) {
+        return Err(ConfigError::Invalid(format!(
+            "{from} = {}: use {}s to {}s",
+            quoted(value),
+            LEASE_MIN.as_secs(),
+            LEASE_MAX.as_secs()
+        )));
+    }
+    Ok(d)
 }
 
 /// `name` (from `from`) if it follows the profile-name rule.
@@ -282,6 +320,31 @@ mod tests {
         };
         let e = settings(tmp.path(), "", &plain).unwrap_err().to_string();
         assert!(e.contains("add sslmode=verify-full"), "{e}");
+    }
+
+    #[test]
+    fn postgres_cluster_lease_comes_from_the_env_or_the_file_within_bounds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let env = EnvOverrides {
+            postgres_url: Some("postgres://dws:pw@127.0.0.1/dws".into()),
+            ..EnvOverrides::default()
+        };
+        let s = settings(tmp.path(), "", &env).unwrap();
+        assert_eq!(s.lease, super::LEASE_DEFAULT);
+        let s = settings(tmp.path(), "cluster_lease = \"30s\"", &env).unwrap();
+        assert_eq!(s.lease, std::time::Duration::from_secs(30));
+        let with_env = EnvOverrides {
+            cluster_lease: Some("3s".into()),
+            ..env.clone()
+        };
+        let s = settings(tmp.path(), "cluster_lease = \"30s\"", &with_env).unwrap();
+        assert_eq!(s.lease, std::time::Duration::from_secs(3));
+        for bad in ["1s", "11m", "soon"] {
+            let e = settings(tmp.path(), &format!("cluster_lease = \"{bad}\""), &env)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("profiles.team.cluster_lease"), "{e}");
+        }
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub struct PgStore {
     /// The subscriptions of the last saved snapshot (after `recover`: the
     /// recovered ones).
     saved: BTreeSet<String>,
+    /// The oldest seq in the log, as last read (`Store::retained_from`).
+    retained_from: Option<u64>,
 }
 
 /// Connects, migrates and ensures the cluster's row: what busd checks
@@ -363,6 +365,7 @@ impl PgStore {
             rt: None,
             conn: None,
             saved: BTreeSet::new(),
+            retained_from: None,
         }
     }
 
@@ -513,15 +516,23 @@ impl Store for PgStore {
     }
 
     fn release_below(&mut self, seq: u64) -> Result<(), StoreError> {
-        if self.epoch.load(Ordering::Acquire) <= 0 {
-            return Ok(());
+        // Only the owner deletes; every host learns where the log starts
+        // (its dedup window keeps the ids of what is still there).
+        let owner = self.epoch.load(Ordering::Acquire) > 0;
+        let oldest = on_conn!(self, |client, settings| async move {
+            if owner {
+                log::delete_below(&*client, &settings.cluster, seq).await?;
+            }
+            log::oldest_seq(&*client, &settings.cluster).await
+        })?;
+        if oldest.is_some() {
+            self.retained_from = oldest;
         }
-        on_conn!(self, |client, settings| log::delete_below(
-            &*client,
-            &settings.cluster,
-            seq
-        ))
-        .map(|_| ())
+        Ok(())
+    }
+
+    fn retained_from(&self) -> Option<u64> {
+        self.retained_from
     }
 
     fn info(&self) -> StoreInfo {
