@@ -58,6 +58,7 @@ mod client_abuse;
 mod cluster;
 mod cluster_pg_restart;
 mod cluster_shared;
+mod cluster_shared_faults;
 mod dingtalk;
 mod durability;
 mod ecosystem;
