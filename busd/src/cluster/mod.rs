@@ -63,6 +63,9 @@ pub type Answer = Result<v1::PublishAck, (ErrorCode, String)>;
 /// cluster tasks.
 pub struct Link {
     settings: PgSettings,
+    /// This busd run in the cluster (registered with the host): shared
+    /// delivery's claims are the incarnation's, never a later run's.
+    incarnation: String,
     hub: Hub,
     /// The epoch this host appends under; 0 while it is a follower. The
     /// store reads it for every append.
@@ -87,6 +90,7 @@ impl Link {
     pub fn new(settings: PgSettings, hub: Hub, epoch: Arc<AtomicI64>) -> Arc<Link> {
         Arc::new(Link {
             settings,
+            incarnation: shared::new_incarnation(),
             hub,
             epoch,
             owner: AtomicBool::new(false),
@@ -189,7 +193,15 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
                 Ok((client, _driver)) => {
                     let pid = std::process::id() as i32;
                     if let Err(e) =
-                        hosts::register(&client, &s.cluster, &s.host, pid, proto::BUILD).await
+                        hosts::register(
+                            &client,
+                            &s.cluster,
+                            &s.host,
+                            pid,
+                            proto::BUILD,
+                            &link.incarnation,
+                        )
+                        .await
                     {
                         tracing::warn!(cause = %e, "cannot register this host in the cluster");
                     }

@@ -160,6 +160,10 @@ pub struct SubRecord {
     /// events come to this host only as it claims them.
     #[serde(default)]
     pub shared: bool,
+    /// Shared delivery: the seq the subscription starts after on every host
+    /// (the head at its creation for `--from latest`).
+    #[serde(default)]
+    pub shared_from: u64,
 }
 
 fn default_on_poison() -> String {

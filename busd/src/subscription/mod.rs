@@ -26,6 +26,7 @@
 #[cfg(test)]
 mod model;
 mod record;
+mod shared;
 #[cfg(test)]
 mod tests;
 mod verbs;
@@ -116,6 +117,9 @@ pub struct Subscription {
     /// Shared delivery (cluster): events enter `pending` only when this
     /// host claimed them ([`Subscription::push_claimed`]), never by `offer`.
     pub shared: bool,
+    /// Shared delivery: the subscription starts after this seq, on every
+    /// host (the head when it was created, for `--from latest`).
+    shared_from: u64,
     pending: VecDeque<Entry>,
     /// Every entry of `pending` before this index is `InFlight` or `Acked`:
     /// where [`Subscription::pull`] and [`Subscription::has_unsent`] start
@@ -189,6 +193,7 @@ impl Subscription {
             on_poison: PoisonPolicy::PoisonHalt,
             state: State::Active,
             shared: false,
+            shared_from: start_after,
             pending: VecDeque::new(),
             scan_from: 0,
             acked_in_queue: 0,
@@ -290,68 +295,6 @@ impl Subscription {
         if let Some(i) = first {
             self.reopen(i);
         }
-    }
-
-    /// Shared delivery: an event this host claimed, delivered for the
-    /// `deliveries`-th time (a claim taken over from a host that died counts
-    /// again, so the delivery is marked redelivered). Kept in seq order.
-    pub fn push_claimed(&mut self, event: Arc<LoggedEvent>, deliveries: u32) -> bool {
-        let Err(at) = self
-            .pending
-            .binary_search_by_key(&event.seq, |e| e.event.seq)
-        else {
-            return false;
-        };
-        self.pending.insert(
-            at,
-            Entry {
-                event,
-                slot: Slot::Unsent,
-                deliveries: deliveries.saturating_sub(1),
-            },
-        );
-        self.counters.matched += 1;
-        self.reopen(at);
-        true
-    }
-
-    /// Whether `seq` is pending here (claimed by this host, not yet acked).
-    pub fn holds(&self, seq: u64) -> bool {
-        self.pending
-            .binary_search_by_key(&seq, |e| e.event.seq)
-            .is_ok_and(|i| self.pending[i].slot != Slot::Acked)
-    }
-
-    /// The in-flight events at or below `seq` (what a cumulative ack of
-    /// `seq` acks).
-    pub fn in_flight_upto(&self, seq: u64) -> Vec<u64> {
-        self.pending
-            .iter()
-            .take_while(|e| e.event.seq <= seq)
-            .filter(|e| matches!(e.slot, Slot::InFlight { .. }))
-            .map(|e| e.event.seq)
-            .collect()
-    }
-
-    /// Shared delivery, the consumer left: everything not acked is given
-    /// back (the claims are released, so another host delivers them).
-    pub fn release_all(&mut self) -> Vec<u64> {
-        let seqs = self
-            .pending
-            .iter()
-            .filter(|e| e.slot != Slot::Acked)
-            .map(|e| e.event.seq)
-            .collect();
-        self.pending.clear();
-        self.in_flight = 0;
-        self.acked_in_queue = 0;
-        self.rescan();
-        seqs
-    }
-
-    /// Shared delivery: room for more claims (within the window).
-    pub fn claim_room(&self) -> usize {
-        self.window.saturating_sub(self.pending_len())
     }
 
     /// `pending[i]` became sendable (unsent or delayed): the scan must

@@ -51,6 +51,7 @@ impl Subscription {
         sub.counters = rec.counters;
         sub.max_deliver = rec.max_deliver;
         sub.shared = rec.shared;
+        sub.shared_from = if rec.shared { rec.shared_from } else { rec.cursor };
         sub.on_poison = if rec.on_poison == "park" {
             PoisonPolicy::PoisonPark
         } else {
@@ -165,6 +166,7 @@ impl Subscription {
                 .map(|e| e.event.seq)
                 .collect(),
             shared: self.shared,
+            shared_from: self.shared_from,
         }
     }
 }

@@ -104,6 +104,7 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         parked: vec![],
         acked: vec![],
         shared: record.shared,
+        shared_from: record.shared_from,
     }
 }
 

@@ -207,7 +207,7 @@ async fn postgres_migrations_are_idempotent_and_safe_when_hosts_start_together()
     assert_eq!(
         server
             .psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM dws_schema_version"),
-        "1,2,3"
+        "1,2,3,4"
     );
     assert_eq!(
         psql_count(
