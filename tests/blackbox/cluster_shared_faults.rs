@@ -145,7 +145,10 @@ fn a_host_restarted_at_once_does_not_keep_its_dead_incarnations_claims() {
             .flatten()
             .map(|&(_, r)| r)
             .collect();
-        assert!(marks.iter().all(|&r| r), "{id}: marked redelivered {marks:?}");
+        assert!(
+            marks.iter().all(|&r| r),
+            "{id}: marked redelivered {marks:?}"
+        );
     }
     a.wait_until(Duration::from_secs(30), "every claim done", || {
         open_claims(&server) == 0
@@ -249,14 +252,21 @@ fn acks_made_while_postgres_restarts_are_not_forgotten() {
             .all(|id| all.iter().any(|m| m.contains_key(id)))
     });
     // host-a's acks reached the claims: none of the 6 is open any more.
-    a.wait_until(Duration::from_secs(30), "host-a's acked claims done", || {
-        server
-            .psql(&format!(
-                "SELECT count(*) FROM dws_claim WHERE NOT done AND seq IN ({})",
-                seqs.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")
-            ))
-            .trim()
-            == "0"
-    });
+    a.wait_until(
+        Duration::from_secs(30),
+        "host-a's acked claims done",
+        || {
+            server
+                .psql(&format!(
+                    "SELECT count(*) FROM dws_claim WHERE NOT done AND seq IN ({})",
+                    seqs.iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ))
+                .trim()
+                == "0"
+        },
+    );
     assert_eq!(want.len(), 6);
 }

@@ -192,16 +192,15 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
             conn = match postgres::connect(s, "status").await {
                 Ok((client, _driver)) => {
                     let pid = std::process::id() as i32;
-                    if let Err(e) =
-                        hosts::register(
-                            &client,
-                            &s.cluster,
-                            &s.host,
-                            pid,
-                            proto::BUILD,
-                            &link.incarnation,
-                        )
-                        .await
+                    if let Err(e) = hosts::register(
+                        &client,
+                        &s.cluster,
+                        &s.host,
+                        pid,
+                        proto::BUILD,
+                        &link.incarnation,
+                    )
+                    .await
                     {
                         tracing::warn!(cause = %e, "cannot register this host in the cluster");
                     }

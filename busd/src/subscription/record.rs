@@ -51,7 +51,11 @@ impl Subscription {
         sub.counters = rec.counters;
         sub.max_deliver = rec.max_deliver;
         sub.shared = rec.shared;
-        sub.shared_from = if rec.shared { rec.shared_from } else { rec.cursor };
+        sub.shared_from = if rec.shared {
+            rec.shared_from
+        } else {
+            rec.cursor
+        };
         sub.on_poison = if rec.on_poison == "park" {
             PoisonPolicy::PoisonPark
         } else {

@@ -100,7 +100,11 @@ impl Subscription {
     /// start, that this host does not hold): the cluster decides whether
     /// any host delivered it.
     pub fn may_lose_shared(&self, e: &LoggedEvent) -> bool {
-        self.shared && !e.damaged && e.seq > self.shared_from && self.selects(e) && !self.holds(e.seq)
+        self.shared
+            && !e.damaged
+            && e.seq > self.shared_from
+            && self.selects(e)
+            && !self.holds(e.seq)
     }
 
     /// Shared delivery: `n` events of this subscription no host delivered

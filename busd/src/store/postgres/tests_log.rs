@@ -409,8 +409,12 @@ async fn postgres_listen_gets_the_log_and_inbox_notifications() {
 async fn postgres_hosts_register_beat_and_leave() {
     let server = tokio::task::block_in_place(PgServer::start);
     let (c, _d) = store_conn(&server, "a").await;
-    hosts::register(&c, "c1", "b", 22, "build-b", "i-b").await.unwrap();
-    hosts::register(&c, "c1", "a", 11, "build-a", "i-a").await.unwrap();
+    hosts::register(&c, "c1", "b", 22, "build-b", "i-b")
+        .await
+        .unwrap();
+    hosts::register(&c, "c1", "a", 11, "build-a", "i-a")
+        .await
+        .unwrap();
     hosts::register(&c, "c2", "z", 1, "other cluster", "i-z")
         .await
         .unwrap();
