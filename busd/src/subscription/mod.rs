@@ -29,6 +29,8 @@ mod record;
 mod shared;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_shared;
 mod verbs;
 
 use std::{

@@ -54,6 +54,8 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_claims;
+#[cfg(test)]
 mod tests_log;
 #[cfg(test)]
 mod tests_store;
