@@ -25,7 +25,8 @@
 //!   definitions are published cluster-wide (`dws_subscription`) and every
 //!   host's cursors too (`dws_cursor`), for status and so that a consumer on
 //!   another host can attach to a subscription created elsewhere. Shared
-//!   subscriptions (`dws_claim`) are not used yet.
+//!   subscriptions' events go to one host incarnation at a time through
+//!   [`claims`] (`dws_claim`).
 //!
 //! Connections ([`connect`]) are made with `tokio-postgres` without TLS
 //! (`sslmode=require` is refused: reach the server over a private network or
