@@ -115,10 +115,38 @@ pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
             }
         }
         tokio::select! {
-            _ = shutdown.recv() => return,
+            _ = shutdown.recv() => break,
             _ = durable.changed() => {}
             _ = tokio::time::sleep(ROUND) => {}
         }
+    }
+    // A clean stop: what was acked is done, and everything else this run
+    // held goes back at once instead of when it expires (bounded: a
+    // database that does not answer leaves it to expire).
+    if let Some(c) = &client {
+        work.merge(link.hub.take_shared_work());
+        let last = stop(&link, c, &mut work);
+        if tokio::time::timeout(STOP_WITHIN, last).await.is_err() {
+            tracing::warn!(
+                "shared delivery: the claims were not given back at the stop; they expire"
+            );
+        }
+    }
+}
+
+/// How long a clean stop tries to finish and give back its claims.
+const STOP_WITHIN: Duration = Duration::from_secs(2);
+
+/// A clean stop's last round: acks done, then every open claim of this
+/// incarnation given back.
+async fn stop(link: &Link, c: &Client, work: &mut SharedWork) {
+    let s = &link.settings;
+    let finished = drain(&mut work.acked, |sub, seqs| async move {
+        claims::finish(c, &s.cluster, &sub, &seqs).await.map(drop)
+    })
+    .await;
+    if finished.is_ok() {
+        let _ = claims::release_all(c, &s.cluster, &link.incarnation).await;
     }
 }
 

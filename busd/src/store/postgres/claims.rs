@@ -201,6 +201,22 @@ pub async fn release(
         .map_err(q)
 }
 
+/// Gives back every open claim of `incarnation` (its busd stops cleanly).
+pub async fn release_all(
+    client: &impl GenericClient,
+    cluster: &str,
+    incarnation: &str,
+) -> Result<u64, PgError> {
+    client
+        .execute_typed(
+            "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
+             WHERE cluster = $1 AND incarnation = $2 AND NOT done",
+            &[(&cluster, Type::TEXT), (&incarnation, Type::TEXT)],
+        )
+        .await
+        .map_err(q)
+}
+
 const LOST_SQL: &str = "
 INSERT INTO dws_claim (cluster, subscription, seq, host, incarnation, claimed_until,
                        deliveries, done, lost)

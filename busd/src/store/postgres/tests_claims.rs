@@ -84,6 +84,15 @@ async fn postgres_claims_belong_to_an_incarnation_and_only_held_ones_are_renewed
     // Releasing is the holder's: the old run cannot give 1 back.
     assert_eq!(claims::release(&c, old, "w", &[1]).await.unwrap(), 0);
     assert_eq!(claims::release(&c, new, "w", &[1]).await.unwrap(), 1);
+    // A clean stop gives back every open claim of its run.
+    assert_eq!(claims::release_all(&c, "c1", "run-2").await.unwrap(), 2);
+    assert_eq!(
+        claims::claim(&c, other, "w", &[1, 2], HOLD)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
