@@ -270,3 +270,46 @@ fn acks_made_while_postgres_restarts_are_not_forgotten() {
     );
     assert_eq!(want.len(), 6);
 }
+
+#[test]
+fn shared_events_a_leaving_consumer_held_past_retention_are_a_gap_not_a_silent_loss() {
+    let server = PgServer::start();
+    let a = host_with(
+        &server,
+        "host-a",
+        &[("DWS_EVENT_BUS_RETENTION_EVENTS", "5")],
+    );
+    a.subscribe(&["sh.*", "--id", "work", "--delivery", "shared"]);
+    // The first consumer takes all 13 and acks none: retention takes the
+    // oldest 8 from the log while they are in flight (pinned).
+    let c1 = consume(&a, &["--ack", "explicit", "--ack-wait", "10m"]);
+    let ids = publish_ids(&a, "held", 13);
+    wait_for("the first consumer holds all 13", &[&c1], |all| {
+        all[0].len() == 13
+    });
+    c1.signal(Signal::SIGTERM);
+    c1.wait_exit(EXIT_TIMEOUT);
+    // What it held goes back: the 5 still in the log are delivered again,
+    // the 8 nobody can deliver any more are a gap.
+    let mut c2 = consume(&a, &[]);
+    let gap = c2.wait_stderr_line("the gap line", Duration::from_secs(30), |l| {
+        l.starts_with("[event] gap")
+    });
+    assert!(gap.contains("lost 8 event(s)"), "{gap}\n{}", c2.report());
+    wait_for("the 5 retained events again", &[&c2], |all| {
+        all[0].len() >= 5
+    });
+    let got = seen(&c2);
+    assert_eq!(
+        got.keys().cloned().collect::<Vec<_>>(),
+        ids[8..].to_vec(),
+        "{}",
+        c2.report()
+    );
+    let st = a.status();
+    assert_eq!(
+        dws_tests::common::listed(&st, "work")["lost_to_retention"],
+        8,
+        "{st:#}"
+    );
+}

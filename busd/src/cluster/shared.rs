@@ -4,7 +4,8 @@
 //! ([`Hub::offer_claimed`](crate::hub::Hub::offer_claimed)), marks acked
 //! ones done, gives back what a leaving consumer held, records events
 //! retention evicted before any host delivered them as lost (and reports
-//! the losses to a consumer here by a gap), and renews the claims this
+//! the losses to a consumer here by a gap; so are expired claims of events
+//! gone from the log, which nobody can deliver), and renews the claims this
 //! host holds every [`RENEW_EVERY`] so they outlive [`HOLD`] only while
 //! this run of busd does.
 //!
@@ -198,6 +199,11 @@ async fn round(
     .await?;
     if renew {
         claims::renew(c, who, &link.hub.shared_held(), HOLD).await?;
+        let floor = link
+            .hub
+            .oldest_seq()
+            .unwrap_or_else(|| link.hub.head_seq() + 1);
+        claims::sweep_lost(c, &s.cluster, &link.hub.shared_ids(), floor).await?;
     }
     for sub in link.hub.shared_attached() {
         let lost = claims::take_lost(c, &s.cluster, &sub).await?;

@@ -144,6 +144,16 @@ impl Hub {
             .collect()
     }
 
+    /// The shared subscriptions this host has an instance of.
+    pub fn shared_ids(&self) -> Vec<String> {
+        self.state()
+            .subs
+            .values()
+            .filter(|s| s.shared)
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
     /// The shared subscriptions with a consumer attached here.
     pub fn shared_attached(&self) -> Vec<String> {
         self.state()

@@ -257,6 +257,39 @@ pub async fn mark_lost(
     }
 }
 
+const SWEEP_SQL: &str = "UPDATE dws_claim c SET done = true, lost = true, reported = false
+    WHERE c.cluster = $1 AND c.subscription = ANY($2) AND NOT c.done
+      AND c.claimed_until < now() AND c.seq < $3";
+
+/// Expired claims of `subscriptions` whose event retention took from this
+/// host's log (below `floor`): a host delivers only from its log, so
+/// nobody can deliver them any more (a holder died, or gave back an event
+/// retention had taken while it was in flight): they are lost, to be
+/// reported once. (A host whose retention keeps more would still have had
+/// it: with unequal retention the smallest decides.)
+pub async fn sweep_lost(
+    client: &impl GenericClient,
+    cluster: &str,
+    subscriptions: &[String],
+    floor: u64,
+) -> Result<u64, PgError> {
+    if subscriptions.is_empty() {
+        return Ok(0);
+    }
+    let floor = floor.min(i64::MAX as u64) as i64;
+    client
+        .execute_typed(
+            SWEEP_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&subscriptions, Type::TEXT_ARRAY),
+                (&floor, Type::INT8),
+            ],
+        )
+        .await
+        .map_err(q)
+}
+
 /// Takes the losses of `subscription` no host reported yet: how many (this
 /// host reports them with a gap).
 pub async fn take_lost(

@@ -133,6 +133,14 @@ async fn postgres_an_ack_is_done_whoever_holds_the_claim_and_losses_are_reported
         .is_empty());
     assert_eq!(claims::take_lost(&c, "c1", "w").await.unwrap(), 3);
     assert_eq!(claims::take_lost(&c, "c1", "w").await.unwrap(), 0);
+    // host-b's claim of 5 expires (it died) and 5 left the log: lost; 6,
+    // expired too, is still in this host's log (floor 6): not lost.
+    claims::claim(&c, b, "w", &[6], HOLD).await.unwrap();
+    expire_all(&server);
+    let subs = vec!["w".to_owned()];
+    assert_eq!(claims::sweep_lost(&c, "c1", &subs, 6).await.unwrap(), 1);
+    assert_eq!(claims::take_lost(&c, "c1", "w").await.unwrap(), 1);
+    assert_eq!(claims::sweep_lost(&c, "c1", &subs, 6).await.unwrap(), 0);
     // A subscription removed meanwhile has nothing to lose.
     assert_eq!(claims::mark_lost(&c, a, "gone", &[7]).await.unwrap(), 0);
 }
