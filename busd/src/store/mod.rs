@@ -161,9 +161,14 @@ pub struct SubRecord {
     #[serde(default)]
     pub shared: bool,
     /// Shared delivery: the seq the subscription starts after on every host
-    /// (the head at its creation for `--from latest`).
-    #[serde(default)]
+    /// (the head at its creation for `--from latest`); 0 and not written
+    /// for a per-host subscription.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub shared_from: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn default_on_poison() -> String {

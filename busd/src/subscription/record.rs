@@ -170,7 +170,7 @@ impl Subscription {
                 .map(|e| e.event.seq)
                 .collect(),
             shared: self.shared,
-            shared_from: self.shared_from,
+            shared_from: if self.shared { self.shared_from } else { 0 },
         }
     }
 }
