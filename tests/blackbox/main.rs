@@ -61,6 +61,7 @@ mod client_abuse;
 mod cluster;
 mod cluster_pg_restart;
 mod cluster_shared;
+mod cluster_shared_faults;
 mod cluster_tls;
 mod dingtalk;
 mod durability;

@@ -59,7 +59,7 @@ impl Link {
     /// [`Link::take_answer`] gives once [`Link::is_answered`].
     pub fn forward(self: &Arc<Self>, mut event: NewEvent) -> u64 {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let key = forward_key(&self.settings.host, self.incarnation, ticket);
+        let key = forward_key(&self.settings.host, &self.incarnation, ticket);
         if event.event_id.is_empty() {
             // Deduplicated by the owner under its key (see the module doc).
             event.event_id = key.clone();
@@ -80,9 +80,9 @@ impl Link {
 }
 
 /// A forwarded publish's idempotency key: unique per host incarnation
-/// (`incarnation`: when this bus started, in ms, and its pid) and ticket.
-pub(super) fn forward_key(host: &str, incarnation: (i64, u32), ticket: u64) -> String {
-    format!("fwd-{host}-{}-{}-{ticket}", incarnation.0, incarnation.1)
+/// (a random id per busd start) and ticket.
+pub(super) fn forward_key(host: &str, incarnation: &str, ticket: u64) -> String {
+    format!("fwd-{host}-{incarnation}-{ticket}")
 }
 
 fn unavailable(why: impl std::fmt::Display) -> (ErrorCode, String) {

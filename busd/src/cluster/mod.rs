@@ -63,6 +63,10 @@ pub type Answer = Result<v1::PublishAck, (ErrorCode, String)>;
 /// cluster tasks.
 pub struct Link {
     settings: PgSettings,
+    /// This busd run in the cluster (registered with the host): shared
+    /// delivery's claims are the incarnation's, never a later run's, and
+    /// with a ticket it makes a forwarded publish's idempotency key.
+    incarnation: String,
     hub: Hub,
     /// The epoch this host appends under; 0 while it is a follower. The
     /// store reads it for every append.
@@ -77,9 +81,6 @@ pub struct Link {
     tail_running: AtomicBool,
     tail_stopped: Notify,
     next_ticket: AtomicU64,
-    /// This bus's start (ms) and pid: with the ticket, a forwarded
-    /// publish's idempotency key (`forward`).
-    incarnation: (i64, u32),
     answers: Mutex<HashMap<u64, Option<Answer>>>,
     /// The forwarder task's queue, started by the first forward. Bounded by
     /// the connections: each holds at most so many replies waiting.
@@ -91,6 +92,7 @@ impl Link {
     pub fn new(settings: PgSettings, hub: Hub, epoch: Arc<AtomicI64>) -> Arc<Link> {
         Arc::new(Link {
             settings,
+            incarnation: shared::new_incarnation(),
             hub,
             epoch,
             owner: AtomicBool::new(false),
@@ -99,7 +101,6 @@ impl Link {
             tail_running: AtomicBool::new(false),
             tail_stopped: Notify::new(),
             next_ticket: AtomicU64::new(1),
-            incarnation: (crate::clock::now_ms(), std::process::id()),
             answers: Mutex::new(HashMap::new()),
             forwards: Mutex::new(None),
         })
@@ -193,8 +194,15 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
             conn = match postgres::connect(s, "status").await {
                 Ok((client, _driver)) => {
                     let pid = std::process::id() as i32;
-                    if let Err(e) =
-                        hosts::register(&client, &s.cluster, &s.host, pid, proto::BUILD).await
+                    if let Err(e) = hosts::register(
+                        &client,
+                        &s.cluster,
+                        &s.host,
+                        pid,
+                        proto::BUILD,
+                        &link.incarnation,
+                    )
+                    .await
                     {
                         tracing::warn!(cause = %e, "cannot register this host in the cluster");
                     }

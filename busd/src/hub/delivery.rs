@@ -377,7 +377,11 @@ pub fn halted_line(id: &str, seq: u64, deliveries: u32) -> String {
 fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<ConnHandle>>, u64) {
     let mut wake = vec![];
     let State {
-        subs, conns, log, ..
+        subs,
+        conns,
+        log,
+        shared_work,
+        ..
     } = st;
     // Subscription by subscription: each takes its matches of the batch in
     // seq order, and its consumer is woken once per batch.
@@ -402,6 +406,9 @@ fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<Conn
         evicted = true;
         for sub in subs.values_mut() {
             sub.evicted(old.seq);
+            if sub.may_lose_shared(&old) {
+                shared_work.evicted(&sub.id, old.seq);
+            }
         }
     }
     let head = log.head_seq();

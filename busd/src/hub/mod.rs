@@ -257,9 +257,15 @@ impl Hub {
                 }
             }
         }
+        // Shared subscriptions' events evicted here may be losses: the
+        // claims task asks the cluster.
+        let mut shared_work = shared::SharedWork::default();
         while let Some(old) = log.evict_one() {
             for sub in subs.values_mut() {
                 sub.evicted(old.seq);
+                if sub.may_lose_shared(&old) {
+                    shared_work.evicted(&sub.id, old.seq);
+                }
             }
         }
         if !subs.is_empty() || head > 0 {
@@ -299,7 +305,7 @@ impl Hub {
             closing: false,
             refused: Refused::default(),
             cluster: None,
-            shared_work: shared::SharedWork::default(),
+            shared_work,
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,

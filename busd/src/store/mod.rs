@@ -167,6 +167,15 @@ pub struct SubRecord {
     /// seq and due time in unix ms, so the delay survives a restart.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delayed: Vec<(u64, i64)>,
+    /// Shared delivery: the seq the subscription starts after on every host
+    /// (the head at its creation for `--from latest`); 0 and not written
+    /// for a per-host subscription.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_from: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn default_on_poison() -> String {

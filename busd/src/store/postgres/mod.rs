@@ -26,8 +26,9 @@
 //!   subscriptions (its `store::Snapshot`, in `dws_host_snapshot`); their
 //!   definitions are published cluster-wide (`dws_subscription`) and every
 //!   host's cursors too (`dws_cursor`), for status and so that a consumer on
-//!   another host can attach to a subscription created elsewhere; shared
-//!   subscriptions' claims (`dws_claim`).
+//!   another host can attach to a subscription created elsewhere. Shared
+//!   subscriptions' events go to one host incarnation at a time through
+//!   [`claims`] (`dws_claim`).
 //!
 //! Every session starts with `synchronous_commit=on` and is refused when
 //! `SHOW synchronous_commit` says `off` anyway ([`lossy_commit`]): a
@@ -62,6 +63,8 @@ pub mod settings;
 pub mod store;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_claims;
 #[cfg(test)]
 mod tests_log;
 #[cfg(test)]

@@ -25,7 +25,7 @@ use tokio_postgres::Client;
 use super::PgError;
 
 /// The newest schema version this busd knows.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The advisory lock that serializes migrations ("dws-schm" in ASCII). A
 /// busd before schema version 4 held a session advisory lock keyed by
@@ -189,7 +189,25 @@ ALTER TABLE dws_inbox ADD COLUMN key text;
 CREATE UNIQUE INDEX dws_inbox_key ON dws_inbox (cluster, key) WHERE key IS NOT NULL;
 "#;
 
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+/// Migration 5: shared delivery under faults. A claim belongs to one host
+/// *incarnation* (a random id per busd start, registered in `dws_host`): a
+/// restarted host never renews its dead incarnation's claims, they expire.
+/// A claim row can also record a loss: an event retention evicted before
+/// any host delivered it (`lost`, done), reported once by a gap on the
+/// host that takes it (`reported`).
+const V5: &str = r#"
+-- shared: claims per host incarnation; losses to retention as claim rows.
+ALTER TABLE dws_host ADD COLUMN incarnation text NOT NULL DEFAULT '';
+ALTER TABLE dws_claim ADD COLUMN incarnation text NOT NULL DEFAULT '';
+ALTER TABLE dws_claim ADD COLUMN lost boolean NOT NULL DEFAULT false;
+ALTER TABLE dws_claim ADD COLUMN reported boolean NOT NULL DEFAULT false;
+DROP INDEX dws_claim_held;
+CREATE INDEX dws_claim_held ON dws_claim (cluster, incarnation) WHERE NOT done;
+CREATE INDEX dws_claim_unreported ON dws_claim (cluster, subscription)
+    WHERE lost AND NOT reported;
+"#;
+
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The refusal of a database newer than this binary.
 pub(crate) fn too_new(found: u32) -> Option<PgError> {

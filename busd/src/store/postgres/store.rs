@@ -110,6 +110,7 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         shared: record.shared,
         backoff_ms: record.backoff_ms.clone(),
         delayed: vec![],
+        shared_from: record.shared_from,
     }
 }
 

@@ -444,9 +444,13 @@ async fn postgres_listen_gets_the_log_and_inbox_notifications() {
 async fn postgres_hosts_register_beat_and_leave() {
     let server = tokio::task::block_in_place(PgServer::start);
     let (c, _d) = store_conn(&server, "a").await;
-    hosts::register(&c, "c1", "b", 22, "build-b").await.unwrap();
-    hosts::register(&c, "c1", "a", 11, "build-a").await.unwrap();
-    hosts::register(&c, "c2", "z", 1, "other cluster")
+    hosts::register(&c, "c1", "b", 22, "build-b", "i-b")
+        .await
+        .unwrap();
+    hosts::register(&c, "c1", "a", 11, "build-a", "i-a")
+        .await
+        .unwrap();
+    hosts::register(&c, "c2", "z", 1, "other cluster", "i-z")
         .await
         .unwrap();
     server.psql("UPDATE dws_host SET heartbeat_at = now() - interval '5 s' WHERE host = 'a'");
@@ -463,7 +467,7 @@ async fn postgres_hosts_register_beat_and_leave() {
     assert_eq!(hosts::heartbeat(&c, "c1", "a").await, Ok(true));
     assert!(hosts::list(&c, "c1").await.unwrap()[0].heartbeat_age_ms < 4_900);
     // A restart replaces the row.
-    hosts::register(&c, "c1", "a", 12, "build-a2")
+    hosts::register(&c, "c1", "a", 12, "build-a2", "i-a2")
         .await
         .unwrap();
     assert_eq!(hosts::list(&c, "c1").await.unwrap()[0].pid, 12);

@@ -48,6 +48,7 @@ fn evs(seqs: std::ops::RangeInclusive<u64>) -> Vec<Arc<LoggedEvent>> {
 fn sub(id: &str, cursor: u64) -> SubRecord {
     SubRecord {
         shared: false,
+        shared_from: 0,
         id: id.into(),
         patterns: vec!["a.*".into()],
         filter: String::new(),
