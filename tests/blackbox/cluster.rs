@@ -7,10 +7,13 @@
 //!
 //! Submodules, against the fake DingTalk gateway: [`failover`] (the owner
 //! dies, the upstream moves to another host), [`fencing`] (the owner loses
-//! its lease, running or frozen), and their harness [`upstream`].
+//! its lease, running or frozen), and their harness [`upstream`];
+//! [`follower`]: a follower's gaps, cursors and parked events under the
+//! owner's retention, and one definition per subscription cluster-wide.
 
 mod failover;
 mod fencing;
+mod follower;
 mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};

@@ -787,6 +787,13 @@ impl Child {
         complete.lines().map(str::to_owned).collect()
     }
 
+    /// The complete stderr lines captured so far (the process runs on).
+    pub fn stderr_so_far(&self) -> Vec<String> {
+        let text = self.stderr.text();
+        let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+        complete.lines().map(str::to_owned).collect()
+    }
+
     /// The command line, for messages.
     pub fn display(&self) -> &str {
         &self.display

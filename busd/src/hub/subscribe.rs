@@ -61,7 +61,7 @@ impl Hub {
             added += 1;
         }
         if added > 0 {
-            st.subs_dirty = true;
+            self.mark_subs_dirty(&mut st);
             st.activity_gen += 1;
         }
         added
@@ -274,7 +274,7 @@ impl Hub {
             .attach
             .then(|| st.conns.get(&conn).map(|c| c.handle.clone()))
             .flatten();
-        st.subs_dirty = true;
+        self.mark_subs_dirty(&mut st);
         self.touch(&mut st);
         drop(st);
         if save_gen.is_some() {
@@ -365,7 +365,7 @@ impl Hub {
                     kicks.push(conn.handle.clone());
                 }
                 if !dry_run {
-                    detach_locked(&mut st, c);
+                    self.detach_and_mark(&mut st, c);
                 }
             }
         }

@@ -23,6 +23,7 @@
 //! `verbs`; unit tests in `tests`, the property test against a model in
 //! `model`.
 
+mod hole;
 #[cfg(test)]
 mod model;
 mod record;

@@ -48,6 +48,7 @@ pub mod hosts;
 pub mod inbox;
 pub mod lease;
 pub mod log;
+pub mod lost;
 pub mod schema;
 pub mod settings;
 pub mod store;

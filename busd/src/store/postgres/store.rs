@@ -67,7 +67,14 @@ pub struct PgStore {
     /// The subscriptions of the last saved snapshot (after `recover`: the
     /// recovered ones).
     saved: BTreeSet<String>,
+    /// Most events the log keeps below its head for other hosts'
+    /// subscriptions (see [`PgStore::with_hold_cap`]).
+    hold_cap: u64,
 }
+
+/// The hard cap of what hosts' subscriptions hold back, in multiples of the
+/// retention: [`PgStore::with_hold_cap`].
+pub const HOLD_FACTOR: u64 = 10;
 
 /// Connects, migrates and ensures the cluster's row: what busd checks
 /// before its ready line, so a bad URL, bad credentials or missing
@@ -242,6 +249,14 @@ fn merge(loaded: Loaded, host: &str, now: i64) -> Result<Recovered, StoreError> 
     }
     let last = loaded.events.last().map_or(0, |e| e.seq);
     let head = loaded.cluster.head_seq;
+    // What this host's subscriptions needed and the hard cap let go.
+    let first_kept = loaded.events.first().map_or(head + 1, |e| e.seq);
+    if let Some(snap) = snapshot.as_mut() {
+        notes.extend(super::lost::report_lost(
+            &mut snap.subscriptions,
+            first_kept,
+        ));
+    }
     let behind = head > last && snapshot.as_ref().is_none_or(|s| s.head_seq < head);
     if !merged.is_empty() || behind {
         let snap = snapshot.get_or_insert_with(|| Snapshot {
@@ -380,7 +395,16 @@ impl PgStore {
             rt: None,
             conn: None,
             saved: BTreeSet::new(),
+            hold_cap: u64::MAX,
         }
+    }
+
+    /// Retention never deletes what a host's named subscription still
+    /// needs, unless the log would hold more than `cap` events below its
+    /// head (busd passes [`HOLD_FACTOR`] times the retention).
+    pub fn with_hold_cap(mut self, cap: u64) -> PgStore {
+        self.hold_cap = cap.max(1);
+        self
     }
 
     /// The runtime (started on first use), the connection slot and the
@@ -466,6 +490,23 @@ macro_rules! on_conn {
     }};
 }
 
+/// Retention on the owner: deletes below `wanted`, held back by what the
+/// hosts' named subscriptions still need, within `cap` (see
+/// [`log::retention_floor`]).
+async fn release(client: &Client, cluster: &str, wanted: u64, cap: u64) -> Result<(), PgError> {
+    let held = log::held_from(client, cluster).await?;
+    let head = log::cluster_row(client, cluster).await?.head_seq;
+    let floor = log::retention_floor(wanted, held, head, cap);
+    if floor < wanted {
+        tracing::debug!(
+            wanted,
+            floor,
+            "retention held back by a host's subscription"
+        );
+    }
+    log::delete_below(client, cluster, floor).await.map(|_| ())
+}
+
 impl Store for PgStore {
     fn recover(&mut self) -> Result<Recovered, StoreError> {
         let loaded = on_conn!(self, |client, settings| load(client, settings))?;
@@ -549,12 +590,13 @@ impl Store for PgStore {
         if self.epoch.load(Ordering::Acquire) <= 0 {
             return Ok(());
         }
-        on_conn!(self, |client, settings| log::delete_below(
+        let cap = self.hold_cap;
+        on_conn!(self, |client, settings| release(
             &*client,
             &settings.cluster,
-            seq
+            seq,
+            cap
         ))
-        .map(|_| ())
     }
 
     fn info(&self) -> StoreInfo {
