@@ -98,6 +98,13 @@ impl Connection {
     /// a control plane. That call may take a while (it is HTTP); it stalls
     /// only this connection, and its refusal is this request's `Error`.
     async fn subscribe(&mut self, req: v1::Subscribe) {
+        // A named subscription has one definition cluster-wide: claimed
+        // before anything is bound upstream or created here.
+        if let Some(link) = self.hub.cluster_link().cloned() {
+            if let Err(r) = link.claim_definition(&self.hub, &req).await {
+                return self.error(req.request_id, r.code, r.message);
+            }
+        }
         let mut upstream_id = None;
         match (self.hub.upstream_for(&req), &req.upstream) {
             (Some(ctl), Some(spec)) => {

@@ -67,6 +67,11 @@ impl Hub {
         added
     }
 
+    /// Whether this host holds the subscription `id`.
+    pub fn has_subscription(&self, id: &str) -> bool {
+        self.state().subs.contains_key(id)
+    }
+
     /// Creates or attaches a subscription. `upstream_id` binds a newly
     /// created one to an upstream subscription (see [`Hub::upstream_for`]);
     /// if the subscription is not created after all, the binding is released.

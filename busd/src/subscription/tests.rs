@@ -418,7 +418,7 @@ fn a_hole_before_the_subscription_read_it_is_reported_as_one_gap() {
     assert_eq!(s.missed(2, 250), 249);
     s.offer(&ev(251, "a.x"));
     let p = s.pull(10, 251, Instant::now());
-    let gap = p.gap.expect("a gap");
+    let gap = p.gap.as_ref().expect("a gap");
     assert_eq!(gap.lost, 249);
     assert_eq!(seqs(&p), [(1, false), (251, false)]);
     assert_eq!(s.counters.lost, 249);

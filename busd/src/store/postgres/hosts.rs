@@ -1,7 +1,7 @@
 //! What `status` shows of a cluster beyond the log: its hosts (`dws_host`:
 //! [`register`] at start, [`heartbeat`] while running, [`unregister`] at a
 //! clean exit, [`list`]), the named subscriptions' definitions
-//! ([`definitions`], [`definition`]) and every host's cursor of them
+//! ([`definitions`], [`definition`], [`claim_definition`]) and every host's cursor of them
 //! ([`cursors`]).
 
 use tokio_postgres::{types::Type, GenericClient, Row};
@@ -202,6 +202,39 @@ pub async fn definitions(
         .await
         .map_err(q)?;
     rows.iter().map(definition_of).collect()
+}
+
+const CLAIM_SQL: &str = "INSERT INTO dws_subscription (cluster, id, delivery, record)
+     VALUES ($1, $2, $3, $4::jsonb) ON CONFLICT (cluster, id) DO NOTHING";
+
+/// Makes `record_json` the definition of subscription `id` unless the
+/// cluster has one, and returns the cluster's definition: ours, or the one
+/// that was there (or won a concurrent insert: the primary key decides, and
+/// the read after the insert sees the winner's committed row).
+pub async fn claim_definition(
+    client: &impl GenericClient,
+    cluster: &str,
+    id: &str,
+    shared: bool,
+    record_json: &str,
+) -> Result<SubRecord, PgError> {
+    let delivery = if shared { "shared" } else { "per-host" };
+    client
+        .execute_typed(
+            CLAIM_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&id, Type::TEXT),
+                (&delivery, Type::TEXT),
+                (&record_json, Type::TEXT),
+            ],
+        )
+        .await
+        .map_err(q)?;
+    definition(client, cluster, id)
+        .await?
+        .map(|d| d.record)
+        .ok_or_else(|| PgError::Other(format!("the definition of {id} vanished as it was made")))
 }
 
 /// One named subscription of the cluster, if it exists (a consumer on this
