@@ -7,7 +7,7 @@
 //! different keys on one host (exit 2), and the winner's definition reaches
 //! every host through adoption.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use proto::v1::{self, ErrorCode};
 
@@ -29,16 +29,18 @@ impl Link {
     /// creates one on this host; refuses when the cluster already defines it
     /// differently. Requests that create nothing here (an ephemeral or
     /// existing subscription, an invalid one the hub refuses anyway) pass.
-    pub async fn claim_definition(&self, hub: &Hub, req: &v1::Subscribe) -> Result<(), Refusal> {
+    /// `true`: this call made the definition (give it back with
+    /// [`Link::release_definition`] if the request is refused after all).
+    pub async fn claim_definition(&self, hub: &Hub, req: &v1::Subscribe) -> Result<bool, Refusal> {
         let id = req.subscription_id.as_str();
         if req.owned || req.must_exist || !proto::is_valid_id(id) || hub.has_subscription(id) {
-            return Ok(());
+            return Ok(false);
         }
         let Ok(wanted) = Selector::new(&req.patterns, &req.filter) else {
-            return Ok(());
+            return Ok(false);
         };
         let record = definition_record(hub, req, &wanted);
-        let stored = self.claim(&record).await.map_err(|e| {
+        let (inserted, stored) = self.claim(&record).await.map_err(|e| {
             Refusal::new(
                 ErrorCode::Internal,
                 format!("cannot check subscription {id}'s definition in the cluster: {e}"),
@@ -47,7 +49,7 @@ impl Link {
         let same = Selector::new(&stored.patterns, &stored.filter)
             .is_ok_and(|have| have.same_spec(&wanted));
         if same {
-            return Ok(());
+            return Ok(inserted);
         }
         Err(Refusal::new(
             ErrorCode::BadRequest,
@@ -62,9 +64,9 @@ impl Link {
         ))
     }
 
-    /// Inserts `record` as the definition unless one exists; returns the
-    /// cluster's definition either way.
-    async fn claim(&self, record: &SubRecord) -> Result<SubRecord, postgres::PgError> {
+    /// Inserts `record` as the definition unless one exists; returns whether
+    /// it did, and the cluster's definition either way.
+    async fn claim(&self, record: &SubRecord) -> Result<(bool, SubRecord), postgres::PgError> {
         let (client, _driver) = postgres::connect(&self.settings, "define").await?;
         let json = serde_json::to_string(record)
             .map_err(|e| postgres::PgError::Other(format!("cannot encode the definition: {e}")))?;
@@ -76,6 +78,23 @@ impl Link {
             &json,
         )
         .await
+    }
+
+    /// Gives back a definition [`Link::claim_definition`] made for a request
+    /// that was refused after all, unless a host holds it by now (has a
+    /// cursor of it): in the background, on its own session; a failure
+    /// leaves the definition, which the next save of a host holding it
+    /// would have written anyway.
+    pub fn release_definition(self: Arc<Self>, id: String) {
+        tokio::spawn(async move {
+            let released = async {
+                let (client, _driver) = postgres::connect(&self.settings, "define").await?;
+                hosts::release_definition(&client, &self.settings.cluster, &id).await
+            };
+            if let Err(e) = released.await {
+                tracing::warn!(subscription = %id, cause = %e, "cannot give back a definition");
+            }
+        });
     }
 }
 

@@ -313,28 +313,37 @@ pub async fn delete_below(
     }
 }
 
-/// The lowest seq any host's per-host named subscription still needs, as
-/// its host last saved it: the seq after its cursor, or its oldest parked
-/// event. Shared subscriptions hold nothing here (their events go through
-/// claims).
-const HELD_SQL: &str = "SELECT min(LEAST(
+/// The cluster's head, and the lowest seq any host's per-host named
+/// subscription still needs as its host last saved it: the seq after its
+/// cursor, or its oldest parked event. Shared subscriptions hold nothing
+/// here (their events go through claims).
+const HELD_SQL: &str = "SELECT
+        (SELECT head_seq FROM dws_cluster WHERE cluster = $1),
+        (SELECT min(LEAST(
             (c.record->>'cursor')::bigint + 1,
             (SELECT min((p->>'seq')::bigint) FROM jsonb_array_elements(
                 CASE WHEN jsonb_typeof(c.record->'parked') = 'array'
                      THEN c.record->'parked' ELSE '[]'::jsonb END) AS p)))
-     FROM dws_cursor c
-     JOIN dws_subscription s ON s.cluster = c.cluster AND s.id = c.subscription
-     WHERE c.cluster = $1 AND s.delivery <> 'shared'";
+         FROM dws_cursor c
+         JOIN dws_subscription s ON s.cluster = c.cluster AND s.id = c.subscription
+         WHERE c.cluster = $1 AND s.delivery <> 'shared')";
 
-/// The lowest seq some host's named subscription still needs (see
-/// [`HELD_SQL`]), if any holds one.
-pub async fn held_from(client: &impl GenericClient, cluster: &str) -> Result<Option<u64>, PgError> {
+/// The cluster's head (0 without its row) and the lowest seq some host's
+/// named subscription still needs (see [`HELD_SQL`]), if any holds one.
+pub async fn held_from(
+    client: &impl GenericClient,
+    cluster: &str,
+) -> Result<(u64, Option<u64>), PgError> {
     let row = client
         .query_typed_one(HELD_SQL, &[(&cluster, Type::TEXT)])
         .await
         .map_err(q)?;
-    let held: Option<i64> = row.try_get(0).map_err(q)?;
-    held.map(|h| from_db(h.max(0))).transpose()
+    let head: Option<i64> = row.try_get(0).map_err(q)?;
+    let held: Option<i64> = row.try_get(1).map_err(q)?;
+    Ok((
+        from_db(head.unwrap_or(0))?,
+        held.map(|h| from_db(h.max(0))).transpose()?,
+    ))
 }
 
 /// Where retention may delete up to (exclusive): what the owner itself no

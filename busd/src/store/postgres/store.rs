@@ -494,8 +494,7 @@ macro_rules! on_conn {
 /// hosts' named subscriptions still need, within `cap` (see
 /// [`log::retention_floor`]).
 async fn release(client: &Client, cluster: &str, wanted: u64, cap: u64) -> Result<(), PgError> {
-    let held = log::held_from(client, cluster).await?;
-    let head = log::cluster_row(client, cluster).await?.head_seq;
+    let (head, held) = log::held_from(client, cluster).await?;
     let floor = log::retention_floor(wanted, held, head, cap);
     if floor < wanted {
         tracing::debug!(
