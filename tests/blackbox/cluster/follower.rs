@@ -257,6 +257,52 @@ fn a_followers_unacked_event_survives_its_kill_and_the_owners_retention() {
     );
 }
 
+/// The hold has a hard cap (10 times the retention: 500 events here): a
+/// follower away while more than that was appended loses its unacked event
+/// to the owner's retention, and reports it when it comes back.
+#[test]
+fn a_follower_away_past_the_hard_cap_reports_its_unacked_event_lost() {
+    let server = PgServer::start();
+    let (a, _bus_a) = owner(&server);
+    let b = host(&server, "host-b");
+    subscribe_ok(&b, &["fl.*", "--id", "fs"], "fs");
+    let mut c = explicit(&b, "fs");
+    let unacked = publish_n(&a, "u", 1);
+    c.wait_stdout_lines(1, T);
+    let cursor = "SELECT record->>'cursor' FROM dws_cursor \
+                  WHERE host = 'host-b' AND subscription = 'fs'";
+    wait_sql(&server, &b, "host b's cursor saved", cursor, |v| {
+        v == (unacked - 1).to_string()
+    });
+    kill_9(&b);
+    drop(c);
+
+    let end = publish_n(&a, "w", 600);
+    wait_owner_retention(&server, &a, end);
+    let first: u64 = scalar(&server, "SELECT min(seq) FROM dws_event")
+        .parse()
+        .unwrap_or_default();
+    assert!(
+        first > unacked,
+        "the cap let retention delete seq {unacked}"
+    );
+
+    let mut c = explicit(&b, "fs");
+    c.wait_stdout_lines(1, T);
+    let gaps = gaps(&c.stderr_so_far());
+    assert!(
+        gaps.iter()
+            .any(|&(lost, before)| lost > 0 && before > unacked),
+        "the lost seq {unacked} is reported: {gaps:?}\n{}",
+        c.report()
+    );
+    let st = b.status();
+    assert!(
+        sub(&st, "fs").is_some_and(|s| s["lost_to_retention"].as_u64() > Some(0)),
+        "{st:#}"
+    );
+}
+
 /// Row 4c: as row 4b with a parked event: after the restart
 /// `subscription parked` still lists it (the owner kept its row).
 #[test]
