@@ -121,7 +121,7 @@ impl Connection {
     /// Whether the request was answered with `Subscribed`.
     async fn subscribe_here(&mut self, req: &v1::Subscribe) -> bool {
         let mut upstream_id = None;
-        match (self.hub.upstream_for(&req), &req.upstream) {
+        match (self.hub.upstream_for(req), &req.upstream) {
             (Some(ctl), Some(spec)) => {
                 // Only an explicit TTL bounds the upstream subscription: the
                 // bus's default TTL is about detached *local* subscriptions,
