@@ -6,11 +6,34 @@
 //! has made durable are appended here.
 
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, VecDeque},
     sync::{Arc, OnceLock},
 };
 
 use bytes::Bytes;
+
+/// An event on its way into the log, before it has a seq. Serializable: a
+/// cluster host that does not own the log hands its publishes to the owner
+/// through the database (`store::postgres::inbox`).
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+pub struct NewEvent {
+    /// Dedup scope: the upstream subscription the event came through.
+    pub scope: String,
+    /// Empty: generated, and the event is not deduplicated.
+    pub event_id: String,
+    pub event_type: String,
+    pub event_born_time: i64,
+    pub event_corp_id: String,
+    pub event_unified_app_id: String,
+    pub source_id: String,
+    pub rule_type: String,
+    /// The upstream subscription the event was routed to (personal stream):
+    /// only local subscriptions bound to it receive the event. Empty: route
+    /// by event type alone.
+    pub upstream_subscription: String,
+    pub data: String,
+    pub headers: BTreeMap<String, String>,
+}
 
 /// One accepted event. Shared (`Arc`) between the log and the pending queues
 /// of the subscriptions that matched it, so fan-out never copies payloads.
@@ -39,21 +62,6 @@ impl LoggedEvent {
     /// Bytes this event counts against the retention bound.
     pub fn size(&self) -> usize {
         self.encoded.len() + self.event_type.len() + self.event_id.len() + self.scope.len() + 64
-    }
-
-    /// The event as the store gave it back.
-    pub fn from_record(r: crate::store::record::EventRecord) -> LoggedEvent {
-        LoggedEvent {
-            seq: r.seq,
-            event_type: r.event_type,
-            received_at_unix_ms: r.received_at_unix_ms,
-            encoded: Bytes::from(r.encoded),
-            scope: r.scope,
-            event_id: r.event_id,
-            route: r.route,
-            damaged: false,
-            line_parts: OnceLock::new(),
-        }
     }
 
     /// [`LoggedEvent::line_parts`], rendered now if it was not yet.

@@ -31,6 +31,7 @@ pub mod pattern;
 pub mod profile;
 pub mod ratelimit;
 pub mod ready;
+pub mod section;
 pub mod server;
 pub mod shutdown;
 pub mod socket;
@@ -38,6 +39,7 @@ pub mod source;
 pub mod store;
 pub mod subscription;
 pub mod upstream;
+pub mod urls;
 
 use std::{
     fs,
@@ -310,6 +312,7 @@ async fn serve(
             idle_timeout: args.idle_timeout,
             source_kind: source.kind().to_owned(),
             inline_commit: profile.store.kind == store::StoreKind::Memory,
+            clustered: profile.store.postgres.is_some(),
         },
         trigger,
         source.upstream_control(),
@@ -337,22 +340,24 @@ async fn serve(
     let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
     // In a cluster only the lease holder runs the upstream source: a fresh
     // one each time it becomes the owner.
-    let source_task = match profile.store.postgres.clone() {
+    let (source_task, link) = match profile.store.postgres.clone() {
         Some(pg) => {
             let link = cluster::Link::new(pg, hub.clone(), epoch);
-            hub.set_cluster_link(link.clone());
             drop(source);
             let config = profile.source.clone();
             let make: cluster::SourceFactory = Box::new(move || source::from_config(&config));
-            cluster::spawn(link, make, shutdown.clone());
-            None
+            cluster::spawn(link.clone(), make, shutdown.clone());
+            (None, Some(link))
         }
-        None => Some(tokio::spawn(source.run(SourceContext {
-            hub: hub.clone(),
-            shutdown: shutdown.clone(),
-        }))),
+        None => {
+            let task = tokio::spawn(source.run(SourceContext {
+                hub: hub.clone(),
+                shutdown: shutdown.clone(),
+            }));
+            (Some(task), None)
+        }
     };
-    let reason = server::run(listener, hub.clone(), shutdown, &tracker).await;
+    let reason = server::run(listener, hub.clone(), link, shutdown, &tracker).await;
     tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
     notify::stopping(reason);
 

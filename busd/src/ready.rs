@@ -92,19 +92,3 @@ impl From<String> for StartError {
         }
     }
 }
-
-impl From<crate::profile::ConfigError> for StartError {
-    fn from(e: crate::profile::ConfigError) -> StartError {
-        use crate::profile::ConfigError as C;
-        match e {
-            C::Invalid(message) => StartError {
-                kind: FailureKind::Usage,
-                message,
-            },
-            C::Permission(message) => StartError {
-                kind: FailureKind::Permission,
-                message,
-            },
-        }
-    }
-}

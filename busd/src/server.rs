@@ -18,6 +18,7 @@ use tokio::{
 use tokio_util::task::TaskTracker;
 
 use crate::{
+    cluster::Link,
     connection,
     hub::{Hub, RefusedKind},
     ratelimit::LogLimit,
@@ -35,6 +36,7 @@ static ACCEPT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
 pub async fn run(
     listener: UnixListener,
     hub: Hub,
+    link: Option<Arc<Link>>,
     mut shutdown: Shutdown,
     tracker: &TaskTracker,
 ) -> ByeReason {
@@ -49,9 +51,10 @@ pub async fn run(
                     match permits.clone().try_acquire_owned() {
                         Ok(permit) => {
                             let hub = hub.clone();
+                            let link = link.clone();
                             let sd = shutdown.clone();
                             tracker.spawn(async move {
-                                connection::serve(stream, hub, sd).await;
+                                connection::serve(stream, hub, link, sd).await;
                                 drop(permit);
                             });
                         }

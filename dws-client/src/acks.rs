@@ -4,7 +4,11 @@
 //!
 //! - `ack SEQ`: that event is handled;
 //! - `ack-upto SEQ`: every event delivered to this run up to SEQ is handled;
-//! - `nack SEQ [DELAY]`: deliver it again, now or after DELAY (`5s`, `2m`).
+//! - `nack SEQ [DELAY]`: deliver it again, now (or after the backoff step)
+//!   or after DELAY (`5s`, `2m`);
+//! - `progress SEQ`: still working on it; its ack wait starts again;
+//! - `term SEQ [REASON]`: it will never succeed; park it (REASON is the rest
+//!   of the line).
 //!
 //! A line that is none of these is reported on stderr and changes nothing.
 
@@ -21,6 +25,9 @@ pub enum AckLine {
     Ack(u64),
     AckUpto(u64),
     Nack(u64, Duration),
+    Progress(u64),
+    /// The seq and the reason (possibly empty).
+    Term(u64, String),
 }
 
 /// Parses one stdin line (surrounding whitespace ignored).
@@ -51,9 +58,15 @@ pub fn parse(line: &str) -> Result<AckLine, String> {
             };
             AckLine::Nack(s, delay)
         }
+        "progress" => AckLine::Progress(seq(words.next())?),
+        "term" => {
+            let s = seq(words.next())?;
+            let reason: Vec<&str> = words.by_ref().collect();
+            AckLine::Term(s, reason.join(" "))
+        }
         other => {
             return Err(format!(
-                "unknown verb {}: use ack SEQ, ack-upto SEQ or nack SEQ [DELAY]",
+                "unknown verb {}: use ack SEQ, ack-upto SEQ, nack SEQ [DELAY], progress SEQ or term SEQ [REASON]",
                 crate::exit::quoted(other)
             ))
         }
@@ -127,6 +140,12 @@ mod tests {
             parse("nack 3 5s"),
             Ok(AckLine::Nack(3, Duration::from_secs(5)))
         );
+        assert_eq!(parse("progress 4"), Ok(AckLine::Progress(4)));
+        assert_eq!(parse("term 5"), Ok(AckLine::Term(5, String::new())));
+        assert_eq!(
+            parse("term 5  bad  input: no\tretry "),
+            Ok(AckLine::Term(5, "bad input: no retry".into()))
+        );
     }
 
     #[test]
@@ -138,6 +157,9 @@ mod tests {
         assert!(parse("nack 1 soon").unwrap_err().contains("not a delay"));
         assert!(parse("ok 1").unwrap_err().contains("unknown verb"));
         assert!(parse("ack 1 2").unwrap_err().contains("unexpected"));
+        assert!(parse("progress").unwrap_err().contains("needs a seq"));
+        assert!(parse("progress 1 2").unwrap_err().contains("unexpected"));
+        assert!(parse("term x why").unwrap_err().contains("not a seq"));
         assert!(parse(&"x".repeat(5000)).unwrap_err().len() < 300);
     }
 }

@@ -133,7 +133,8 @@ pub struct ConsumeArgs {
     pub takeover: bool,
 
     /// write: an event is acked once it reached stdout. explicit: only when
-    /// a line `ack SEQ`, `ack-upto SEQ` or `nack SEQ [DELAY]` arrives on stdin.
+    /// a line `ack SEQ`, `ack-upto SEQ` or `nack SEQ [DELAY]` arrives on
+    /// stdin (`progress SEQ`: still working; `term SEQ [REASON]`: park it).
     #[arg(long, value_enum, value_name = "MODE", default_value_t = AckMode::Write)]
     pub ack: AckMode,
 
@@ -154,7 +155,7 @@ pub enum AckMode {
     Explicit,
 }
 
-/// Poison handling of a subscription being created.
+/// Poison handling and redelivery backoff of a subscription being created.
 #[derive(Debug, Clone, Default, Args)]
 pub struct PoisonArgs {
     /// An event delivered this many times without an ack is poison (default 0: unlimited).
@@ -164,6 +165,20 @@ pub struct PoisonArgs {
     /// What poison does: halt the subscription at it (default) or park it and go on.
     #[arg(long, value_enum, value_name = "POLICY")]
     pub on_poison: Option<OnPoison>,
+
+    /// Delays before the 1st, 2nd, … redelivery after an ack-wait expiry or
+    /// a nack without a delay (e.g. 1s,10s,1m,10m; the last one repeats).
+    /// Default: at once.
+    #[arg(long, value_name = "DUR,...", value_delimiter = ',', value_parser = parse_step)]
+    pub backoff: Option<Vec<Duration>>,
+}
+
+/// One `--backoff` step: a humantime duration (`0` allowed: at once).
+fn parse_step(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_nonzero_duration(s)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

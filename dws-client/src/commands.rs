@@ -169,6 +169,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     let (start, start_seq) = validate::start(args.from);
     let upstream = validate::upstream(&keys, &args.upstream)?;
     let (max_deliver, on_poison) = crate::consume::poison(&args.poison)?;
+    let backoff_ms = crate::consume::backoff(&args.poison)?;
     let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
         C::Subscribe(v1::Subscribe {
             request_id,
@@ -186,6 +187,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             upstream: upstream.clone(),
             max_deliver,
             on_poison: on_poison as i32,
+            backoff_ms: backoff_ms.clone(),
             shared: args.delivery == Delivery::Shared,
             ..v1::Subscribe::default()
         })

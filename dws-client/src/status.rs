@@ -300,6 +300,12 @@ pub fn render(doc: &StatusDoc) -> String {
                     x.lag.to_string(),
                     age,
                     x.redelivered.to_string(),
+                    match x.next_due_unix_ms {
+                        Some(_) if x.delayed > 0 => {
+                            format!("{} ({})", x.delayed, until(now, x.next_due_unix_ms))
+                        }
+                        _ => "-".into(),
+                    },
                     x.lost_to_retention.to_string(),
                 ]
             })
@@ -318,6 +324,7 @@ pub fn render(doc: &StatusDoc) -> String {
                 "LAG",
                 "OLDEST UNACKED",
                 "REDELIVERED",
+                "DELAYED",
                 "LOST",
             ],
             &rows,

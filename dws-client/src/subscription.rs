@@ -117,9 +117,13 @@ fn render(args: &VerbArgs, doc: &Value) -> String {
     if let Some(list) = doc.get("parked_events").and_then(Value::as_array) {
         for p in list {
             out.push_str(&format!(
-                "  parked seq {} {} {} ({} deliveries)\n",
+                "  parked seq {} {} {} ({} deliveries)",
                 p["seq"], p["event_type"], p["event_id"], p["deliveries"]
             ));
+            if let Some(reason) = p.get("reason").and_then(Value::as_str) {
+                out.push_str(&format!(": {}", proto::limits::quoted(reason)));
+            }
+            out.push('\n');
         }
     }
     out

@@ -12,7 +12,10 @@
 // 3. stream NDJSON events from stdout; with `--ack explicit`, write
 //    `ack SEQ` on its stdin once an event is handled, or `nack SEQ` when
 //    handling failed (it comes again; with --max-deliver, too many failures
-//    make it poison and the subscription halts);
+//    make it poison and the subscription halts); a slow handler writes
+//    `progress SEQ` while it works (well within --ack-wait) so its event is
+//    not delivered again meanwhile, and `term SEQ REASON` for an event that
+//    can never succeed (parked at once, see `dws event subscription parked`);
 // 4. stop it with SIGTERM, or by closing its stdin, never with SIGKILL (a
 //    killed consumer cannot remove its subscription);
 // 5. read the exit code and the `[event] exited ... (reason: R)` line, and
@@ -20,10 +23,17 @@
 //
 // Usage:
 //   consume.mjs [--dws PATH] [--stop-after N] [--stop-with sigterm|stdin]
-//               [--restarts N] [--fail-on DATA] -- CONSUME_ARGS...
+//               [--restarts N] [--fail-on DATA] [--term-on DATA]
+//               [--slow-on DATA] [--work SECS] [--progress-every SECS]
+//               -- CONSUME_ARGS...
 //
 // --fail-on DATA makes the demo handler fail on events whose data is DATA
-// (nacked with --ack explicit). With --ack explicit, stop by closing stdin
+// (nacked with --ack explicit); --term-on DATA makes it give up on them for
+// good (term). --slow-on DATA makes it work --work SECS (default 3) on such
+// events, writing `progress SEQ` every --progress-every SECS (default 1)
+// meanwhile: an agent's model call or tool run that outlasts --ack-wait. If
+// this process hangs or dies, the progress stops and the event comes again
+// after --ack-wait. With --ack explicit, stop by closing stdin
 // (--stop-with stdin): the acks already written reach dws before the EOF. A
 // run that ends at --max-events may not read the last ack; that event comes
 // again (at-least-once).
@@ -105,6 +115,13 @@ export class Consumer {
     this.explicitAck = ackMode(consumeArgs) === "explicit";
     this.stderrLines = [];
     this.ready = null;
+    // Events read from stdout and not yet settled (--ack explicit): a slow
+    // handler keeps all of them alive, also those queued behind the one it
+    // works on (their ack wait runs too).
+    this.held = new Set();
+    this.queue = [];
+    this.stdoutEnded = false;
+    this.wake = null;
   }
 
   /** Spawns the consumer and resolves with the ready fields once its ready
@@ -114,6 +131,19 @@ export class Consumer {
     // A consumer that exits early closes stdin: ignore EPIPE on acks.
     this.child.stdin.on("error", () => {});
     this.exited = once(this.child, "close").then(([code, sig]) => (code === null ? sig : code));
+    // Read ahead, so that events queued behind a slow one are held.
+    const stdout = createInterface({ input: this.child.stdout });
+    stdout.on("line", (line) => {
+      if (!line.trim()) return;
+      const ev = JSON.parse(line);
+      if (this.explicitAck) this.held.add(ev.seq);
+      this.queue.push(ev);
+      this.wake?.();
+    });
+    stdout.on("close", () => {
+      this.stdoutEnded = true;
+      this.wake?.();
+    });
     const stderr = createInterface({ input: this.child.stderr });
     this.stderrDone = once(stderr, "close");
     return new Promise((resolve) => {
@@ -145,19 +175,59 @@ export class Consumer {
 
   /** Yields each event (an object) as it arrives, until stdout closes. */
   async *events() {
-    for await (const line of createInterface({ input: this.child.stdout })) {
-      if (line.trim()) yield JSON.parse(line);
+    for (;;) {
+      if (this.queue.length) {
+        yield this.queue.shift();
+      } else if (this.stdoutEnded) {
+        return;
+      } else {
+        await new Promise((resolve) => (this.wake = resolve));
+        this.wake = null;
+      }
     }
   }
 
   /** With `--ack explicit`: the event is handled, the bus may forget it. */
   ack(seq) {
+    this.held.delete(seq);
     if (this.child.stdin.writable) this.child.stdin.write(`ack ${seq}\n`);
   }
 
   /** With `--ack explicit`: handling failed, deliver it again. */
   nack(seq) {
+    this.held.delete(seq);
     if (this.child.stdin.writable) this.child.stdin.write(`nack ${seq}\n`);
+  }
+
+  /** With `--ack explicit`: still working on it; its ack wait starts again
+   * (it is not delivered again meanwhile). */
+  progress(seq) {
+    if (this.child.stdin.writable) this.child.stdin.write(`progress ${seq}\n`);
+  }
+
+  /** With `--ack explicit`: it can never succeed; park it now with a reason
+   * (one line). */
+  term(seq, reason) {
+    this.held.delete(seq);
+    const line = reason.split(/\s+/).filter(Boolean).join(" ");
+    if (this.child.stdin.writable) this.child.stdin.write(`term ${seq} ${line}\n`);
+  }
+
+  /** Awaits `work()` (a slow handler) while a timer writes `progress SEQ`
+   * for every held event each `everyMs`; resolves with how many rounds it
+   * wrote. */
+  async workAlive(work, everyMs) {
+    let sent = 0;
+    const timer = setInterval(() => {
+      for (const seq of this.held) this.progress(seq);
+      sent++;
+    }, everyMs);
+    try {
+      await work();
+    } finally {
+      clearInterval(timer);
+    }
+    return sent;
   }
 
   /** Asks the consumer to finish: SIGTERM, or EOF on its stdin. Both give a
@@ -204,6 +274,10 @@ function parseArgs(argv) {
     stopWith: "sigterm",
     restarts: 0,
     failOn: null,
+    termOn: null,
+    slowOn: null,
+    work: 3,
+    progressEvery: 1,
   };
   let i = 0;
   for (; i < argv.length; i++) {
@@ -216,6 +290,10 @@ function parseArgs(argv) {
     else if (a === "--stop-with") opts.stopWith = argv[++i];
     else if (a === "--restarts") opts.restarts = Number(argv[++i]);
     else if (a === "--fail-on") opts.failOn = argv[++i];
+    else if (a === "--term-on") opts.termOn = argv[++i];
+    else if (a === "--slow-on") opts.slowOn = argv[++i];
+    else if (a === "--work") opts.work = Number(argv[++i]);
+    else if (a === "--progress-every") opts.progressEvery = Number(argv[++i]);
     else break;
   }
   if (!["sigterm", "stdin"].includes(opts.stopWith)) {
@@ -238,9 +316,18 @@ async function runOnce(opts) {
     if (stopRequested) c.stop(opts.stopWith);
     let handled = 0;
     for await (const ev of c.events()) {
-      // Handle the event here. This example only reports it, and fails on
-      // purpose on --fail-on DATA.
-      const ok = opts.failOn === null || (ev.data ?? "") !== opts.failOn;
+      // Handle the event here. This example only reports it, fails on
+      // purpose on --fail-on DATA, gives up on --term-on DATA, and takes
+      // --work seconds (sending progress) on --slow-on DATA.
+      const data = ev.data ?? "";
+      const ok = opts.failOn === null || data !== opts.failOn;
+      const termed = opts.termOn !== null && data === opts.termOn;
+      let progress = 0;
+      if (opts.slowOn !== null && data === opts.slowOn) {
+        const slowWork = () => sleep(opts.work * 1000); // a model call, a tool run...
+        if (c.explicitAck) progress = await c.workAlive(slowWork, opts.progressEvery * 1000);
+        else await slowWork();
+      }
       emit({
         kind: "event",
         seq: ev.seq,
@@ -248,10 +335,13 @@ async function runOnce(opts) {
         data: ev.data ?? "",
         redelivered: ev.redelivered,
         delivery: ev.delivery ?? 1,
-        handled: ok,
+        handled: ok && !termed,
+        progress,
+        termed,
       });
       if (c.explicitAck) {
-        if (ok) c.ack(ev.seq);
+        if (termed) c.term(ev.seq, `demo handler: ${JSON.stringify(data)} can never succeed`);
+        else if (ok) c.ack(ev.seq);
         else c.nack(ev.seq);
       }
       handled++;

@@ -11,7 +11,10 @@ Standard library only (Python 3.8+). What it shows:
 3. stream NDJSON events from stdout; with `--ack explicit`, write
    `ack SEQ` on its stdin once an event is handled, or `nack SEQ` when
    handling failed (it comes again; with --max-deliver, too many failures
-   make it poison and the subscription halts);
+   make it poison and the subscription halts); a slow handler writes
+   `progress SEQ` while it works (well within --ack-wait) so its event is
+   not delivered again meanwhile, and `term SEQ REASON` for an event that
+   can never succeed (parked at once, see `dws event subscription parked`);
 4. stop it with SIGTERM, or by closing its stdin, never with SIGKILL (a
    killed consumer cannot remove its subscription);
 5. read the exit code and the `[event] exited ... (reason: R)` line, and map
@@ -19,15 +22,24 @@ Standard library only (Python 3.8+). What it shows:
 
 Usage:
     consume.py [--dws PATH] [--stop-after N] [--stop-with sigterm|stdin]
-               [--restarts N] [--fail-on DATA] -- CONSUME_ARGS...
+               [--restarts N] [--fail-on DATA] [--term-on DATA]
+               [--slow-on DATA] [--work SECS] [--progress-every SECS]
+               -- CONSUME_ARGS...
 
 e.g.  consume.py -- 'demo.*' --max-events 2
       consume.py --stop-after 1 --stop-with stdin -- 'demo.*'
       consume.py --restarts 3 -- --subscribe-id s1
       consume.py --fail-on bad -- --subscribe-id s1 --ack explicit
+      consume.py --slow-on big --work 90 --progress-every 10 \
+          -- --subscribe-id s1 --ack explicit --ack-wait 30s
 
 --fail-on DATA makes the demo handler fail on events whose data is DATA
-(nacked with --ack explicit). With --ack explicit, stop by closing stdin
+(nacked with --ack explicit); --term-on DATA makes it give up on them for
+good (term). --slow-on DATA makes it work --work SECS (default 3) on such
+events, writing `progress SEQ` every --progress-every SECS (default 1)
+meanwhile: an agent's model call or tool run that outlasts --ack-wait. If
+this process hangs or dies, the progress stops and the event comes again
+after --ack-wait. With --ack explicit, stop by closing stdin
 (--stop-with stdin): the acks already written reach dws before the EOF. A
 run that ends at --max-events may not read the last ack; that event comes
 again (at-least-once).
@@ -42,6 +54,7 @@ run ended in "done" or "stopped", 1 otherwise.
 import argparse
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -116,6 +129,12 @@ class Consumer:
         self.stderr_lines = []
         self._ready_or_exit = threading.Event()
         self._stderr_done = threading.Event()
+        self._stdin_lock = threading.Lock()
+        # Events read from stdout and not yet settled (--ack explicit): a
+        # slow handler keeps all of them alive, also those queued behind
+        # the one it works on (their ack wait runs too).
+        self.held = set()
+        self._events = queue.Queue()
 
     def start(self, timeout=30.0):
         """Spawns the consumer and blocks until its ready line. Returns the
@@ -130,6 +149,7 @@ class Consumer:
             bufsize=1,
         )
         threading.Thread(target=self._read_stderr, daemon=True).start()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
         if not self._ready_or_exit.wait(timeout):
             self.stop("sigterm")
         return self.ready
@@ -149,12 +169,30 @@ class Consumer:
         self._ready_or_exit.set()
         self._stderr_done.set()
 
-    def events(self):
-        """Yields each event (a dict) as it arrives, until stdout closes."""
+    def _read_stdout(self):
+        # Reads ahead, so that events queued behind a slow one are held.
         for line in self.proc.stdout:
             line = line.strip()
-            if line:
-                yield json.loads(line)
+            if not line:
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                print("consumer: not JSON: " + line[:200], file=sys.stderr, flush=True)
+                continue
+            if self.explicit_ack:
+                with self._stdin_lock:
+                    self.held.add(ev["seq"])
+            self._events.put(ev)
+        self._events.put(None)
+
+    def events(self):
+        """Yields each event (a dict) as it arrives, until stdout closes."""
+        while True:
+            ev = self._events.get()
+            if ev is None:
+                return
+            yield ev
 
     def ack(self, seq):
         """With `--ack explicit`: the event is handled, the bus may forget it."""
@@ -164,12 +202,50 @@ class Consumer:
         """With `--ack explicit`: handling failed, deliver it again."""
         self._write_stdin("nack %d\n" % seq)
 
-    def _write_stdin(self, text):
+    def progress(self, seq):
+        """With `--ack explicit`: still working on it; its ack wait starts
+        again (it is not delivered again meanwhile)."""
+        self._write_stdin("progress %d\n" % seq)
+
+    def term(self, seq, reason):
+        """With `--ack explicit`: it can never succeed; park it now with a
+        reason (one line)."""
+        self._write_stdin("term %d %s\n" % (seq, " ".join(reason.split())))
+
+    def work_alive(self, work, every):
+        """Runs `work()` (a slow handler) while a thread writes `progress
+        SEQ` for every held event each `every` seconds; returns how many
+        rounds it wrote."""
+        done = threading.Event()
+        sent = [0]
+
+        def beat():
+            while not done.wait(every):
+                with self._stdin_lock:
+                    held = sorted(self.held)
+                for seq in held:
+                    self.progress(seq)
+                sent[0] += 1
+
+        t = threading.Thread(target=beat, daemon=True)
+        t.start()
         try:
-            self.proc.stdin.write(text)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            pass  # it is exiting
+            work()
+        finally:
+            done.set()
+            t.join()
+        return sent[0]
+
+    def _write_stdin(self, text):
+        words = text.split()
+        with self._stdin_lock:
+            if words[0] != "progress":
+                self.held.discard(int(words[1]))
+            try:
+                self.proc.stdin.write(text)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # it is exiting
 
     def stop(self, how):
         """Asks the consumer to finish: SIGTERM, or EOF on its stdin. Both
@@ -235,9 +311,19 @@ def run_once(opts, stop_requested):
             c.stop(opts.stop_with)
         handled = 0
         for ev in c.events():
-            # Handle the event here. This example only reports it, and fails
-            # on purpose on --fail-on DATA.
-            ok = opts.fail_on is None or ev.get("data", "") != opts.fail_on
+            # Handle the event here. This example only reports it, fails on
+            # purpose on --fail-on DATA, gives up on --term-on DATA, and takes
+            # --work seconds (sending progress) on --slow-on DATA.
+            data = ev.get("data", "")
+            ok = opts.fail_on is None or data != opts.fail_on
+            termed = opts.term_on is not None and data == opts.term_on
+            progress = 0
+            if opts.slow_on is not None and data == opts.slow_on:
+                slow_work = lambda: time.sleep(opts.work)  # a model call, a tool run...
+                if c.explicit_ack:
+                    progress = c.work_alive(slow_work, opts.progress_every)
+                else:
+                    slow_work()
             emit({
                 "kind": "event",
                 "seq": ev["seq"],
@@ -245,9 +331,13 @@ def run_once(opts, stop_requested):
                 "data": ev.get("data", ""),
                 "redelivered": ev["redelivered"],
                 "delivery": ev.get("delivery", 1),
-                "handled": ok,
+                "handled": ok and not termed,
+                "progress": progress,
+                "termed": termed,
             })
-            if c.explicit_ack and ok:
+            if c.explicit_ack and termed:
+                c.term(ev["seq"], "demo handler: %s can never succeed" % json.dumps(data))
+            elif c.explicit_ack and ok:
                 c.ack(ev["seq"])
             elif c.explicit_ack:
                 c.nack(ev["seq"])
@@ -271,6 +361,12 @@ def main(argv):
                    help="run again up to N times when the action is restart or retry")
     p.add_argument("--fail-on", metavar="DATA",
                    help="the demo handler fails on events whose data is DATA")
+    p.add_argument("--term-on", metavar="DATA",
+                   help="the demo handler gives up for good on events whose data is DATA")
+    p.add_argument("--slow-on", metavar="DATA",
+                   help="the demo handler works --work SECS on events whose data is DATA")
+    p.add_argument("--work", type=float, default=3.0, metavar="SECS")
+    p.add_argument("--progress-every", type=float, default=1.0, metavar="SECS")
     p.add_argument("consume_args", nargs=argparse.REMAINDER)
     opts = p.parse_args(argv)
     if opts.consume_args[:1] == ["--"]:

@@ -21,6 +21,30 @@ pub const DELIVERY_OVERHEAD: usize = 128;
 /// in one frame, so an event that is acked is also deliverable.
 pub const MAX_EVENT_ENCODED: usize = MAX_FRAME_LEN - DELIVERY_OVERHEAD;
 
+/// Most steps of a redelivery backoff (`--backoff 1s,10s,1m`).
+pub const MAX_BACKOFF_STEPS: usize = 16;
+/// The longest step of a redelivery backoff: one day.
+pub const MAX_BACKOFF_STEP_MS: u64 = 24 * 60 * 60 * 1000;
+/// Most characters of a `term` reason the bus keeps.
+pub const MAX_TERM_REASON_CHARS: usize = 256;
+
+/// The backoff rule: at most [`MAX_BACKOFF_STEPS`] steps, each at most
+/// [`MAX_BACKOFF_STEP_MS`] (a step of 0 is allowed: at once).
+pub fn check_backoff(steps_ms: &[u64]) -> Result<(), String> {
+    if steps_ms.len() > MAX_BACKOFF_STEPS {
+        return Err(format!(
+            "--backoff has {} steps; at most {MAX_BACKOFF_STEPS}",
+            steps_ms.len()
+        ));
+    }
+    match steps_ms.iter().find(|&&ms| ms > MAX_BACKOFF_STEP_MS) {
+        Some(ms) => Err(format!(
+            "--backoff step {ms} ms is longer than one day ({MAX_BACKOFF_STEP_MS} ms)"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// How much of a user's input an error message repeats.
 pub const ECHO_CHARS: usize = 100;
 
@@ -106,6 +130,18 @@ mod tests {
         assert!(check_event_type("a.*")
             .unwrap_err()
             .contains("no wildcards"));
+    }
+
+    #[test]
+    fn the_backoff_rule_bounds_steps_and_their_length() {
+        assert!(check_backoff(&[]).is_ok());
+        assert!(check_backoff(&[0, 1000, MAX_BACKOFF_STEP_MS]).is_ok());
+        assert!(check_backoff(&[MAX_BACKOFF_STEP_MS + 1])
+            .unwrap_err()
+            .contains("one day"));
+        assert!(check_backoff(&[1; MAX_BACKOFF_STEPS + 1])
+            .unwrap_err()
+            .contains("at most 16"));
     }
 
     #[test]

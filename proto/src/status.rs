@@ -188,6 +188,12 @@ pub struct SubscriptionStatus {
     pub parked_total: u64,
     pub parked_dropped: u64,
     pub explicit_ack: bool,
+    /// The redelivery backoff's steps (empty: redeliver at once).
+    pub backoff_ms: Vec<u64>,
+    /// Pending events waiting out a delay (a nack's or a backoff step's).
+    pub delayed: u64,
+    /// When the first of them is due again.
+    pub next_due_unix_ms: Option<i64>,
 }
 
 /// Where a halted subscription stopped.

@@ -119,7 +119,7 @@ fn a_nack_and_the_ack_wait_deliver_again_and_garbage_on_stdin_changes_nothing() 
     let out = stop_term(c);
     let err = out.stderr_lines();
     for want in [
-        "[event] stdin line 1 ignored: unknown verb \"hello\": use ack SEQ, ack-upto SEQ or nack SEQ [DELAY]",
+        "[event] stdin line 1 ignored: unknown verb \"hello\": use ack SEQ, ack-upto SEQ, nack SEQ [DELAY], progress SEQ or term SEQ [REASON]",
         "[event] stdin line 2 ignored: \"nine\" is not a seq",
         "[event] stdin line 3 ignored: seq 99 was not delivered to this run (or is settled)",
     ] {

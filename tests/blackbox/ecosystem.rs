@@ -1300,6 +1300,81 @@ fn examples_nack_a_failing_event_until_the_subscription_halts() {
     }
 }
 
+#[test]
+fn examples_keep_a_slow_event_alive_with_progress_and_term_a_hopeless_one() {
+    for (name, interp, script) in examples() {
+        let env = TestEnv::new();
+        env.dws(["event", "subscribe", "slow.*", "--id", "s3"])
+            .run_with_timeout(EXIT_TIMEOUT)
+            .assert_code(0);
+        // Three ack waits of work on "big", progress every 200 ms.
+        let mut c = example(
+            &env,
+            (&interp, &script),
+            &[
+                "--slow-on",
+                "big",
+                "--work",
+                "3",
+                "--progress-every",
+                "0.2",
+                "--term-on",
+                "never",
+                "--stop-after",
+                "2",
+                "--stop-with",
+                "stdin",
+            ],
+            &[
+                "--subscribe-id",
+                "s3",
+                "--ack",
+                "explicit",
+                "--ack-wait",
+                "1s",
+            ],
+        );
+        wait_example_ready(&mut c, None);
+        env.publish("slow.a", "big", &[]);
+        env.publish("slow.a", "never", &[]);
+        let out = c.wait_exit(T);
+        out.assert_code(0);
+        let events = records(&out, "event");
+        assert_eq!(events.len(), 2, "{name}: nothing delivered twice\n{out}");
+        assert_eq!(
+            (&events[0]["handled"], &events[0]["delivery"]),
+            (&json!(true), &json!(1)),
+            "{name}\n{out}"
+        );
+        assert!(
+            events[0]["progress"].as_u64().unwrap_or(0) >= 1,
+            "{name}: progress sent while working\n{out}"
+        );
+        assert_eq!(events[1]["termed"], true, "{name}\n{out}");
+        let st = env.status();
+        let s3 = listed(&st, "s3");
+        assert_eq!(
+            (
+                &s3["acked"],
+                &s3["parked"],
+                &s3["redelivered"],
+                &s3["pending"]
+            ),
+            (&json!(1), &json!(1), &json!(0), &json!(0)),
+            "{name}: {s3:#}"
+        );
+        let parked = dws_json(
+            &env,
+            &["event", "subscription", "parked", "s3", "--format", "json"],
+        );
+        assert_valid("subscription", &parked);
+        assert_eq!(
+            parked["parked_events"][0]["reason"], "demo handler: \"never\" can never succeed",
+            "{name}: {parked:#}"
+        );
+    }
+}
+
 /// The status row of subscription `id`.
 fn listed(st: &Value, id: &str) -> Value {
     st["subscriptions"]

@@ -8,7 +8,9 @@
 //!
 //! Modules by area:
 //! - [`acks`]: at-least-once processing: explicit acks on stdin, the ack
-//!   wait, delivery counts, poison (halt, park) and the subscription verbs.
+//!   wait, delivery counts, poison (halt, park) and the subscription verbs;
+//!   [`slow`]: slow consumers (`progress`, `term`, `--backoff`, delayed
+//!   events across retention and `kill -9`).
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
 //!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
@@ -66,6 +68,7 @@ mod limits;
 mod personal;
 mod postgres;
 mod repo;
+mod slow;
 mod sources;
 mod spawn;
 mod subscriptions;

@@ -29,6 +29,7 @@
 
 pub mod common;
 pub mod fake_dingtalk;
+pub mod history;
 pub mod pg;
 pub mod wire;
 
@@ -792,6 +793,21 @@ impl Child {
         let text = self.stderr.text();
         let complete = text.rfind('\n').map_or("", |i| &text[..i]);
         complete.lines().map(str::to_owned).collect()
+    }
+
+    /// Waits (up to `timeout`) for a stderr line matching `pred`; `None`
+    /// when none came (the caller's assertion says what was missing).
+    pub fn try_wait_stderr_line(
+        &mut self,
+        timeout: Duration,
+        mut pred: impl FnMut(&str) -> bool,
+    ) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        self.stderr
+            .wait_for(deadline, |lines, _| {
+                lines.iter().find(|l| pred(l)).map(|l| l.to_string())
+            })
+            .ok()
     }
 
     /// The command line, for messages.

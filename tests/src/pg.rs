@@ -223,6 +223,13 @@ impl PgServer {
         self.shut_down(Signal::SIGINT);
     }
 
+    /// Immediate shutdown (SIGQUIT, `pg_ctl stop -m immediate`): no
+    /// checkpoint, crash recovery at the next start; returns once the
+    /// postmaster has exited.
+    pub fn stop_immediate(&mut self) {
+        self.shut_down(Signal::SIGQUIT);
+    }
+
     /// Starts the server again on the same data dir and port (after
     /// [`PgServer::stop`] or [`PgServer::kill9`]): PostgreSQL restarting
     /// under running clients.

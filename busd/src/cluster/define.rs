@@ -135,6 +135,8 @@ fn definition_record(hub: &Hub, req: &v1::Subscribe, selector: &Selector) -> Sub
         parked: vec![],
         acked: vec![],
         shared: req.shared,
+        backoff_ms: req.backoff_ms.clone(),
+        delayed: vec![],
     };
     instance_for_host(&spec, now)
 }

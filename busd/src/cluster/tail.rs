@@ -17,7 +17,6 @@ use tokio_postgres::Client;
 
 use super::{Link, TAIL_POLL};
 use crate::{
-    eventlog::LoggedEvent,
     shutdown::Shutdown,
     store::postgres::{self, log, PgError},
 };
@@ -119,7 +118,7 @@ pub(super) async fn catch_up(
         }
         let batch = rows
             .into_iter()
-            .map(|r| Arc::new(LoggedEvent::from_record(r)))
+            .map(|r| Arc::new(r.into_logged()))
             .collect();
         link.hub.replicated(batch);
         if (n as i64) < BATCH {

@@ -33,7 +33,7 @@ mod delivery;
 mod replies;
 mod requests;
 
-use std::{collections::VecDeque, time::Duration};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use bytes::BytesMut;
 use proto::{time::sleep_until_opt, v1::ErrorCode, CodecError, ServerCodec};
@@ -46,6 +46,7 @@ use tokio::{
 use tokio_util::codec::Decoder;
 
 use crate::{
+    cluster::Link,
     hub::{ConnId, Durable, Hub, RefusedKind},
     ratelimit::LogLimit,
     shutdown::Shutdown,
@@ -84,6 +85,9 @@ enum Phase {
 
 pub struct Connection {
     hub: Hub,
+    /// `store = "postgres"`: where publishes go while this host does not
+    /// own the cluster's log (the hub itself knows nothing of the cluster).
+    link: Option<Arc<Link>>,
     id: ConnId,
     out: BytesMut,
     phase: Phase,
@@ -103,10 +107,11 @@ pub struct Connection {
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
-pub async fn serve(stream: UnixStream, hub: Hub, mut shutdown: Shutdown) {
+pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut shutdown: Shutdown) {
     let (id, handle) = hub.register_conn();
     let mut conn = Connection {
         hub: hub.clone(),
+        link,
         id,
         out: BytesMut::with_capacity(8 * 1024),
         phase: Phase::AwaitHello,

@@ -60,7 +60,7 @@ impl Connection {
             return;
         }
         let d = self.durable.borrow_and_update().clone();
-        let link = self.hub.cluster_link().cloned();
+        let link = self.link.clone();
         while self
             .awaiting
             .front()

@@ -101,7 +101,7 @@ impl Connection {
         // A named subscription has one definition cluster-wide: claimed
         // before anything is bound upstream or created here.
         let mut claimed = None;
-        if let Some(link) = self.hub.cluster_link().cloned() {
+        if let Some(link) = self.link.clone() {
             match link.claim_definition(&self.hub, &req).await {
                 Ok(true) => claimed = Some(link),
                 Ok(false) => {}
@@ -280,7 +280,7 @@ impl Connection {
         };
         // A cluster host that does not own the log hands the event to the
         // owner; the reply is the owner's answer.
-        if let Some(link) = self.hub.cluster_link().filter(|l| !l.is_owner()) {
+        if let Some(link) = self.link.as_ref().filter(|l| !l.is_owner()) {
             let ticket = link.forward(event);
             let placeholder = S::PublishAck(v1::PublishAck::default());
             return self.reply_after(req.request_id, Some(Until::Forwarded(ticket)), placeholder);

@@ -17,30 +17,12 @@ use proto::{
 };
 
 use super::{ConnHandle, ConnId, Hub, State};
-use crate::{clock::now_ms, eventlog::LoggedEvent, store::StoreInfo, upstream::Refusal};
-
-/// An event on its way into the log, before it has a seq. Serializable: a
-/// cluster host that does not own the log hands its publishes to the owner
-/// through the database (`store::postgres::inbox`).
-#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
-pub struct NewEvent {
-    /// Dedup scope: the upstream subscription the event came through.
-    pub scope: String,
-    /// Empty: generated, and the event is not deduplicated.
-    pub event_id: String,
-    pub event_type: String,
-    pub event_born_time: i64,
-    pub event_corp_id: String,
-    pub event_unified_app_id: String,
-    pub source_id: String,
-    pub rule_type: String,
-    /// The upstream subscription the event was routed to (personal stream):
-    /// only local subscriptions bound to it receive the event. Empty: route
-    /// by event type alone.
-    pub upstream_subscription: String,
-    pub data: String,
-    pub headers: BTreeMap<String, String>,
-}
+use crate::{
+    clock::now_ms,
+    eventlog::{LoggedEvent, NewEvent},
+    store::StoreInfo,
+    upstream::Refusal,
+};
 
 /// Result of [`Hub::append`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,8 +275,8 @@ impl Hub {
             *subs_dirty = true;
             halted_line(&sub.id, h.seq, h.deliveries)
         });
-        if !pulled.events.is_empty() && !sub.owned {
-            // Delivery counts are stored.
+        if (!pulled.events.is_empty() || pulled.expired) && !sub.owned {
+            // Delivery counts and due times are stored.
             *subs_dirty = true;
         }
         let next_due = pulled.next_due;
@@ -315,8 +297,9 @@ impl Hub {
         (Some(d), next_due)
     }
 
-    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`), and
-    /// nacks (deliver again after a delay).
+    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`),
+    /// nacks (deliver again after a delay or the backoff step), progress
+    /// (still working: the ack wait starts again) and terms (parked now).
     pub fn ack(&self, conn: ConnId, ack: &v1::Ack) {
         let mut st = self.state();
         let State {
@@ -343,19 +326,35 @@ impl Hub {
                 shared_acked.push(seq);
             }
         }
+        let now = Instant::now();
+        let mut freed = false;
+        for nack in &ack.nacks {
+            freed |= sub.nack_after(nack.seq, Duration::from_millis(nack.delay_ms), now);
+        }
+        for &seq in &ack.progress {
+            // The connection wakes at the old deadline, finds nothing due
+            // and sleeps until the new one.
+            sub.progress(seq, now);
+        }
+        for term in &ack.terms {
+            let parked = sub.term(term.seq, &term.reason);
+            if parked {
+                tracing::info!(subscription = %sub.id, seq = term.seq, "event parked by its consumer (term)");
+                if sub.shared {
+                    // Done for the cluster: no other host delivers it again.
+                    shared_acked.push(term.seq);
+                }
+            }
+            freed |= parked;
+        }
         if !shared_acked.is_empty() {
             shared_work.acked(&sub.id, shared_acked);
         }
-        let now = Instant::now();
-        let mut nacked = false;
-        for nack in &ack.nacks {
-            nacked |= sub.nack(nack.seq, now + Duration::from_millis(nack.delay_ms));
-        }
         c.acked += n;
-        let more = sub.has_unsent() || nacked;
+        let more = sub.has_unsent() || freed;
         let named = !sub.owned;
         let handle = c.handle.clone();
-        if named && (n > 0 || nacked) && !st.subs_dirty {
+        if named && (n > 0 || freed) && !st.subs_dirty {
             st.subs_dirty = true;
             self.wake_committer();
         }

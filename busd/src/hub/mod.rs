@@ -50,7 +50,7 @@ use std::{
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, AtomicUsize},
-        Arc, Condvar, Mutex, MutexGuard, OnceLock,
+        Arc, Condvar, Mutex, MutexGuard,
     },
     time::{Duration, Instant},
 };
@@ -61,12 +61,13 @@ use tokio::sync::{watch, Notify};
 
 use self::delivery::TypeCounters;
 pub use self::{
-    delivery::{halted_line, Appended, Delivery, NewEvent, MAX_EVENT_TYPES, OTHER_TYPES},
+    delivery::{halted_line, Appended, Delivery, MAX_EVENT_TYPES, OTHER_TYPES},
     refused::{Refused, RefusedKind, MAX_BUFFERED_INPUT},
     shared::{SharedWant, SharedWork},
     source_state::SourceInfo,
     store_work::{CommitWork, Durable, SAVE_INTERVAL},
 };
+pub use crate::eventlog::NewEvent;
 pub use crate::subscription::ConnId;
 use crate::{
     clock::now_ms,
@@ -94,6 +95,9 @@ pub struct HubConfig {
     /// "durable" at once, so `append` fans it out itself instead of handing
     /// it to the committer thread (one thread hop less per event).
     pub inline_commit: bool,
+    /// `store = "postgres"`: this host is part of a cluster (shared
+    /// delivery is possible).
+    pub clustered: bool,
 }
 
 /// The per-connection end of the hub: how the hub wakes a connection task and
@@ -182,10 +186,6 @@ struct Shared {
     input_buffered: AtomicUsize,
     /// Connections not read now because their client leaves replies unread.
     paused_readers: AtomicUsize,
-    /// `store = "postgres"`: this host's link to its cluster (set once at
-    /// start): connections forward publishes through it while this host
-    /// does not own the log.
-    cluster: OnceLock<Arc<crate::cluster::Link>>,
 }
 
 /// Cloneable handle to the bus state.
@@ -317,7 +317,6 @@ impl Hub {
                 upstream,
                 input_buffered: AtomicUsize::new(0),
                 paused_readers: AtomicUsize::new(0),
-                cluster: OnceLock::new(),
             }),
         }
     }
@@ -328,16 +327,6 @@ impl Hub {
 
     pub fn config(&self) -> &HubConfig {
         &self.shared.config
-    }
-
-    /// Joins this hub to its cluster (`store = "postgres"`); once.
-    pub fn set_cluster_link(&self, link: Arc<crate::cluster::Link>) {
-        let _ = self.shared.cluster.set(link);
-    }
-
-    /// The cluster link, on the PostgreSQL store.
-    pub fn cluster_link(&self) -> Option<&Arc<crate::cluster::Link>> {
-        self.shared.cluster.get()
     }
 
     /// The cluster as last read, for status.

@@ -100,6 +100,8 @@ struct ParkedDoc<'a> {
     event_type: &'a str,
     deliveries: u32,
     parked_at_unix_ms: i64,
+    /// The consumer's reason (`term`); null when poison or `skip` parked it.
+    reason: Option<&'a str>,
 }
 
 /// `Some(v)` for a positive time, `None` (null) for "not set".
@@ -132,6 +134,7 @@ impl Hub {
         let cfg = &self.shared.config;
         let st = self.state();
         let now = now_ms();
+        let wall = (std::time::Instant::now(), now);
         let head = st.log.head_seq();
         let source_status = v1::SourceStatus::try_from(st.source.state.state).unwrap_or_default();
         let consumers: Vec<_> = st
@@ -168,6 +171,7 @@ impl Hub {
             .take(max_listed)
             .map(|s| {
                 let oldest = s.oldest_pending().map(|(e, _)| e);
+                let (delayed, next_due) = s.delayed();
                 let cursor = s.cursor(head);
                 SubscriptionStatus {
                     id: s.id.clone(),
@@ -202,6 +206,9 @@ impl Hub {
                     parked_total: s.counters.parked,
                     parked_dropped: s.counters.parked_dropped,
                     explicit_ack: s.explicit_ack(),
+                    backoff_ms: s.backoff.iter().map(|d| d.as_millis() as u64).collect(),
+                    delayed: delayed as u64,
+                    next_due_unix_ms: next_due.map(|at| subscription::wall_ms(at, wall)),
                 }
             })
             .collect();
@@ -309,6 +316,7 @@ pub(super) fn subscription_doc(
                     event_type: &p.event.event_type,
                     deliveries: p.deliveries,
                     parked_at_unix_ms: p.parked_at_ms,
+                    reason: p.reason.as_deref(),
                 })
                 .collect()
         }),

@@ -106,11 +106,12 @@ impl Hub {
     fn snapshot_locked(&self, st: &State, clean: bool) -> (Snapshot, u64) {
         let head = st.log.head_seq();
         let log_floor = st.log.oldest_seq().unwrap_or(head + 1);
+        let now = (Instant::now(), crate::clock::now_ms());
         let subscriptions: Vec<_> = st
             .subs
             .values()
             .filter(|s| !s.owned)
-            .map(|s| s.record(log_floor, head))
+            .map(|s| s.record(log_floor, head, now))
             .collect();
         // Pinned in-flight events and parked ones outlive the log.
         let pinned_floor = st

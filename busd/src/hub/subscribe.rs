@@ -193,8 +193,16 @@ impl Hub {
             );
             sub.max_deliver = req.max_deliver;
             sub.on_poison = v1::PoisonPolicy::try_from(req.on_poison).unwrap_or_default();
+            if let Err(why) = proto::limits::check_backoff(&req.backoff_ms) {
+                return Err(Refusal::new(ErrorCode::BadRequest, why));
+            }
+            sub.backoff = req
+                .backoff_ms
+                .iter()
+                .map(|&ms| Duration::from_millis(ms))
+                .collect();
             if req.shared {
-                if self.shared.cluster.get().is_none() {
+                if !cfg.clustered {
                     return Err(Refusal::new(
                         ErrorCode::BadRequest,
                         "--delivery shared needs store = \"postgres\" (a cluster of hosts)",

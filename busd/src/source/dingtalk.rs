@@ -44,7 +44,7 @@ use super::{
 use crate::{
     clock::now_ms,
     hub::NewEvent,
-    profile::{ConfigError, Secret, SectionReader},
+    section::{ConfigError, Secret, SectionReader},
 };
 
 /// Dedup scope of DingTalk app events in the bus log.

@@ -23,7 +23,7 @@ use super::{stream::Backoff, Source, SourceContext, SourceFuture};
 use crate::{
     clock::now_ms,
     hub::{Hub, NewEvent},
-    profile::{ConfigError, SectionReader},
+    section::{ConfigError, SectionReader},
 };
 
 #[derive(Debug, Clone)]

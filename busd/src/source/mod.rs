@@ -14,6 +14,7 @@ pub mod stream;
 
 use std::{future::Future, pin::Pin};
 
+use self::{dingtalk::DingTalkConfig, exec::ExecConfig, personal::config::PersonalConfig};
 use crate::{hub::Hub, shutdown::Shutdown, upstream::UpstreamControl};
 
 /// What every source gets: where events go and when to stop.
@@ -38,9 +39,31 @@ pub trait Source: Send {
     }
 }
 
+/// The source a profile's bus runs, with its settings (each source's
+/// settings are read next to that source: `source::exec::settings`,
+/// `source::dingtalk::settings`, `source::personal::config::settings`).
+#[derive(Debug, Clone)]
+pub enum SourceConfig {
+    Local,
+    Exec(ExecConfig),
+    DingTalk(DingTalkConfig),
+    Personal(PersonalConfig),
+}
+
+impl SourceConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::Local => "local",
+            SourceConfig::Exec(_) => "exec",
+            SourceConfig::DingTalk(_) => "dingtalk",
+            SourceConfig::Personal(_) => "personal",
+        }
+    }
+}
+
 /// Builds the source a profile is configured for.
-pub fn from_config(config: &crate::profile::SourceConfig) -> Box<dyn Source> {
-    use crate::profile::SourceConfig as C;
+pub fn from_config(config: &SourceConfig) -> Box<dyn Source> {
+    use SourceConfig as C;
     match config {
         C::Local => Box::new(local::LocalSource),
         C::Exec(c) => Box::new(exec::ExecSource { config: c.clone() }),

@@ -312,7 +312,7 @@ impl Store for DiskStore {
                 expect = e.seq + 1;
                 prev = Some(e.seq);
                 last_seq = e.seq;
-                out.events.push(Arc::new(LoggedEvent::from_record(e)));
+                out.events.push(Arc::new(e.into_logged()));
             }
             self.segments.push(Segment {
                 path,

@@ -160,6 +160,13 @@ pub struct SubRecord {
     /// events come to this host only as it claims them.
     #[serde(default)]
     pub shared: bool,
+    /// The redelivery backoff's steps (empty: redeliver at once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backoff_ms: Vec<u64>,
+    /// Pending events waiting out a delay (a nack's or a backoff step's):
+    /// seq and due time in unix ms, so the delay survives a restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delayed: Vec<(u64, i64)>,
 }
 
 fn default_on_poison() -> String {
@@ -185,6 +192,9 @@ pub struct ParkedRecord {
     pub seq: u64,
     pub deliveries: u32,
     pub parked_at_unix_ms: i64,
+    /// The consumer's reason when it parked the event itself (`term`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The subscriptions file: the named subscriptions at one moment.

@@ -15,6 +15,8 @@
 //!   record. The events around it are kept; the seqs it hid become a damaged
 //!   range that is reported and never delivered.
 
+use crate::eventlog::LoggedEvent;
+
 /// Bytes of a record header: length and checksum.
 pub const HEADER: usize = 8;
 /// The largest payload a record may claim; anything larger is damage. Events
@@ -37,6 +39,23 @@ pub struct EventRecord {
     pub route: String,
     /// `v1::Event`, encoded once.
     pub encoded: Vec<u8>,
+}
+
+impl EventRecord {
+    /// The event as the log holds it in memory.
+    pub fn into_logged(self) -> LoggedEvent {
+        LoggedEvent {
+            seq: self.seq,
+            event_type: self.event_type,
+            received_at_unix_ms: self.received_at_unix_ms,
+            encoded: bytes::Bytes::from(self.encoded),
+            scope: self.scope,
+            event_id: self.event_id,
+            route: self.route,
+            damaged: false,
+            line_parts: std::sync::OnceLock::new(),
+        }
+    }
 }
 
 fn put_str(out: &mut Vec<u8>, s: &[u8]) {

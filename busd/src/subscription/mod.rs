@@ -7,12 +7,13 @@
 //! `pending` holds the matched events not yet acked, in seq order, each in a
 //! [`Slot`]: unsent, in flight to the attached consumer, acked out of order
 //! (explicit acks; dropped once everything before it is acked too), or
-//! nacked with a delay. In-flight events are pinned: retention does not take
-//! them from the subscription (at most one window of them), so they can be
-//! delivered again if the consumer goes away without acking. Everything else
-//! in `pending` is also in the log; when retention evicts it before it was
-//! sent, it is dropped and counted as lost, and the next consumer to read
-//! past it gets a gap.
+//! waiting out a delay (a nack's or a backoff step's). In-flight events are
+//! pinned: retention does not take them from the subscription (at most one
+//! window of them), so they can be delivered again if the consumer goes away
+//! without acking; delayed ones are pinned too, up to
+//! [`MAX_DELAYED_PINNED`]. Everything else in `pending` is also in the log;
+//! when retention evicts it before it was sent, it is dropped and counted as
+//! lost, and the next consumer to read past it gets a gap.
 //!
 //! Every delivery of an event is counted. With `max_deliver`, an event about
 //! to be delivered again after that many deliveries is poison: the
@@ -20,16 +21,24 @@
 //!
 //! Here: the state, fan-out, eviction, attach/detach, pull and acks. The
 //! stored form (`record`, `restore`) is in `record`, the operator verbs in
-//! `verbs`; unit tests in `tests`, the property test against a model in
-//! `model`.
+//! `verbs`, shared delivery's claimed events in `shared`, the words of slow
+//! consumers (progress, term, backoff, delayed events kept from retention)
+//! in `slow`; unit tests in `tests` and `slow_tests`, the property test
+//! against a model in `model`.
 
 mod hole;
 #[cfg(test)]
 mod model;
 mod record;
+mod shared;
+mod slow;
+#[cfg(test)]
+mod slow_tests;
 #[cfg(test)]
 mod tests;
 mod verbs;
+
+pub use slow::{wall_ms, MAX_DELAYED_PINNED};
 
 use std::{
     collections::VecDeque,
@@ -79,6 +88,8 @@ pub struct Parked {
     pub event: Arc<LoggedEvent>,
     pub deliveries: u32,
     pub parked_at_ms: i64,
+    /// Why, when the consumer parked it itself (`term`).
+    pub reason: Option<String>,
 }
 
 /// Whether a subscription delivers.
@@ -113,6 +124,10 @@ pub struct Subscription {
     pub upstream_id: Option<String>,
     pub max_deliver: u32,
     pub on_poison: PoisonPolicy,
+    /// The delay before the Nth redelivery after an ack-wait expiry or a
+    /// nack without a delay is `backoff[N-1]`, the last step repeating;
+    /// empty: at once.
+    pub backoff: Vec<Duration>,
     pub state: State,
     /// Shared delivery (cluster): events enter `pending` only when this
     /// host claimed them ([`Subscription::push_claimed`]), never by `offer`.
@@ -161,6 +176,9 @@ pub struct Pulled {
     /// When something not deliverable now becomes deliverable (a nack's
     /// delay, an explicit ack's wait): the connection wakes then.
     pub next_due: Option<Instant>,
+    /// An ack wait ran out during this pull (what is stored changed: a
+    /// delivery count, a backoff's due time).
+    pub expired: bool,
 }
 
 /// Why an operator verb does not apply.
@@ -188,6 +206,7 @@ impl Subscription {
             upstream_id,
             max_deliver: 0,
             on_poison: PoisonPolicy::PoisonHalt,
+            backoff: Vec::new(),
             state: State::Active,
             shared: false,
             pending: VecDeque::new(),
@@ -237,10 +256,13 @@ impl Subscription {
     }
 
     /// Retention evicted `seq` from the log. If it was pending and not in
-    /// flight it is lost, and reported with the next delivery.
+    /// flight (or waiting out a delay, within [`MAX_DELAYED_PINNED`]) it is
+    /// lost, and reported with the next delivery.
     pub fn evicted(&mut self, seq: u64) {
         if let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) {
-            match self.pending[i].slot {
+            let slot = self.pending[i].slot;
+            match slot {
+                Slot::Delayed { .. } if self.keeps_delayed(i) => {}
                 Slot::Unsent | Slot::Delayed { .. } => {
                     self.pending.remove(i);
                     self.removed_at(i);
@@ -293,68 +315,6 @@ impl Subscription {
         }
     }
 
-    /// Shared delivery: an event this host claimed, delivered for the
-    /// `deliveries`-th time (a claim taken over from a host that died counts
-    /// again, so the delivery is marked redelivered). Kept in seq order.
-    pub fn push_claimed(&mut self, event: Arc<LoggedEvent>, deliveries: u32) -> bool {
-        let Err(at) = self
-            .pending
-            .binary_search_by_key(&event.seq, |e| e.event.seq)
-        else {
-            return false;
-        };
-        self.pending.insert(
-            at,
-            Entry {
-                event,
-                slot: Slot::Unsent,
-                deliveries: deliveries.saturating_sub(1),
-            },
-        );
-        self.counters.matched += 1;
-        self.reopen(at);
-        true
-    }
-
-    /// Whether `seq` is pending here (claimed by this host, not yet acked).
-    pub fn holds(&self, seq: u64) -> bool {
-        self.pending
-            .binary_search_by_key(&seq, |e| e.event.seq)
-            .is_ok_and(|i| self.pending[i].slot != Slot::Acked)
-    }
-
-    /// The in-flight events at or below `seq` (what a cumulative ack of
-    /// `seq` acks).
-    pub fn in_flight_upto(&self, seq: u64) -> Vec<u64> {
-        self.pending
-            .iter()
-            .take_while(|e| e.event.seq <= seq)
-            .filter(|e| matches!(e.slot, Slot::InFlight { .. }))
-            .map(|e| e.event.seq)
-            .collect()
-    }
-
-    /// Shared delivery, the consumer left: everything not acked is given
-    /// back (the claims are released, so another host delivers them).
-    pub fn release_all(&mut self) -> Vec<u64> {
-        let seqs = self
-            .pending
-            .iter()
-            .filter(|e| e.slot != Slot::Acked)
-            .map(|e| e.event.seq)
-            .collect();
-        self.pending.clear();
-        self.in_flight = 0;
-        self.acked_in_queue = 0;
-        self.rescan();
-        seqs
-    }
-
-    /// Shared delivery: room for more claims (within the window).
-    pub fn claim_room(&self) -> usize {
-        self.window.saturating_sub(self.pending_len())
-    }
-
     /// `pending[i]` became sendable (unsent or delayed): the scan must
     /// start at it again.
     pub(super) fn reopen(&mut self, i: usize) {
@@ -399,9 +359,10 @@ impl Subscription {
         if out.halted.is_some() {
             self.halt_told = true;
         }
-        // Explicit acks: what waited too long goes out again.
+        // Explicit acks: what waited too long goes out again (after its
+        // backoff step).
         if let Some(wait) = self.explicit {
-            self.unsend_in_flight(|since| since + wait <= now);
+            out.expired = self.expire_in_flight(wait, now);
         }
         // With explicit acks every in-flight event's wait counts for
         // `next_due`: look at all of them.
@@ -457,7 +418,7 @@ impl Subscription {
                     since_unix_ms: crate::clock::now_ms(),
                 };
                 if self.on_poison == PoisonPolicy::PoisonPark {
-                    self.park_at(i);
+                    self.park_at(i, None);
                     continue;
                 }
                 self.state = State::Halted(halt.clone());
@@ -485,8 +446,8 @@ impl Subscription {
         out
     }
 
-    /// Moves `pending[i]` to the parked list.
-    fn park_at(&mut self, i: usize) {
+    /// Moves `pending[i]` to the parked list (`reason`: the consumer's).
+    fn park_at(&mut self, i: usize, reason: Option<String>) {
         let Some(entry) = self.pending.remove(i) else {
             return;
         };
@@ -504,6 +465,7 @@ impl Subscription {
             event: entry.event,
             deliveries: entry.deliveries,
             parked_at_ms: crate::clock::now_ms(),
+            reason,
         });
     }
 

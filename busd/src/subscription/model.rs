@@ -1,9 +1,11 @@
 //! Property test of the state machine against a simple model: random
-//! sequences of publish, attach, detach, pull, ack, eviction and takeover.
-//! Whatever happens: nothing acked is delivered again; nothing is delivered
-//! twice without the redelivered mark; every matched event is acked,
-//! pending, or counted lost (and a gap reported); in flight never exceeds
-//! the window; a detached backlog stays within retention plus one window.
+//! sequences of publish, attach, detach, pull, ack, eviction, takeover,
+//! term, progress and nacks with a long delay. Whatever happens: nothing
+//! acked or termed is delivered again; nothing is delivered twice without
+//! the redelivered mark; every matched event is acked, pending, parked, or
+//! counted lost (and a gap reported); in flight never exceeds the window; a
+//! detached backlog stays within retention plus one window plus what waits
+//! out a delay.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -20,6 +22,9 @@ enum Op {
     Pull(usize),
     AckAll,
     AckSome(usize),
+    Term(usize),
+    Progress(usize),
+    NackLater(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -31,6 +36,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (1usize..8).prop_map(Op::Pull),
         2 => Just(Op::AckAll),
         2 => (0usize..4).prop_map(Op::AckSome),
+        1 => (1usize..4).prop_map(Op::Term),
+        1 => (1usize..4).prop_map(Op::Progress),
+        1 => (1usize..4).prop_map(Op::NackLater),
     ]
 }
 
@@ -52,6 +60,8 @@ proptest! {
         let mut delivered: HashMap<u64, u32> = HashMap::new();
         let mut in_flight: Vec<u64> = vec![];
         let mut gap_total = 0u64;
+        let mut termed: BTreeSet<u64> = BTreeSet::new();
+        let hour = Duration::from_secs(3600);
         for op in ops {
             match op {
                 Op::Publish { matching } => {
@@ -91,6 +101,7 @@ proptest! {
                     if let Some(g) = p.gap { gap_total += g.lost; }
                     for (e, redelivered, _) in p.events {
                         prop_assert!(!acked.contains(&e.seq), "acked seq {} delivered again", e.seq);
+                    prop_assert!(!termed.contains(&e.seq), "termed seq {} delivered again", e.seq);
                         let times = delivered.entry(e.seq).or_default();
                         prop_assert!(*times == 0 || redelivered, "seq {} delivered twice unmarked", e.seq);
                         *times += 1;
@@ -108,19 +119,32 @@ proptest! {
                     s.ack(in_flight[k - 1]);
                     acked.extend(in_flight.drain(..k));
                 }
+                Op::Term(k) if s.consumer().is_some() && k <= in_flight.len() => {
+                    let seq = in_flight.remove(k - 1);
+                    prop_assert!(s.term(seq, "no"));
+                    termed.insert(seq);
+                }
+                Op::Progress(k) if s.consumer().is_some() && k <= in_flight.len() => {
+                    prop_assert!(s.progress(in_flight[k - 1], Instant::now()));
+                }
+                Op::NackLater(k) if s.consumer().is_some() && k <= in_flight.len() => {
+                    let seq = in_flight.remove(k - 1);
+                    prop_assert!(s.nack_after(seq, hour, Instant::now()));
+                }
                 _ => {}
             }
             let c = s.counters;
             prop_assert_eq!(c.matched, c.acked + s.pending_len() as u64 + c.lost + c.parked);
             prop_assert_eq!(c.acked, acked.len() as u64);
-            prop_assert!(s.pending_len() <= retention + window);
+            prop_assert!(s.pending_len() <= retention + window + s.delayed().0);
+            prop_assert_eq!(c.parked, termed.len() as u64);
             prop_assert!(gap_total <= c.lost);
         }
         // Attach and drain: every loss is reported by a gap by the end.
         s.detach(now);
         s.attach(conn + 1, window, None);
         for _ in 0..1000 {
-            let p = s.pull(usize::MAX, next - 1, Instant::now());
+            let p = s.pull(usize::MAX, next - 1, Instant::now() + 2 * hour);
             if let Some(g) = p.gap { gap_total += g.lost; }
             let Some((last, _, _)) = p.events.last() else { break };
             s.ack(last.seq);

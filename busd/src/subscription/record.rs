@@ -1,7 +1,8 @@
 //! The stored form of a subscription: [`Subscription::record`] (what the
 //! committer saves in `subscriptions.json`) and [`Subscription::restore`]
 //! (rebuilding it from that record and the recovered log, marking pending
-//! events redelivered after a crash).
+//! events redelivered after a crash). A delayed event's due time is stored
+//! on the wall clock and comes back as a delay from the restart's `now`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -12,7 +13,11 @@ use std::{
 
 use proto::v1::PoisonPolicy;
 
-use super::{poison_name, Entry, Parked, Slot, State, Subscription};
+use super::{
+    poison_name,
+    slow::{instant_at, wall_ms},
+    Entry, Parked, Slot, State, Subscription,
+};
 use crate::{
     eventlog::LoggedEvent,
     pattern::Selector,
@@ -51,6 +56,11 @@ impl Subscription {
         sub.counters = rec.counters;
         sub.max_deliver = rec.max_deliver;
         sub.shared = rec.shared;
+        sub.backoff = rec
+            .backoff_ms
+            .iter()
+            .map(|&ms| Duration::from_millis(ms))
+            .collect();
         sub.on_poison = if rec.on_poison == "park" {
             PoisonPolicy::PoisonPark
         } else {
@@ -73,6 +83,7 @@ impl Subscription {
                     event,
                     deliveries: p.deliveries,
                     parked_at_ms: p.parked_at_unix_ms,
+                    reason: p.reason.clone(),
                 });
             }
         }
@@ -80,6 +91,7 @@ impl Subscription {
         let parked: HashSet<u64> = rec.parked.iter().map(|p| p.seq).collect();
         let acked: HashSet<u64> = rec.acked.iter().copied().collect();
         let counts: HashMap<u64, u32> = rec.deliveries.iter().copied().collect();
+        let due: HashMap<u64, i64> = rec.delayed.iter().copied().collect();
         for e in events.iter().filter(|e| e.seq > rec.cursor) {
             let wanted = if e.seq < snap_floor {
                 rec.pinned.binary_search(&e.seq).is_ok()
@@ -88,9 +100,15 @@ impl Subscription {
             };
             if wanted {
                 let deliveries = counts.get(&e.seq).copied().unwrap_or(0);
+                let slot = match due.get(&e.seq) {
+                    Some(&ms) => Slot::Delayed {
+                        until: instant_at(ms, now),
+                    },
+                    None => Slot::Unsent,
+                };
                 sub.pending.push_back(Entry {
                     event: e.clone(),
-                    slot: Slot::Unsent,
+                    slot,
                     deliveries,
                 });
                 if e.seq > snap_head {
@@ -111,8 +129,9 @@ impl Subscription {
         sub
     }
 
-    /// The stored form. `log_floor` is the oldest seq still in the log.
-    pub fn record(&self, log_floor: u64, head: u64) -> SubRecord {
+    /// The stored form. `log_floor` is the oldest seq still in the log;
+    /// `now` on both clocks turns delays into wall-clock due times.
+    pub fn record(&self, log_floor: u64, head: u64, now: (Instant, i64)) -> SubRecord {
         SubRecord {
             id: self.id.clone(),
             patterns: self.selector.pattern_strings(),
@@ -156,6 +175,7 @@ impl Subscription {
                     seq: p.event.seq,
                     deliveries: p.deliveries,
                     parked_at_unix_ms: p.parked_at_ms,
+                    reason: p.reason.clone(),
                 })
                 .collect(),
             acked: self
@@ -165,6 +185,15 @@ impl Subscription {
                 .map(|e| e.event.seq)
                 .collect(),
             shared: self.shared,
+            backoff_ms: self.backoff.iter().map(|d| d.as_millis() as u64).collect(),
+            delayed: self
+                .pending
+                .iter()
+                .filter_map(|e| match e.slot {
+                    Slot::Delayed { until } => Some((e.event.seq, wall_ms(until, now))),
+                    _ => None,
+                })
+                .collect(),
         }
     }
 }

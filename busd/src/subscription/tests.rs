@@ -199,7 +199,7 @@ fn a_record_round_trips_and_a_crash_marks_pending_redelivered() {
     s.attach(1, 10, None);
     s.pull(2, 5, Instant::now());
     s.ack(1);
-    let rec = s.record(1, 5);
+    let rec = s.record(1, 5, now());
     assert_eq!(rec.cursor, 1);
     assert_eq!(rec.max_sent_seq, 2);
     let sel = Selector::new(&rec.patterns, &rec.filter).unwrap();
@@ -223,7 +223,7 @@ fn a_record_round_trips_and_a_crash_marks_pending_redelivered() {
 #[test]
 fn the_ttl_clock_keeps_running_across_a_restore() {
     let s = sub(10);
-    let mut rec = s.record(1, 0);
+    let mut rec = s.record(1, 0, now());
     rec.detached_since_unix_ms = Some(1_000);
     let sel = Selector::new(&rec.patterns, &rec.filter).unwrap();
     let at = Instant::now();
@@ -400,7 +400,7 @@ fn delivery_counts_and_the_halt_survive_a_record_round_trip() {
     s.pull(1, 2, t);
     s.nack(1, t);
     assert!(s.pull(1, 2, t).halted.is_some());
-    let rec = s.record(1, 2);
+    let rec = s.record(1, 2, now());
     assert_eq!(rec.state, "halted");
     assert_eq!(rec.deliveries, vec![(1, 1)]);
     let sel = Selector::new(&rec.patterns, &rec.filter).unwrap();

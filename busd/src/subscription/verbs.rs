@@ -34,7 +34,7 @@ impl Subscription {
         };
         let seq = h.seq;
         if let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) {
-            self.park_at(i);
+            self.park_at(i, None);
         }
         self.state = State::Active;
         Ok(seq)

@@ -33,7 +33,7 @@ mod watch;
 use std::io::{self, Write};
 
 pub use format::LOST_WITHOUT_BYE;
-pub use plan::{plan, poison, stdin_eof_armed, Plan, DEFAULT_ACK_WAIT};
+pub use plan::{backoff, plan, poison, stdin_eof_armed, Plan, DEFAULT_ACK_WAIT};
 pub use run::run;
 
 /// Why a run ended, as printed in the exited line.

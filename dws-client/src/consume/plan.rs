@@ -37,6 +37,8 @@ pub struct Plan {
     pub explicit_ack: Option<Duration>,
     pub max_deliver: u32,
     pub on_poison: v1::PoisonPolicy,
+    /// `--backoff`, in ms (empty: redeliver at once).
+    pub backoff_ms: Vec<u64>,
 }
 
 /// `--ack-wait` when not given.
@@ -55,6 +57,18 @@ pub fn poison(args: &crate::cli::PoisonArgs) -> Result<(u32, v1::PoisonPolicy)> 
         ));
     }
     Ok((args.max_deliver.unwrap_or(0), policy))
+}
+
+/// `--backoff`, checked against the bus's rule: the steps in ms.
+pub fn backoff(args: &crate::cli::PoisonArgs) -> Result<Vec<u64>> {
+    let steps: Vec<u64> = args
+        .backoff
+        .iter()
+        .flatten()
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .collect();
+    proto::limits::check_backoff(&steps).map_err(CliError::usage)?;
+    Ok(steps)
 }
 
 /// Checks every flag; no I/O. Errors are usage errors (exit 2).
@@ -87,13 +101,16 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         ));
     }
     if args.subscribe_id.is_some()
-        && (args.poison.max_deliver.is_some() || args.poison.on_poison.is_some())
+        && (args.poison.max_deliver.is_some()
+            || args.poison.on_poison.is_some()
+            || args.poison.backoff.is_some())
     {
         return Err(CliError::usage(
-            "--max-deliver and --on-poison apply to a subscription this run creates; set them with `dws event subscribe`",
+            "--max-deliver, --on-poison and --backoff apply to a subscription this run creates; set them with `dws event subscribe`",
         ));
     }
     let (max_deliver, on_poison) = poison(&args.poison)?;
+    let backoff_ms = backoff(&args.poison)?;
     let explicit_ack = match (args.ack, args.ack_wait) {
         (crate::cli::AckMode::Explicit, wait) => Some(wait.unwrap_or(DEFAULT_ACK_WAIT)),
         (crate::cli::AckMode::Write, Some(_)) => {
@@ -118,6 +135,7 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         explicit_ack,
         max_deliver,
         on_poison,
+        backoff_ms,
     })
 }
 
@@ -164,6 +182,7 @@ impl Plan {
             "ack_wait_ms": self.explicit_ack.map(|d| d.as_millis() as u64),
             "max_deliver": self.max_deliver,
             "on_poison": if self.on_poison == v1::PoisonPolicy::PoisonPark { "park" } else { "halt" },
+            "backoff_ms": self.backoff_ms,
         })
     }
 }
@@ -247,12 +266,12 @@ mod tests {
             ),
             (
                 &["--subscribe-id", "s1", "--max-deliver", "3"],
-                "--max-deliver and --on-poison apply to a subscription this run creates; set them \
+                "--max-deliver, --on-poison and --backoff apply to a subscription this run creates; set them \
                  with `dws event subscribe`",
             ),
             (
                 &["--subscribe-id", "s1", "--on-poison", "park"],
-                "--max-deliver and --on-poison apply to a subscription this run creates; set them \
+                "--max-deliver, --on-poison and --backoff apply to a subscription this run creates; set them \
                  with `dws event subscribe`",
             ),
             (

@@ -242,6 +242,7 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         upstream: plan.upstream.clone(),
         max_deliver: plan.max_deliver,
         on_poison: plan.on_poison as i32,
+        backoff_ms: plan.backoff_ms.clone(),
         explicit_ack: plan.explicit_ack.is_some(),
         ack_wait_ms: plan.explicit_ack.map_or(0, |d| d.as_millis() as u64),
         // NDJSON is what the bus can render once for every consumer.

@@ -144,6 +144,19 @@ pub(super) fn settle(
                 delay_ms: delay.as_millis() as u64,
             });
         }
+        // Still ours afterwards: it can be acked, nacked or termed later.
+        AckLine::Progress(seq) => {
+            if !delivered.contains(&seq) {
+                return Err(not_ours(seq));
+            }
+            ack.progress.push(seq);
+        }
+        AckLine::Term(seq, reason) => {
+            if !delivered.remove(&seq) {
+                return Err(not_ours(seq));
+            }
+            ack.terms.push(v1::Term { seq, reason });
+        }
     }
     Ok(ack)
 }
@@ -191,6 +204,25 @@ mod tests {
         let ack = settle("nack 4", &mut d).unwrap();
         assert_eq!((ack.nacks[0].seq, ack.nacks[0].delay_ms), (4, 0));
         assert!(d.is_empty());
+    }
+
+    #[test]
+    fn progress_keeps_the_event_and_term_settles_it_with_its_reason() {
+        let mut d = delivered(&[4, 7]);
+        let ack = settle("progress 7", &mut d).unwrap();
+        assert_eq!(ack.progress, [7]);
+        assert!(ack.seqs.is_empty() && ack.nacks.is_empty() && ack.terms.is_empty());
+        assert_eq!(settle("progress 7", &mut d).unwrap().progress, [7]);
+        assert_eq!(d, delivered(&[4, 7]));
+        let ack = settle("term 7 schema mismatch", &mut d).unwrap();
+        assert_eq!(
+            (ack.terms[0].seq, ack.terms[0].reason.as_str()),
+            (7, "schema mismatch")
+        );
+        assert_eq!(d, delivered(&[4]));
+        assert_eq!(settle("progress 7", &mut d), Err(not_ours(7)));
+        assert_eq!(settle("term 7", &mut d), Err(not_ours(7)));
+        assert_eq!(settle("progress 9", &mut d), Err(not_ours(9)));
     }
 
     #[test]

@@ -119,6 +119,10 @@ fn wait_owner_retention(server: &PgServer, a: &TestEnv, seq: u64) -> u64 {
     marker
 }
 
+fn is_gap(line: &str) -> bool {
+    line.starts_with("[event] gap")
+}
+
 /// The `[event] gap` lines of `lines`: `(lost, before_seq)`.
 fn gaps(lines: &[String]) -> Vec<(u64, u64)> {
     lines
@@ -172,6 +176,8 @@ fn a_frozen_follower_reports_what_retention_took_while_it_was_frozen() {
         .map(|l| json(l)["seq"].as_u64().unwrap_or_default())
         .collect();
     assert!(after.windows(2).all(|w| w[0] < w[1]), "in order: {after:?}");
+    // stderr is read apart from stdout: the gap line may come in later.
+    cb.try_wait_stderr_line(T, is_gap);
     let gaps = gaps(&cb.stderr_so_far());
     let lost: u64 = gaps.iter().map(|g| g.0).sum();
     assert!(
@@ -241,6 +247,9 @@ fn a_followers_unacked_event_survives_its_kill_and_the_owners_retention() {
     let again = lines
         .iter()
         .any(|l| json(l)["seq"].as_u64() == Some(unacked));
+    if !again {
+        c.try_wait_stderr_line(T, is_gap);
+    }
     let gaps = gaps(&c.stderr_so_far());
     let covered = gaps
         .iter()

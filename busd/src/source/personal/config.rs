@@ -24,7 +24,7 @@ use std::{
     time::Duration,
 };
 
-use crate::profile::{read_secret_file, ConfigError, Secret, SectionReader};
+use crate::section::{read_secret_file, ConfigError, Secret, SectionReader};
 
 /// Where a user token comes from. A file is read again for every use (a
 /// tool that rewrites it needs no restart) and a refreshed token is written

@@ -31,7 +31,7 @@ use super::{
     oauth,
 };
 use crate::{
-    profile::Secret,
+    section::Secret,
     source::stream::{net, net::Url, Scrub},
 };
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::{
-    profile::Secret,
+    section::Secret,
     source::stream::{net, net::Url, one_line},
 };
 

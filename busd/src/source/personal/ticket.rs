@@ -37,7 +37,7 @@ use super::{
     credentials::{Credentials, Refreshed},
 };
 use crate::{
-    profile::Secret,
+    section::Secret,
     source::stream::{self, net, net::Url, one_line, Ticket, TicketError},
 };
 

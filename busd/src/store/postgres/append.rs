@@ -26,7 +26,7 @@ use tokio_postgres::Client;
 
 use super::{
     log,
-    store::{close, ensure},
+    session::{close, ensure},
     Driver, PgError, PgSettings,
 };
 use crate::eventlog::LoggedEvent;

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio_postgres::{types::Type, Client, GenericClient};
 
 use super::{log::from_db, log::to_db, PgError};
-use crate::hub::NewEvent;
+use crate::eventlog::NewEvent;
 
 /// Notified (payload: the cluster) when the owner finished rows.
 pub const DONE_CHANNEL: &str = "dws_inbox";

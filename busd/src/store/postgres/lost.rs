@@ -66,10 +66,13 @@ mod tests {
                     seq,
                     deliveries: 1,
                     parked_at_unix_ms: 0,
+                    reason: None,
                 })
                 .collect(),
             acked: vec![],
             shared: false,
+            backoff_ms: vec![],
+            delayed: vec![],
         }
     }
 

@@ -50,6 +50,7 @@ pub mod lease;
 pub mod log;
 pub mod lost;
 pub mod schema;
+mod session;
 pub mod settings;
 pub mod store;
 #[cfg(test)]
@@ -68,7 +69,7 @@ use tokio_postgres::{
     AsyncMessage, Client, Config, NoTls,
 };
 
-use crate::{profile::Secret, ready::StartError};
+use crate::{ready::StartError, section::Secret};
 
 /// The TCP connect bound of one attempt.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

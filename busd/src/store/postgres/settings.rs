@@ -18,7 +18,7 @@
 use proto::limits::quoted;
 
 use super::PgSettings;
-use crate::profile::{ConfigError, SectionReader};
+use crate::section::{ConfigError, SectionReader};
 
 /// Reads and checks the settings: the URL present and well-formed, the
 /// cluster name valid (the profile-name rule), a usable host name.
@@ -117,7 +117,7 @@ mod tests {
     ) -> Result<super::PgSettings, ConfigError> {
         let section = toml::from_str(keys).unwrap();
         let path = dir.join("config.toml");
-        let mut r = SectionReader::for_tests(section, env, dir, &path, "team");
+        let mut r = SectionReader::new(section, env, dir, &path, "team");
         super::settings(&mut r)
     }
 

@@ -39,7 +39,11 @@ use std::{
 use tokio::runtime::Runtime;
 use tokio_postgres::{error::SqlState, types::Type, Client};
 
-use super::{connect, hosts, log, schema, Driver, PgError, PgSettings};
+use super::{
+    connect, hosts, log, schema,
+    session::{close, ensure},
+    Driver, PgError, PgSettings,
+};
 use crate::{
     clock::now_ms,
     eventlog::LoggedEvent,
@@ -52,8 +56,6 @@ use crate::{
 pub const FENCED_PREFIX: &str = "lost the cluster's upstream lease";
 /// Events read per query while recovering.
 const RECOVER_PAGE: i64 = 10_000;
-/// How long a closed connection may take to say goodbye.
-const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Attempts of a save that hit a deadlock, a serialization failure or a
 /// definition deleted under it by another host.
 const SAVE_ATTEMPTS: usize = 3;
@@ -111,6 +113,8 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         parked: vec![],
         acked: vec![],
         shared: record.shared,
+        backoff_ms: record.backoff_ms.clone(),
+        delayed: vec![],
     }
 }
 
@@ -129,24 +133,6 @@ where
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
-}
-
-/// The connection, opened (again) when there is none or the server closed
-/// it while it was idle.
-pub(super) async fn ensure<'c>(
-    conn: &'c mut Option<(Client, Driver)>,
-    settings: &PgSettings,
-) -> Result<&'c mut Client, PgError> {
-    if conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
-        close(conn.take()).await;
-    }
-    if conn.is_none() {
-        *conn = Some(connect(settings, "store").await?);
-    }
-    match conn.as_mut() {
-        Some((client, _)) => Ok(client),
-        None => Err(PgError::Unreachable("PostgreSQL: no connection".into())),
-    }
 }
 
 fn io(e: PgError) -> StoreError {
@@ -195,10 +181,7 @@ async fn load(client: &mut Client, settings: &PgSettings) -> Result<Loaded, PgEr
         let page = log::read_after(&*client, cluster, after, RECOVER_PAGE).await?;
         let Some(last) = page.last() else { break };
         after = last.seq;
-        events.extend(
-            page.into_iter()
-                .map(|r| Arc::new(LoggedEvent::from_record(r))),
-        );
+        events.extend(page.into_iter().map(|r| Arc::new(r.into_logged())));
     }
     Ok(Loaded {
         cluster: row,
@@ -438,22 +421,6 @@ async fn save_with_retries(
             Err(e) if attempt < SAVE_ATTEMPTS && retryable(&e) => attempt += 1,
             r => return r.map_err(q),
         }
-    }
-}
-
-/// Ends a session for good: the client is dropped and its driver given
-/// [`CLOSE_WAIT`] to send what is queued (a transaction's `ROLLBACK`, then
-/// `Terminate`), else aborted, which closes the socket. Either way the
-/// server ends the session and its locks go with it — a connection merely
-/// dropped would live on while the store's runtime is not driven.
-pub(super) async fn close(conn: Option<(Client, Driver)>) {
-    let Some((client, mut driver)) = conn else {
-        return;
-    };
-    drop(client);
-    if tokio::time::timeout(CLOSE_WAIT, &mut driver).await.is_err() {
-        driver.abort();
-        let _ = driver.await;
     }
 }
 

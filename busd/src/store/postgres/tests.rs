@@ -14,7 +14,7 @@ use super::{
     schema::{self, migrate, SCHEMA_VERSION},
     Class, PgError, PgSettings,
 };
-use crate::{profile::Secret, ready::FailureKind, ready::StartError};
+use crate::{ready::FailureKind, ready::StartError, section::Secret};
 
 const CANARY: &str = "S3cretCanary";
 

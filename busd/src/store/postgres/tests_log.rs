@@ -17,7 +17,7 @@ use super::{
     schema::migrate,
     Driver, PgError,
 };
-use crate::{eventlog::LoggedEvent, hub::NewEvent};
+use crate::eventlog::{LoggedEvent, NewEvent};
 
 /// A migrated connection of host `host`.
 async fn store_conn(server: &PgServer, host: &str) -> (Client, Driver) {

@@ -18,7 +18,10 @@ use super::{
 use crate::{
     eventlog::LoggedEvent,
     profile::Secret,
-    store::{Recovered, Snapshot, Store, StoreError, SubCounters, SubRecord, SNAPSHOT_FORMAT},
+    store::{
+        ParkedRecord, Recovered, Snapshot, Store, StoreError, SubCounters, SubRecord,
+        SNAPSHOT_FORMAT,
+    },
 };
 
 fn store(server: &PgServer, host: &str, epoch: i64) -> (PgStore, Arc<AtomicI64>) {
@@ -67,8 +70,15 @@ fn sub(id: &str, cursor: u64) -> SubRecord {
         state: "active".into(),
         halt: None,
         deliveries: vec![(cursor + 1, 2)],
-        parked: vec![],
+        parked: vec![ParkedRecord {
+            seq: cursor + 3,
+            deliveries: 2,
+            parked_at_unix_ms: 1_700_000_050_000,
+            reason: Some("term: bad input".into()),
+        }],
         acked: vec![cursor + 2],
+        backoff_ms: vec![1_000, 60_000],
+        delayed: vec![(cursor + 1, 1_700_000_100_000)],
     }
 }
 

@@ -28,7 +28,7 @@ use super::{
     CANCEL_PATH, CREATE_PATH, LIST_PATH,
 };
 use crate::{
-    profile::Secret,
+    section::Secret,
     source::{
         personal::{
             config::PersonalConfig,

@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::{
-    profile::{Secret, TokenSource},
+    section::Secret,
+    source::personal::config::TokenSource,
     source::{
         personal::credentials::Credentials,
         stream::{self, net},

@@ -1,0 +1,72 @@
+//! Shared delivery (cluster, `--delivery shared`) on one subscription:
+//! events enter `pending` only as this host claims them, acks say which
+//! claims are done, and a consumer leaving gives every claim back.
+
+use std::sync::Arc;
+
+use super::{Entry, Slot, Subscription};
+use crate::eventlog::LoggedEvent;
+
+impl Subscription {
+    /// Shared delivery: an event this host claimed, delivered for the
+    /// `deliveries`-th time (a claim taken over from a host that died counts
+    /// again, so the delivery is marked redelivered). Kept in seq order.
+    pub fn push_claimed(&mut self, event: Arc<LoggedEvent>, deliveries: u32) -> bool {
+        let Err(at) = self
+            .pending
+            .binary_search_by_key(&event.seq, |e| e.event.seq)
+        else {
+            return false;
+        };
+        self.pending.insert(
+            at,
+            Entry {
+                event,
+                slot: Slot::Unsent,
+                deliveries: deliveries.saturating_sub(1),
+            },
+        );
+        self.counters.matched += 1;
+        self.reopen(at);
+        true
+    }
+
+    /// Whether `seq` is pending here (claimed by this host, not yet acked).
+    pub fn holds(&self, seq: u64) -> bool {
+        self.pending
+            .binary_search_by_key(&seq, |e| e.event.seq)
+            .is_ok_and(|i| self.pending[i].slot != Slot::Acked)
+    }
+
+    /// The in-flight events at or below `seq` (what a cumulative ack of
+    /// `seq` acks).
+    pub fn in_flight_upto(&self, seq: u64) -> Vec<u64> {
+        self.pending
+            .iter()
+            .take_while(|e| e.event.seq <= seq)
+            .filter(|e| matches!(e.slot, Slot::InFlight { .. }))
+            .map(|e| e.event.seq)
+            .collect()
+    }
+
+    /// Shared delivery, the consumer left: everything not acked is given
+    /// back (the claims are released, so another host delivers them).
+    pub fn release_all(&mut self) -> Vec<u64> {
+        let seqs = self
+            .pending
+            .iter()
+            .filter(|e| e.slot != Slot::Acked)
+            .map(|e| e.event.seq)
+            .collect();
+        self.pending.clear();
+        self.in_flight = 0;
+        self.acked_in_queue = 0;
+        self.rescan();
+        seqs
+    }
+
+    /// Shared delivery: room for more claims (within the window).
+    pub fn claim_room(&self) -> usize {
+        self.window.saturating_sub(self.pending_len())
+    }
+}

@@ -1,0 +1,119 @@
+//! The nemeses: faults injected at random moments (a seeded schedule) into a
+//! running [`Cluster`]: a host's busd killed with `-9` or frozen with
+//! SIGSTOP (then SIGCONT), PostgreSQL stopped fast, immediately or with
+//! `kill -9` and started again, every busd backend ended with
+//! `pg_terminate_backend`. Every fault is healed before [`run`] returns, so
+//! the workload can finish and the history be checked.
+
+use std::{
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+
+use crate::workload::Cluster;
+
+/// The kinds of fault a scenario draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A random host's busd: `kill -9` (its next `dws` command starts a new one).
+    KillBus,
+    /// A random host's busd: SIGSTOP for a random while, then SIGCONT.
+    FreezeBus,
+    /// PostgreSQL: fast shutdown (`-m fast`), down for a while, started again.
+    PgRestartFast,
+    /// PostgreSQL: immediate shutdown (`-m immediate`), started again.
+    PgRestartImmediate,
+    /// PostgreSQL: every process SIGKILLed, started again.
+    PgKill,
+    /// `pg_terminate_backend` of every busd session.
+    TerminateBackends,
+}
+
+/// The longest a frozen bus stays frozen: past the lease bound the suite
+/// sets, so an owner frozen that long must lose the upstream.
+const FREEZE_MAX_MS: u64 = 9_000;
+
+/// Injects faults of `kinds` for `length`, one every 1–3 s, chosen by
+/// `seed`; returns what it did, for the failure message.
+pub fn run(cluster: &mut Cluster, kinds: &[Kind], seed: u64, length: Duration) -> Vec<String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut done = Vec::new();
+    let end = Instant::now() + length;
+    let t0 = Instant::now();
+    while Instant::now() < end {
+        thread::sleep(Duration::from_millis(rng.u64(1_000..3_000)));
+        let kind = kinds[rng.usize(..kinds.len())];
+        let what = inject(cluster, kind, &mut rng);
+        done.push(format!("{:>6.1}s {what}", t0.elapsed().as_secs_f64()));
+    }
+    done
+}
+
+fn inject(cluster: &mut Cluster, kind: Kind, rng: &mut fastrand::Rng) -> String {
+    let host = rng.usize(..cluster.hosts.len());
+    let name = cluster.hosts[host].name.clone();
+    match kind {
+        Kind::KillBus => {
+            let pids = cluster.hosts[host].busd_pids();
+            signal_all(&pids, Signal::SIGKILL);
+            format!("kill -9 {name}'s busd {pids:?}")
+        }
+        Kind::FreezeBus => {
+            let pids = cluster.hosts[host].busd_pids();
+            let ms = rng.u64(500..FREEZE_MAX_MS);
+            let _thaw = Thaw(pids.clone());
+            signal_all(&pids, Signal::SIGSTOP);
+            thread::sleep(Duration::from_millis(ms));
+            format!("SIGSTOP {name}'s busd {pids:?} for {ms} ms")
+        }
+        Kind::PgRestartFast => {
+            let ms = rng.u64(200..2_500);
+            cluster.server.stop();
+            thread::sleep(Duration::from_millis(ms));
+            cluster.server.start_again();
+            format!("PostgreSQL stopped -m fast, down {ms} ms")
+        }
+        Kind::PgRestartImmediate => {
+            let ms = rng.u64(200..2_500);
+            cluster.server.stop_immediate();
+            thread::sleep(Duration::from_millis(ms));
+            cluster.server.start_again();
+            format!("PostgreSQL stopped -m immediate, down {ms} ms")
+        }
+        Kind::PgKill => {
+            let ms = rng.u64(200..2_500);
+            cluster.server.kill9();
+            thread::sleep(Duration::from_millis(ms));
+            cluster.server.start_again();
+            format!("PostgreSQL killed -9, down {ms} ms")
+        }
+        Kind::TerminateBackends => {
+            let n = cluster.server.psql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name LIKE 'busd/%'",
+            );
+            format!("pg_terminate_backend of {n} busd session(s)")
+        }
+    }
+}
+
+fn signal_all(pids: &[i32], sig: Signal) {
+    for pid in pids {
+        let _ = kill(Pid::from_raw(*pid), sig);
+    }
+}
+
+/// SIGCONTs its processes when dropped, so a frozen bus is thawed even when
+/// the scenario panics.
+struct Thaw(Vec<i32>);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        signal_all(&self.0, Signal::SIGCONT);
+    }
+}
