@@ -45,6 +45,9 @@ fn run(hub: &Hub, mut store: Box<dyn Store>) {
                 if let Err(e) = store.release_below(keep_from) {
                     tracing::warn!(cause = %e, "cannot release old log segments");
                 }
+                if let Some(floor) = store.retained_from() {
+                    hub.store_retains_from(floor);
+                }
                 hub.saved(gen, store.info());
             }
             CommitWork::Final(snapshot) => {

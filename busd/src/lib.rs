@@ -309,6 +309,7 @@ async fn serve(
                 _ => args.dedup_capacity,
             })
             .unwrap_or(usize::MAX),
+            dedup_keeps_retained: profile.store.kind == store::StoreKind::Postgres,
             idle_timeout: args.idle_timeout,
             source_kind: source.kind().to_owned(),
             inline_commit: profile.store.kind == store::StoreKind::Memory,

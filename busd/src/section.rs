@@ -53,8 +53,10 @@ pub struct ProfileSection {
     pub durability: Option<String>,
     // store = "postgres" (store::postgres::settings)
     pub postgres_url_file: Option<PathBuf>,
+    pub postgres_ca_file: Option<PathBuf>,
     pub cluster: Option<String>,
     pub cluster_host: Option<String>,
+    pub cluster_lease: Option<String>,
     // exec
     pub command: Option<Vec<String>>,
     pub restart_min: Option<String>,
@@ -117,7 +119,9 @@ pub struct EnvOverrides {
     pub store: Option<String>,
     pub durability: Option<String>,
     pub postgres_url: Option<String>,
+    pub postgres_ca_file: Option<String>,
     pub cluster_host: Option<String>,
+    pub cluster_lease: Option<String>,
 }
 
 impl EnvOverrides {
@@ -138,7 +142,9 @@ impl EnvOverrides {
             store: get("DWS_EVENT_BUS_STORE"),
             durability: get("DWS_EVENT_BUS_DURABILITY"),
             postgres_url: get("DWS_POSTGRES_URL"),
+            postgres_ca_file: get("DWS_POSTGRES_CA_FILE"),
             cluster_host: get("DWS_CLUSTER_HOST"),
+            cluster_lease: get("DWS_CLUSTER_LEASE"),
         }
     }
 }

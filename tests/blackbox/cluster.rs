@@ -8,10 +8,13 @@
 //! Submodules, against the fake DingTalk gateway: [`failover`] (the owner
 //! dies, the upstream moves to another host), [`fencing`] (the owner loses
 //! its lease, running or frozen), and their harness [`upstream`];
-//! [`follower`]: a follower's gaps, cursors and parked events under the
-//! owner's retention, and one definition per subscription cluster-wide.
+//! [`faults_lease`] (the time-bounded lease, a crashing server, forwarded
+//! publishes across a restart, a pinned duplicate id); [`follower`]: a
+//! follower's gaps, cursors and parked events under the owner's retention,
+//! and one definition per subscription cluster-wide.
 
 mod failover;
+mod faults_lease;
 mod fencing;
 mod follower;
 mod upstream;

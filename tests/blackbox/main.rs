@@ -35,7 +35,8 @@
 //!   publishing from any host, subscriptions across hosts, the cluster in
 //!   status, upstream failover, a lost lease, start-up errors;
 //!   [`cluster_pg_restart`]: PostgreSQL restarted under a running cluster;
-//!   [`cluster_shared`]: shared delivery across hosts.
+//!   [`cluster_shared`]: shared delivery across hosts; [`cluster_tls`]:
+//!   TLS to PostgreSQL (verify-full, require, refusals).
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
 //!   oversized product file without a reason.
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
@@ -60,6 +61,8 @@ mod client_abuse;
 mod cluster;
 mod cluster_pg_restart;
 mod cluster_shared;
+mod cluster_shared_faults;
+mod cluster_tls;
 mod dingtalk;
 mod durability;
 mod ecosystem;

@@ -28,7 +28,7 @@ use workload::Cluster;
 
 /// Extra environment of every host: a short lease bound, so a frozen owner
 /// loses the upstream within the freezes the nemesis causes.
-const HOST_ENV: &[(&str, &str)] = &[];
+const HOST_ENV: &[(&str, &str)] = &[("DWS_CLUSTER_LEASE", "3s")];
 
 fn seeds() -> Vec<u64> {
     let n: u64 = std::env::var("DWS_FAULT_SEEDS")

@@ -37,7 +37,8 @@ const PUBLISH_DEADLINE: Duration = Duration::from_secs(45);
 const CATCH_UP: Duration = Duration::from_secs(120);
 /// Errors `dws` reports on its own side of the socket: no answer came, so
 /// the publish may or may not have been appended.
-const NO_ANSWER: [&str; 8] = [
+const NO_ANSWER: [&str; 9] = [
+    "its outcome is unknown",
     "lost the connection",
     "closed the connection",
     "did not answer",

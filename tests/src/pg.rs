@@ -41,6 +41,10 @@
 //!   (`PR_SET_PDEATHSIG`, armed from one spawner thread that lives as long as
 //!   the process, since the signal follows the forking *thread*), so a test
 //!   binary killed by a timeout leaves no server behind.
+//! - **TLS when asked.** [`PgServer::start_tls`] serves TLS (`ssl=on`) with
+//!   the certificate and key a test made (the tests make them with `rcgen`),
+//!   both in the server's 0700 dir, the key 0600 and the server user's, as
+//!   PostgreSQL insists; TCP connections may still be plain.
 //! - **Bounded waits.** Every wait has a deadline and panics naming what it
 //!   waited for, with the tail of the server log.
 
@@ -87,22 +91,43 @@ pub struct PgServer {
     postmaster: Option<Child>,
     /// `fsync=on`: the benchmark's server, whose commits must be durable.
     durable: bool,
+    /// `ssl=on` with `server.crt`/`server.key` in the server's dir.
+    tls: bool,
+    /// More `-c name=value` settings of the postmaster (after the defaults).
+    extra: Vec<String>,
 }
 
 impl PgServer {
     /// Creates, starts and prepares a server; panics with the reason (and
     /// how to install PostgreSQL when it is missing).
     pub fn start() -> PgServer {
-        Self::start_with(false)
+        Self::start_with(false, None, vec![])
+    }
+
+    /// A server that also speaks TLS, with the certificate (chain) and the
+    /// private key given as PEM.
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> PgServer {
+        Self::start_with(false, Some((cert_pem, key_pem)), vec![])
     }
 
     /// A server that fsyncs its commits (and writes full pages), as a real
     /// one would: for benchmarks, where `fsync=off` would flatter the store.
     pub fn start_durable() -> PgServer {
-        Self::start_with(true)
+        Self::start_with(true, None, vec![])
     }
 
-    fn start_with(durable: bool) -> PgServer {
+    /// A server started with more `name=value` settings (each passed as
+    /// `-c`, after the defaults, so they win), e.g. `synchronous_commit=off`
+    /// for a server configured carelessly.
+    pub fn start_with_settings(settings: &[&str]) -> PgServer {
+        Self::start_with(
+            false,
+            None,
+            settings.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
+    fn start_with(durable: bool, tls: Option<(&str, &str)>, extra: Vec<String>) -> PgServer {
         let bin = bin_dir();
         let run_as = server_user();
         let dir = tempfile::Builder::new()
@@ -127,7 +152,13 @@ impl PgServer {
             password: random_password(),
             postmaster: None,
             durable,
+            tls: tls.is_some(),
+            extra,
         };
+        if let Some((cert, key)) = tls {
+            server.write_server_file("server.crt", cert, 0o644);
+            server.write_server_file("server.key", key, 0o600);
+        }
         server.initdb();
         server.launch_on_free_port();
         server.psql_in(
@@ -224,8 +255,8 @@ impl PgServer {
     }
 
     /// Immediate shutdown (SIGQUIT, `pg_ctl stop -m immediate`): no
-    /// checkpoint, crash recovery at the next start; returns once the
-    /// postmaster has exited.
+    /// checkpoint and no flush of WAL still in shared memory; the next start
+    /// recovers from what reached the WAL files.
     pub fn stop_immediate(&mut self) {
         self.shut_down(Signal::SIGQUIT);
     }
@@ -271,6 +302,22 @@ impl PgServer {
     }
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("postgres.log")
+    }
+
+    /// A file of the server user in the server's dir, with `mode`.
+    fn write_server_file(&self, name: &str, body: &str, mode: u32) {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, body).unwrap_or_else(|e| panic!("write {name}: {e}"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .unwrap_or_else(|e| panic!("chmod {name}: {e}"));
+        if let Some((uid, gid)) = self.run_as {
+            nix::unistd::chown(
+                &path,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .unwrap_or_else(|e| panic!("chown {name}: {e}"));
+        }
     }
 
     fn log_section(&self) -> String {
@@ -373,6 +420,19 @@ impl PgServer {
             "log_min_messages=warning",
             "log_connections=off",
         ] {
+            cmd.args(["-c", setting]);
+        }
+        if self.tls {
+            let dir = self.dir.path();
+            cmd.args(["-c", "ssl=on", "-c"])
+                .arg(format!(
+                    "ssl_cert_file={}",
+                    dir.join("server.crt").display()
+                ))
+                .arg("-c")
+                .arg(format!("ssl_key_file={}", dir.join("server.key").display()));
+        }
+        for setting in &self.extra {
             cmd.args(["-c", setting]);
         }
         cmd.stdin(Stdio::null())

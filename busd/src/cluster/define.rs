@@ -137,6 +137,8 @@ fn definition_record(hub: &Hub, req: &v1::Subscribe, selector: &Selector) -> Sub
         shared: req.shared,
         backoff_ms: req.backoff_ms.clone(),
         delayed: vec![],
+        // Where a shared subscription starts on every host.
+        shared_from: if req.shared { start_after } else { 0 },
     };
     instance_for_host(&spec, now)
 }

@@ -1,7 +1,8 @@
 //! The lease task: contends for the cluster's upstream lease; once this host
 //! holds it, reads the log to its head, becomes the owner (the store appends
 //! under the lease's epoch from then on), opens the upstream source and
-//! drains the other hosts' publishes. A lease whose session died is taken
+//! drains the other hosts' publishes. A lease whose session died, or whose
+//! renewal came too late (it expired on the database's clock), is taken
 //! back ([`regain`]) if no other host took it meanwhile — a PostgreSQL
 //! restart is ridden out; otherwise the bus stops: the store is marked
 //! failed, so every waiting reply is answered with the reason and nothing
@@ -27,7 +28,7 @@ use crate::{
 };
 
 pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Shutdown) {
-    let timing = LeaseTiming::default();
+    let timing = LeaseTiming::for_bound(link.settings.lease);
     let mut backoff = Duration::from_millis(200);
     let lease = loop {
         tokio::select! {
@@ -158,7 +159,7 @@ async fn take_back(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, S
             None => LeaseSession::open(s).await,
         };
         match contender {
-            Ok(sess) => match sess.try_acquire(LeaseTiming::default()).await {
+            Ok(sess) => match sess.try_acquire(LeaseTiming::for_bound(s.lease)).await {
                 Ok(Ok(lease)) => return Ok(lease),
                 Ok(Err(back)) => session = Some(back),
                 Err(e) => tracing::debug!(cause = %e, "taking the lease back failed"),
@@ -177,8 +178,10 @@ async fn regain(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, Stri
     link.epoch.store(REGAINING, Ordering::Release);
     tracing::warn!(cause = %reason, "lost the cluster's upstream lease; taking it back");
     // A live follower (it retries every half second) gets the first chance:
-    // a session ended on purpose moves the upstream; after a server restart
-    // the followers are still backing off, and this host usually wins.
+    // a session ended on purpose, or a lease that expired because this host
+    // stalled, moves the upstream; after a server restart the followers may
+    // not take the unexpired lease (`store::postgres::lease`), so this host
+    // takes it back.
     tokio::time::sleep(REGAIN_GRACE).await;
     let state = |status: v1::SourceStatus, why: String| {
         link.hub.set_source_state(

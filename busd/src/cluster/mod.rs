@@ -64,6 +64,10 @@ pub type Answer = Result<v1::PublishAck, (ErrorCode, String)>;
 /// cluster tasks.
 pub struct Link {
     settings: PgSettings,
+    /// This busd run in the cluster (registered with the host): shared
+    /// delivery's claims are the incarnation's, never a later run's, and
+    /// with a ticket it makes a forwarded publish's idempotency key.
+    incarnation: String,
     hub: Hub,
     /// The epoch this host appends under; 0 while it is a follower. The
     /// store reads it for every append.
@@ -81,13 +85,15 @@ pub struct Link {
     answers: Mutex<HashMap<u64, Option<Answer>>>,
     /// The forwarder task's queue, started by the first forward. Bounded by
     /// the connections: each holds at most so many replies waiting.
-    forwards: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(u64, crate::hub::NewEvent)>>>,
+    forwards:
+        Mutex<Option<tokio::sync::mpsc::UnboundedSender<(u64, String, crate::hub::NewEvent)>>>,
 }
 
 impl Link {
     pub fn new(settings: PgSettings, hub: Hub, epoch: Arc<AtomicI64>) -> Arc<Link> {
         Arc::new(Link {
             settings,
+            incarnation: shared::new_incarnation(),
             hub,
             epoch,
             owner: AtomicBool::new(false),
@@ -189,8 +195,15 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
             conn = match postgres::connect(s, "status").await {
                 Ok((client, _driver)) => {
                     let pid = std::process::id() as i32;
-                    if let Err(e) =
-                        hosts::register(&client, &s.cluster, &s.host, pid, proto::BUILD).await
+                    if let Err(e) = hosts::register(
+                        &client,
+                        &s.cluster,
+                        &s.host,
+                        pid,
+                        proto::BUILD,
+                        &link.incarnation,
+                    )
+                    .await
                     {
                         tracing::warn!(cause = %e, "cannot register this host in the cluster");
                     }

@@ -2,17 +2,30 @@
 //! of a shared subscription is attached here, claims matching events for it
 //! (`store::postgres::claims`), hands the claimed ones to the hub
 //! ([`Hub::offer_claimed`](crate::hub::Hub::offer_claimed)), marks acked
-//! ones done, gives back what a leaving consumer held, and renews this
-//! host's claims every [`RENEW_EVERY`] so they outlive [`HOLD`] only while
-//! this host does. A host killed with `-9` stops renewing: its claims expire
-//! after [`HOLD`] and another host delivers them again, marked redelivered.
+//! ones done, gives back what a leaving consumer held, records events
+//! retention evicted before any host delivered them as lost (and reports
+//! the losses to a consumer here by a gap; so are expired claims of events
+//! gone from the log, which nobody can deliver), and renews the claims this
+//! host holds every [`RENEW_EVERY`] so they outlive [`HOLD`] only while
+//! this run of busd does.
+//!
+//! Claims are this run's: its *incarnation* (a random id per start,
+//! [`new_incarnation`]). A host killed with `-9` stops renewing; restarted,
+//! its new incarnation does not renew the dead one's claims either: they
+//! expire after [`HOLD`] and a host delivers them again, marked
+//! redelivered. Only the claims the hub holds are renewed, so a claim whose
+//! outcome was lost with the connection (PostgreSQL restarting) expires too.
+//!
+//! What the claims must learn (acks, give-backs, evictions) is kept here
+//! until the database took it: a round that fails keeps it for the next
+//! one, so an ack made while PostgreSQL is down is not forgotten.
 //!
 //! Woken by new events in the log (the hub's durable watch) and every
 //! [`ROUND`]; an event another host holds is not tried again before its
-//! claim could have expired, one another host finished never.
+//! claim could have expired, one finished (acked or lost) never.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -21,8 +34,13 @@ use tokio_postgres::Client;
 
 use super::Link;
 use crate::{
+    hub::SharedWork,
     shutdown::Shutdown,
-    store::postgres::{self, claims, PgError},
+    store::postgres::{
+        self,
+        claims::{self, Claimer},
+        PgError,
+    },
 };
 
 /// How long a claim lives without renewal.
@@ -31,6 +49,20 @@ pub const HOLD: Duration = Duration::from_secs(10);
 const RENEW_EVERY: Duration = Duration::from_secs(2);
 /// The longest pause between two rounds.
 const ROUND: Duration = Duration::from_millis(500);
+
+/// A new incarnation id: 16 random hex digits (the time and pid if the
+/// system's randomness fails), unique per busd start.
+pub(super) fn new_incarnation() -> String {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut b = [0u8; 8];
+    if SystemRandom::new().fill(&mut b).is_ok() {
+        return b.iter().map(|x| format!("{x:02x}")).collect();
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos:x}", std::process::id())
+}
 
 /// Per subscription, what not to try claiming: held elsewhere (until when),
 /// or done elsewhere (for good, until the log drops it).
@@ -55,18 +87,23 @@ impl Skips {
 pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
     let mut durable = link.hub.durable();
     let mut skips = Skips::default();
+    let mut work = SharedWork::default();
     let mut client: Option<Client> = None;
     let mut renewed = Instant::now();
     loop {
+        if client.as_ref().is_some_and(|c| c.is_closed()) {
+            client = None;
+        }
         if client.is_none() {
             client = postgres::connect(&link.settings, "claims")
                 .await
                 .map(|(c, _driver)| c)
                 .ok();
         }
+        work.merge(link.hub.take_shared_work());
         if let Some(c) = &client {
             let renew = renewed.elapsed() >= RENEW_EVERY;
-            match round(&link, c, &mut skips, renew).await {
+            match round(&link, c, &mut work, &mut skips, renew).await {
                 Ok(()) => {
                     if renew {
                         renewed = Instant::now();
@@ -79,34 +116,104 @@ pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
             }
         }
         tokio::select! {
-            _ = shutdown.recv() => return,
+            _ = shutdown.recv() => break,
             _ = durable.changed() => {}
             _ = tokio::time::sleep(ROUND) => {}
         }
     }
+    // A clean stop: what was acked is done, and everything else this run
+    // held goes back at once instead of when it expires (bounded: a
+    // database that does not answer leaves it to expire).
+    if let Some(c) = &client {
+        work.merge(link.hub.take_shared_work());
+        let last = stop(&link, c, &mut work);
+        if tokio::time::timeout(STOP_WITHIN, last).await.is_err() {
+            tracing::warn!(
+                "shared delivery: the claims were not given back at the stop; they expire"
+            );
+        }
+    }
 }
 
-/// One round: learn (acks, give-backs), renew, claim.
-async fn round(link: &Link, c: &Client, skips: &mut Skips, renew: bool) -> Result<(), PgError> {
+/// How long a clean stop tries to finish and give back its claims.
+const STOP_WITHIN: Duration = Duration::from_secs(2);
+
+/// A clean stop's last round: acks done, then every open claim of this
+/// incarnation given back.
+async fn stop(link: &Link, c: &Client, work: &mut SharedWork) {
     let s = &link.settings;
-    let work = link.hub.take_shared_work();
-    for (sub, seqs) in &work.acked {
-        claims::finish(c, &s.cluster, sub, &s.host, seqs).await?;
-        skips
-            .done
-            .extend(seqs.iter().map(|&seq| (sub.clone(), seq)));
+    let finished = drain(&mut work.acked, |sub, seqs| async move {
+        claims::finish(c, &s.cluster, &sub, &seqs).await.map(drop)
+    })
+    .await;
+    if finished.is_ok() {
+        let _ = claims::release_all(c, &s.cluster, &link.incarnation).await;
     }
-    for (sub, seqs) in &work.released {
-        claims::release(c, &s.cluster, sub, &s.host, seqs).await?;
+}
+
+/// Does `f` for each subscription's seqs of `pending`, removing each once
+/// it succeeded (a failure leaves it and the rest for the next round).
+async fn drain<F, Fut>(pending: &mut BTreeMap<String, Vec<u64>>, mut f: F) -> Result<(), PgError>
+where
+    F: FnMut(String, Vec<u64>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), PgError>>,
+{
+    while let Some((sub, seqs)) = pending.pop_first() {
+        if let Err(e) = f(sub.clone(), seqs.clone()).await {
+            pending.insert(sub, seqs);
+            return Err(e);
+        }
     }
+    Ok(())
+}
+
+/// One round: learn (acks, give-backs, evictions), renew, report losses,
+/// claim.
+async fn round(
+    link: &Link,
+    c: &Client,
+    work: &mut SharedWork,
+    skips: &mut Skips,
+    renew: bool,
+) -> Result<(), PgError> {
+    let s = &link.settings;
+    let who = Claimer {
+        cluster: &s.cluster,
+        host: &s.host,
+        incarnation: &link.incarnation,
+    };
+    let mut finished = vec![];
+    drain(&mut work.acked, |sub, seqs| {
+        finished.extend(seqs.iter().map(|&seq| (sub.clone(), seq)));
+        async move { claims::finish(c, &s.cluster, &sub, &seqs).await.map(drop) }
+    })
+    .await?;
+    skips.done.extend(finished);
+    drain(&mut work.released, |sub, seqs| async move {
+        claims::release(c, who, &sub, &seqs).await.map(drop)
+    })
+    .await?;
+    drain(&mut work.evicted, |sub, seqs| async move {
+        claims::mark_lost(c, who, &sub, &seqs).await.map(drop)
+    })
+    .await?;
     if renew {
-        claims::renew(c, &s.cluster, &s.host, HOLD).await?;
+        claims::renew(c, who, &link.hub.shared_held(), HOLD).await?;
+        let floor = link
+            .hub
+            .oldest_seq()
+            .unwrap_or_else(|| link.hub.head_seq() + 1);
+        claims::sweep_lost(c, &s.cluster, &link.hub.shared_ids(), floor).await?;
+    }
+    for sub in link.hub.shared_attached() {
+        let lost = claims::take_lost(c, &s.cluster, &sub).await?;
+        link.hub.shared_lost(&sub, lost);
     }
     let now = Instant::now();
     let wants = link.hub.shared_wants(|sub, seq| skips.skip(sub, seq, now));
     for want in wants {
         let sub = &want.subscription;
-        let got = claims::claim(c, &s.cluster, sub, &s.host, &want.seqs, HOLD).await?;
+        let got = claims::claim(c, who, sub, &want.seqs, HOLD).await?;
         let taken = link.hub.offer_claimed(sub, &got);
         // Claimed but not taken (the consumer left meanwhile): give back.
         let untaken: Vec<u64> = got
@@ -114,7 +221,7 @@ async fn round(link: &Link, c: &Client, skips: &mut Skips, renew: bool) -> Resul
             .map(|&(seq, _)| seq)
             .filter(|seq| !taken.contains(seq))
             .collect();
-        claims::release(c, &s.cluster, sub, &s.host, &untaken).await?;
+        claims::release(c, who, sub, &untaken).await?;
         let mine: BTreeSet<u64> = got.iter().map(|&(seq, _)| seq).collect();
         let others: Vec<u64> = want
             .seqs

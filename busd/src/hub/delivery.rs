@@ -65,7 +65,7 @@ impl Hub {
         count_type(&mut st.types, &ev.event_type, |c| c.received += 1);
         let dedup_key = (!ev.event_id.is_empty()).then(|| (ev.scope.clone(), ev.event_id.clone()));
         if let Some(key) = &dedup_key {
-            if let Some(&seq) = st.dedup.get(key) {
+            if let Some(seq) = st.dedup.get(key) {
                 count_type(&mut st.types, &ev.event_type, |c| c.duplicates += 1);
                 return Ok(Appended {
                     seq,
@@ -402,7 +402,11 @@ pub fn halted_line(id: &str, seq: u64, deliveries: u32) -> String {
 fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<ConnHandle>>, u64) {
     let mut wake = vec![];
     let State {
-        subs, conns, log, ..
+        subs,
+        conns,
+        log,
+        shared_work,
+        ..
     } = st;
     // Subscription by subscription: each takes its matches of the batch in
     // seq order, and its consumer is woken once per batch.
@@ -427,6 +431,9 @@ fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<Conn
         evicted = true;
         for sub in subs.values_mut() {
             sub.evicted(old.seq);
+            if sub.may_lose_shared(&old) {
+                shared_work.evicted(&sub.id, old.seq);
+            }
         }
     }
     let head = log.head_seq();

@@ -35,6 +35,7 @@
 //! never on the sources.
 
 mod control;
+mod dedup;
 mod delivery;
 mod housekeeping;
 mod refused;
@@ -46,7 +47,6 @@ mod subscribe;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    num::NonZeroUsize,
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, AtomicUsize},
@@ -55,7 +55,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lru::LruCache;
 use proto::v1::{self, ByeReason};
 use tokio::sync::{watch, Notify};
 
@@ -89,6 +88,10 @@ pub struct HubConfig {
     pub default_ttl: Duration,
     pub default_window: u32,
     pub dedup_capacity: usize,
+    /// The store keeps events past the dedup window and refuses a repeated
+    /// id among them (the cluster store): the window keeps their keys too
+    /// (see `dedup`).
+    pub dedup_keeps_retained: bool,
     pub idle_timeout: Duration,
     pub source_kind: String,
     /// The store keeps nothing (`store = "memory"`): an accepted event is
@@ -138,7 +141,7 @@ struct State {
     next_seq: u64,
     /// Accepted but not yet durable, in seq order.
     staged: Vec<Arc<LoggedEvent>>,
-    dedup: LruCache<(String, String), u64>,
+    dedup: dedup::Dedup,
     subs: BTreeMap<String, Subscription>,
     conns: HashMap<ConnId, Conn>,
     next_conn: ConnId,
@@ -215,8 +218,7 @@ impl Hub {
         for note in &recovered.notes {
             tracing::warn!("store recovery: {note}");
         }
-        let cap = NonZeroUsize::new(config.dedup_capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
-        let mut dedup = LruCache::new(cap);
+        let mut dedup = dedup::Dedup::new(config.dedup_capacity, config.dedup_keeps_retained);
         let events = recovered.events;
         let (floor, snap_head, clean) = recovered
             .snapshot
@@ -255,9 +257,15 @@ impl Hub {
                 }
             }
         }
+        // Shared subscriptions' events evicted here may be losses: the
+        // claims task asks the cluster.
+        let mut shared_work = shared::SharedWork::default();
         while let Some(old) = log.evict_one() {
             for sub in subs.values_mut() {
                 sub.evicted(old.seq);
+                if sub.may_lose_shared(&old) {
+                    shared_work.evicted(&sub.id, old.seq);
+                }
             }
         }
         if !subs.is_empty() || head > 0 {
@@ -297,7 +305,7 @@ impl Hub {
             closing: false,
             refused: Refused::default(),
             cluster: None,
-            shared_work: shared::SharedWork::default(),
+            shared_work,
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,

@@ -2,9 +2,11 @@
 //! subscriptions; the claims themselves are `crate::cluster::shared`'s):
 //! which events a shared subscription wants claimed now
 //! ([`Hub::shared_wants`]), the events this host claimed
-//! ([`Hub::offer_claimed`]), and what the claims must learn — events acked
-//! here, and events given back when a consumer left
-//! ([`Hub::take_shared_work`]).
+//! ([`Hub::offer_claimed`]), what this host holds ([`Hub::shared_held`], the
+//! claims it renews), what the claims must learn — events acked here, events
+//! given back when a consumer left, events retention evicted here that may
+//! be lost ([`Hub::take_shared_work`]) — and losses to report
+//! ([`Hub::shared_lost`]).
 //!
 //! A shared subscription's instance on this host holds only what this host
 //! claimed; `offer` never fills it. Claiming happens only while a consumer
@@ -16,14 +18,34 @@ use std::{collections::BTreeMap, sync::Arc};
 use super::Hub;
 use crate::eventlog::LoggedEvent;
 
-/// Per shared subscription: seqs acked here, and seqs given back.
+/// Per shared subscription: seqs acked here, seqs given back, and seqs
+/// retention evicted here before this host held them (lost unless another
+/// host delivered them).
 #[derive(Debug, Default)]
 pub struct SharedWork {
     pub acked: BTreeMap<String, Vec<u64>>,
     pub released: BTreeMap<String, Vec<u64>>,
+    pub evicted: BTreeMap<String, Vec<u64>>,
 }
 
 impl SharedWork {
+    /// Adds `other`'s work to this (work not yet done is kept until it is).
+    pub fn merge(&mut self, other: SharedWork) {
+        for (mine, theirs) in [
+            (&mut self.acked, other.acked),
+            (&mut self.released, other.released),
+            (&mut self.evicted, other.evicted),
+        ] {
+            for (id, seqs) in theirs {
+                mine.entry(id).or_default().extend(seqs);
+            }
+        }
+    }
+
+    pub(super) fn evicted(&mut self, id: &str, seq: u64) {
+        self.evicted.entry(id.to_owned()).or_default().push(seq);
+    }
+
     pub(super) fn acked(&mut self, id: &str, seqs: Vec<u64>) {
         self.acked.entry(id.to_owned()).or_default().extend(seqs);
     }
@@ -62,7 +84,7 @@ impl Hub {
             let seqs: Vec<u64> = st
                 .log
                 .events()
-                .filter(|e| !e.damaged && sub.selects(e))
+                .filter(|e| e.seq > sub.shared_from() && !e.damaged && sub.selects(e))
                 .map(|e| e.seq)
                 .filter(|&s| !sub.holds(s) && !skip(&sub.id, s))
                 .take(room)
@@ -109,6 +131,59 @@ impl Hub {
             h.wake.notify_one();
         }
         taken
+    }
+
+    /// Per shared subscription, the seqs this host holds claims for.
+    pub fn shared_held(&self) -> BTreeMap<String, Vec<u64>> {
+        self.state()
+            .subs
+            .values()
+            .filter(|s| s.shared)
+            .map(|s| (s.id.clone(), s.held_seqs()))
+            .filter(|(_, seqs)| !seqs.is_empty())
+            .collect()
+    }
+
+    /// The shared subscriptions this host has an instance of.
+    pub fn shared_ids(&self) -> Vec<String> {
+        self.state()
+            .subs
+            .values()
+            .filter(|s| s.shared)
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
+    /// The shared subscriptions with a consumer attached here.
+    pub fn shared_attached(&self) -> Vec<String> {
+        self.state()
+            .subs
+            .values()
+            .filter(|s| s.shared && s.consumer().is_some())
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
+    /// `n` events of `subscription` that no host delivered before retention
+    /// took them: a gap for the next consumer here, counted lost.
+    pub fn shared_lost(&self, subscription: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.state();
+        let Some(sub) = st.subs.get_mut(subscription) else {
+            return;
+        };
+        sub.lost_shared(n);
+        let wake = sub
+            .consumer()
+            .and_then(|c| st.conns.get(&c))
+            .map(|c| c.handle.clone());
+        st.subs_dirty = true;
+        drop(st);
+        if let Some(h) = wake {
+            h.wake.notify_one();
+        }
     }
 
     /// What the claims must learn since the last call.

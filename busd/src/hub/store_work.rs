@@ -151,6 +151,12 @@ impl Hub {
         }
     }
 
+    /// The store holds no event below `floor` any more: the dedup window
+    /// stops keeping their ids (see `dedup`).
+    pub fn store_retains_from(&self, floor: u64) {
+        self.state().dedup.retained_from(floor);
+    }
+
     /// The subscriptions of generation `gen` are saved.
     pub fn saved(&self, gen: u64, info: StoreInfo) {
         let mut st = self.state();

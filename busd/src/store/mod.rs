@@ -167,6 +167,15 @@ pub struct SubRecord {
     /// seq and due time in unix ms, so the delay survives a restart.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delayed: Vec<(u64, i64)>,
+    /// Shared delivery: the seq the subscription starts after on every host
+    /// (the head at its creation for `--from latest`); 0 and not written
+    /// for a per-host subscription.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_from: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn default_on_poison() -> String {
@@ -277,6 +286,11 @@ pub trait Store: Send {
     /// subscription's snapshot are past them): their space may be reclaimed.
     fn release_below(&mut self, seq: u64) -> Result<(), StoreError>;
     fn info(&self) -> StoreInfo;
+    /// The oldest seq the store still holds, when it keeps events the hub's
+    /// dedup window must still cover (the cluster store); `None` otherwise.
+    fn retained_from(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Opens the configured store at `dir` (not touched for `memory` and

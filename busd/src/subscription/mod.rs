@@ -36,6 +36,8 @@ mod slow;
 mod slow_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_shared;
 mod verbs;
 
 pub use slow::{wall_ms, MAX_DELAYED_PINNED};
@@ -132,6 +134,9 @@ pub struct Subscription {
     /// Shared delivery (cluster): events enter `pending` only when this
     /// host claimed them ([`Subscription::push_claimed`]), never by `offer`.
     pub shared: bool,
+    /// Shared delivery: the subscription starts after this seq, on every
+    /// host (the head when it was created, for `--from latest`).
+    shared_from: u64,
     pending: VecDeque<Entry>,
     /// Every entry of `pending` before this index is `InFlight` or `Acked`:
     /// where [`Subscription::pull`] and [`Subscription::has_unsent`] start
@@ -209,6 +214,7 @@ impl Subscription {
             backoff: Vec::new(),
             state: State::Active,
             shared: false,
+            shared_from: start_after,
             pending: VecDeque::new(),
             scan_from: 0,
             acked_in_queue: 0,

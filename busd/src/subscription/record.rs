@@ -61,6 +61,11 @@ impl Subscription {
             .iter()
             .map(|&ms| Duration::from_millis(ms))
             .collect();
+        sub.shared_from = if rec.shared {
+            rec.shared_from
+        } else {
+            rec.cursor
+        };
         sub.on_poison = if rec.on_poison == "park" {
             PoisonPolicy::PoisonPark
         } else {
@@ -194,6 +199,7 @@ impl Subscription {
                     _ => None,
                 })
                 .collect(),
+            shared_from: if self.shared { self.shared_from } else { 0 },
         }
     }
 }

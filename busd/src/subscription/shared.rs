@@ -1,6 +1,9 @@
-//! Shared delivery (cluster, `--delivery shared`) on one subscription:
-//! events enter `pending` only as this host claims them, acks say which
-//! claims are done, and a consumer leaving gives every claim back.
+//! The shared-delivery side of a [`Subscription`] (a cluster's
+//! `--delivery shared`): events enter `pending` only when this host claimed
+//! them; what it holds is renewed, acked ones are done, a leaving consumer
+//! gives everything back; the seq the subscription starts after on every
+//! host; and events no host delivered before retention took them, counted
+//! lost here when this host reports them.
 
 use std::sync::Arc;
 
@@ -68,5 +71,47 @@ impl Subscription {
     /// Shared delivery: room for more claims (within the window).
     pub fn claim_room(&self) -> usize {
         self.window.saturating_sub(self.pending_len())
+    }
+
+    /// Shared delivery: the seqs this host holds a claim for (pending here,
+    /// not acked): what it renews.
+    pub fn held_seqs(&self) -> Vec<u64> {
+        self.pending
+            .iter()
+            .filter(|e| e.slot != Slot::Acked)
+            .map(|e| e.event.seq)
+            .collect()
+    }
+
+    /// Shared delivery: the subscription starts after this seq on every
+    /// host; older events are never claimed for it.
+    pub fn shared_from(&self) -> u64 {
+        self.shared_from
+    }
+
+    /// Shared delivery: starts after `seq` (created, adopted, restored, or
+    /// moved by `seek`).
+    pub fn set_shared_from(&mut self, seq: u64) {
+        self.shared_from = seq;
+    }
+
+    /// Shared delivery: whether retention evicting `e` from this host's log
+    /// may be a loss of the subscription (an event it selects, after its
+    /// start, that this host does not hold): the cluster decides whether
+    /// any host delivered it.
+    pub fn may_lose_shared(&self, e: &LoggedEvent) -> bool {
+        self.shared
+            && !e.damaged
+            && e.seq > self.shared_from
+            && self.selects(e)
+            && !self.holds(e.seq)
+    }
+
+    /// Shared delivery: `n` events of this subscription no host delivered
+    /// before retention took them; reported to the next consumer here by a
+    /// gap, and counted lost.
+    pub fn lost_shared(&mut self, n: u64) {
+        self.gap_lost += n;
+        self.counters.lost += n;
     }
 }

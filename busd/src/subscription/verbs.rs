@@ -76,6 +76,7 @@ impl Subscription {
         self.acked_in_queue = 0;
         self.gap_lost = 0;
         self.acked_through = start_after;
+        self.shared_from = start_after;
     }
 
     /// The parked list, oldest first.

@@ -54,7 +54,7 @@ fn a_terminated_lease_session_stops_the_old_owner_and_the_other_host_takes_over(
     let old_pid = busd_pid(&owner);
     let old_conn = fake.wait_connected(T);
 
-    const N: usize = 400;
+    const N: usize = 800;
     let ids: Vec<String> = (1..=N).map(|i| format!("ll-{i:04}")).collect();
     let done = AtomicBool::new(false);
     let (new_conn, takeover, out_owner) = std::thread::scope(|s| {
@@ -68,7 +68,9 @@ fn a_terminated_lease_session_stops_the_old_owner_and_the_other_host_takes_over(
         let (new_conn, takeover) = wait_new_connection(&fake, cut_at);
         assert!(
             !done.load(Ordering::Acquire),
-            "the stream ended before the takeover: push more events"
+            "the stream ended before the takeover: push more events\n{}\n{}",
+            owner.bus_log_tail(),
+            follower.bus_log_tail()
         );
         pusher.join().expect("pusher");
         (new_conn, takeover, out)

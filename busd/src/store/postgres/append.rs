@@ -12,7 +12,10 @@
 //!
 //! A batch whose `COMMIT` reached the server but whose answer was lost is
 //! found in the log on the next attempt (same seqs, same event ids) and
-//! counts as written: never written twice, never reported lost.
+//! counts as written: never written twice, never reported lost — also when
+//! that next attempt finds the lease taken by another host meanwhile (the
+//! batch committed under this host's epoch before the takeover), so a
+//! publish is never told it failed while its event is in the log.
 
 use std::{
     sync::{
@@ -79,8 +82,11 @@ pub(super) async fn append_through_outage(
             Err(err) => err,
         };
         close(conn.take()).await;
-        if failed_once && matches!(err, PgError::Other(_)) {
-            // Refused as a gap: the attempt whose answer was lost committed?
+        if failed_once && matches!(err, PgError::Other(_) | PgError::Fenced(_)) {
+            // Refused as a gap, or fenced: did the attempt whose answer was
+            // lost commit (under this epoch, before another host took the
+            // lease)? Then the batch is durable and its publishers are told
+            // so; only what is not in the log is reported failed.
             if let Ok(client) = ensure(conn, settings).await {
                 if already_in(client, settings, events).await {
                     return Ok(());

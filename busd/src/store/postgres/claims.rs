@@ -1,15 +1,21 @@
-//! Shared delivery's claims (`dws_claim`): which host delivers which event
-//! of a shared subscription. A host claims the matching events it wants to
-//! deliver; `INSERT … ON CONFLICT DO UPDATE … WHERE` gives each event to
-//! one host (a concurrent claimer waits on the row and then finds it held),
-//! and takes over a claim only once it expired (its host stopped renewing
-//! it) — counting the delivery again. An acked event's claim is `done`, so
-//! nobody claims it again; a host that lets a consumer go releases what it
-//! held so another host takes it at once.
+//! Shared delivery's claims (`dws_claim`): which host incarnation delivers
+//! which event of a shared subscription. A host claims the matching events
+//! it wants to deliver; `INSERT … ON CONFLICT DO UPDATE … WHERE` gives each
+//! event to one incarnation (a concurrent claimer waits on the row and then
+//! finds it held), and takes over a claim only once it expired (its holder
+//! stopped renewing it) — counting the delivery again. A claim belongs to
+//! the incarnation (one busd run) that took it, not to the host name: a
+//! restarted host never renews what its dead run held, and an incarnation
+//! renews only the claims it actually holds ([`renew`]), so a claim whose
+//! outcome it never learned (the connection broke) expires too. An acked
+//! event's claim is `done`, whoever holds it now, so nobody claims it again;
+//! a host that lets a consumer go releases what it held so another host
+//! takes it at once. An event retention evicted before any host delivered
+//! it becomes a `lost` row ([`mark_lost`]), reported once ([`take_lost`]).
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
-use tokio_postgres::{types::Type, GenericClient};
+use tokio_postgres::{error::SqlState, types::Type, GenericClient};
 
 use super::PgError;
 
@@ -21,23 +27,32 @@ fn seqs_db(seqs: &[u64]) -> Vec<i64> {
     seqs.iter().map(|&s| s as i64).collect()
 }
 
+/// Who claims: the host's name (for people reading the table) and its
+/// incarnation (whose the claim is).
+#[derive(Debug, Clone, Copy)]
+pub struct Claimer<'a> {
+    pub cluster: &'a str,
+    pub host: &'a str,
+    pub incarnation: &'a str,
+}
+
 const CLAIM_SQL: &str = "
-INSERT INTO dws_claim (cluster, subscription, seq, host, claimed_until, deliveries)
-SELECT $1, $2, s, $3, now() + make_interval(secs => $5), 1 FROM unnest($4::bigint[]) AS s
+INSERT INTO dws_claim (cluster, subscription, seq, host, incarnation, claimed_until, deliveries)
+SELECT $1, $2, s, $3, $4, now() + make_interval(secs => $6), 1 FROM unnest($5::bigint[]) AS s
 ON CONFLICT (cluster, subscription, seq) DO UPDATE
-    SET host = EXCLUDED.host, claimed_until = EXCLUDED.claimed_until,
+    SET host = EXCLUDED.host, incarnation = EXCLUDED.incarnation,
+        claimed_until = EXCLUDED.claimed_until,
         deliveries = dws_claim.deliveries + 1
     WHERE NOT dws_claim.done AND dws_claim.claimed_until < now()
 RETURNING seq, deliveries";
 
-/// Claims for `host` those of `seqs` (events of `subscription`) that nobody
+/// Claims for `who` those of `seqs` (events of `subscription`) that nobody
 /// holds, or whose holder's claim expired; returns `(seq, deliveries)` of
 /// the ones now ours (deliveries counts this one).
 pub async fn claim(
     client: &impl GenericClient,
-    cluster: &str,
+    who: Claimer<'_>,
     subscription: &str,
-    host: &str,
     seqs: &[u64],
     hold: Duration,
 ) -> Result<Vec<(u64, u32)>, PgError> {
@@ -50,9 +65,10 @@ pub async fn claim(
         .query_typed(
             CLAIM_SQL,
             &[
-                (&cluster, Type::TEXT),
+                (&who.cluster, Type::TEXT),
                 (&subscription, Type::TEXT),
-                (&host, Type::TEXT),
+                (&who.host, Type::TEXT),
+                (&who.incarnation, Type::TEXT),
                 (&seqs, Type::INT8_ARRAY),
                 (&secs, Type::FLOAT8),
             ],
@@ -65,7 +81,8 @@ pub async fn claim(
         .collect())
 }
 
-/// Of `seqs`, those another host finished (acked): never claimable again.
+/// Of `seqs`, those finished (acked on some host, or lost): never claimable
+/// again.
 pub async fn done_of(
     client: &impl GenericClient,
     cluster: &str,
@@ -91,21 +108,37 @@ pub async fn done_of(
     Ok(rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect())
 }
 
-/// Keeps every open claim of `host` alive for another `hold`.
+const RENEW_SQL: &str = "UPDATE dws_claim c
+    SET claimed_until = now() + make_interval(secs => $5)
+    FROM unnest($3::text[], $4::bigint[]) AS h(subscription, seq)
+    WHERE c.cluster = $1 AND c.incarnation = $2
+      AND c.subscription = h.subscription AND c.seq = h.seq AND NOT c.done";
+
+/// Keeps the claims `who` holds (`held`: per subscription, its seqs) alive
+/// for another `hold`; any other claim of its incarnation (one it never
+/// learned it got) is left to expire.
 pub async fn renew(
     client: &impl GenericClient,
-    cluster: &str,
-    host: &str,
+    who: Claimer<'_>,
+    held: &BTreeMap<String, Vec<u64>>,
     hold: Duration,
 ) -> Result<u64, PgError> {
+    let (subs, seqs): (Vec<&str>, Vec<i64>) = held
+        .iter()
+        .flat_map(|(sub, seqs)| seqs.iter().map(move |&s| (sub.as_str(), s as i64)))
+        .unzip();
+    if subs.is_empty() {
+        return Ok(0);
+    }
     let secs = hold.as_secs_f64();
     client
         .execute_typed(
-            "UPDATE dws_claim SET claimed_until = now() + make_interval(secs => $3) \
-             WHERE cluster = $1 AND host = $2 AND NOT done",
+            RENEW_SQL,
             &[
-                (&cluster, Type::TEXT),
-                (&host, Type::TEXT),
+                (&who.cluster, Type::TEXT),
+                (&who.incarnation, Type::TEXT),
+                (&subs, Type::TEXT_ARRAY),
+                (&seqs, Type::INT8_ARRAY),
                 (&secs, Type::FLOAT8),
             ],
         )
@@ -113,42 +146,13 @@ pub async fn renew(
         .map_err(q)
 }
 
-/// Marks `seqs` of `subscription` acked (only claims `host` holds).
+/// Marks `seqs` of `subscription` acked: done whoever holds the claim now
+/// (a consumer acked it; a host that took it over meanwhile delivers it
+/// once more at most).
 pub async fn finish(
     client: &impl GenericClient,
     cluster: &str,
     subscription: &str,
-    host: &str,
-    seqs: &[u64],
-) -> Result<u64, PgError> {
-    set(client, "done = true", cluster, subscription, host, seqs).await
-}
-
-/// Gives `seqs` back: expired at once, so another host claims them.
-pub async fn release(
-    client: &impl GenericClient,
-    cluster: &str,
-    subscription: &str,
-    host: &str,
-    seqs: &[u64],
-) -> Result<u64, PgError> {
-    set(
-        client,
-        "claimed_until = now() - interval '1 second'",
-        cluster,
-        subscription,
-        host,
-        seqs,
-    )
-    .await
-}
-
-async fn set(
-    client: &impl GenericClient,
-    what: &str,
-    cluster: &str,
-    subscription: &str,
-    host: &str,
     seqs: &[u64],
 ) -> Result<u64, PgError> {
     if seqs.is_empty() {
@@ -157,16 +161,147 @@ async fn set(
     let seqs = seqs_db(seqs);
     client
         .execute_typed(
-            &format!(
-                "UPDATE dws_claim SET {what} WHERE cluster = $1 AND subscription = $2 \
-                 AND host = $3 AND seq = ANY($4) AND NOT done"
-            ),
+            "UPDATE dws_claim SET done = true WHERE cluster = $1 AND subscription = $2 \
+             AND seq = ANY($3) AND NOT done",
             &[
                 (&cluster, Type::TEXT),
                 (&subscription, Type::TEXT),
-                (&host, Type::TEXT),
                 (&seqs, Type::INT8_ARRAY),
             ],
+        )
+        .await
+        .map_err(q)
+}
+
+/// Gives `seqs` back: expired at once, so another host claims them (only
+/// claims `who` holds).
+pub async fn release(
+    client: &impl GenericClient,
+    who: Claimer<'_>,
+    subscription: &str,
+    seqs: &[u64],
+) -> Result<u64, PgError> {
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    let seqs = seqs_db(seqs);
+    client
+        .execute_typed(
+            "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
+             WHERE cluster = $1 AND subscription = $2 AND incarnation = $3 \
+             AND seq = ANY($4) AND NOT done",
+            &[
+                (&who.cluster, Type::TEXT),
+                (&subscription, Type::TEXT),
+                (&who.incarnation, Type::TEXT),
+                (&seqs, Type::INT8_ARRAY),
+            ],
+        )
+        .await
+        .map_err(q)
+}
+
+/// Gives back every open claim of `incarnation` (its busd stops cleanly).
+pub async fn release_all(
+    client: &impl GenericClient,
+    cluster: &str,
+    incarnation: &str,
+) -> Result<u64, PgError> {
+    client
+        .execute_typed(
+            "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
+             WHERE cluster = $1 AND incarnation = $2 AND NOT done",
+            &[(&cluster, Type::TEXT), (&incarnation, Type::TEXT)],
+        )
+        .await
+        .map_err(q)
+}
+
+const LOST_SQL: &str = "
+INSERT INTO dws_claim (cluster, subscription, seq, host, incarnation, claimed_until,
+                       deliveries, done, lost)
+SELECT $1, $2, s, $3, $4, now(), 0, true, true FROM unnest($5::bigint[]) AS s
+ON CONFLICT (cluster, subscription, seq) DO UPDATE
+    SET done = true, lost = true, host = EXCLUDED.host, incarnation = EXCLUDED.incarnation
+    WHERE NOT dws_claim.done AND dws_claim.claimed_until < now()";
+
+/// Retention evicted `seqs` of `subscription` from `who`'s log, none of
+/// them held there: those no host finished or holds (a claim that expired
+/// counts as not held) are lost — done, and to be reported once. A
+/// subscription removed meanwhile has nothing to lose.
+pub async fn mark_lost(
+    client: &impl GenericClient,
+    who: Claimer<'_>,
+    subscription: &str,
+    seqs: &[u64],
+) -> Result<u64, PgError> {
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    let seqs = seqs_db(seqs);
+    let r = client
+        .execute_typed(
+            LOST_SQL,
+            &[
+                (&who.cluster, Type::TEXT),
+                (&subscription, Type::TEXT),
+                (&who.host, Type::TEXT),
+                (&who.incarnation, Type::TEXT),
+                (&seqs, Type::INT8_ARRAY),
+            ],
+        )
+        .await;
+    match r {
+        Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => Ok(0),
+        r => r.map_err(q),
+    }
+}
+
+const SWEEP_SQL: &str = "UPDATE dws_claim c SET done = true, lost = true, reported = false
+    WHERE c.cluster = $1 AND c.subscription = ANY($2) AND NOT c.done
+      AND c.claimed_until < now() AND c.seq < $3";
+
+/// Expired claims of `subscriptions` whose event retention took from this
+/// host's log (below `floor`): a host delivers only from its log, so
+/// nobody can deliver them any more (a holder died, or gave back an event
+/// retention had taken while it was in flight): they are lost, to be
+/// reported once. (A host whose retention keeps more would still have had
+/// it: with unequal retention the smallest decides.)
+pub async fn sweep_lost(
+    client: &impl GenericClient,
+    cluster: &str,
+    subscriptions: &[String],
+    floor: u64,
+) -> Result<u64, PgError> {
+    if subscriptions.is_empty() {
+        return Ok(0);
+    }
+    let floor = floor.min(i64::MAX as u64) as i64;
+    client
+        .execute_typed(
+            SWEEP_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&subscriptions, Type::TEXT_ARRAY),
+                (&floor, Type::INT8),
+            ],
+        )
+        .await
+        .map_err(q)
+}
+
+/// Takes the losses of `subscription` no host reported yet: how many (this
+/// host reports them with a gap).
+pub async fn take_lost(
+    client: &impl GenericClient,
+    cluster: &str,
+    subscription: &str,
+) -> Result<u64, PgError> {
+    client
+        .execute_typed(
+            "UPDATE dws_claim SET reported = true WHERE cluster = $1 AND subscription = $2 \
+             AND lost AND NOT reported",
+            &[(&cluster, Type::TEXT), (&subscription, Type::TEXT)],
         )
         .await
         .map_err(q)

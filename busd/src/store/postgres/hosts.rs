@@ -1,5 +1,5 @@
 //! What `status` shows of a cluster beyond the log: its hosts (`dws_host`:
-//! [`register`] at start, [`heartbeat`] while running, [`unregister`] at a
+//! [`register`] at start, with the incarnation of this run, [`heartbeat`] while running, [`unregister`] at a
 //! clean exit, [`list`]), the named subscriptions' definitions
 //! ([`definitions`], [`definition`], [`claim_definition`]) and every host's cursor of them
 //! ([`cursors`]).
@@ -47,17 +47,20 @@ fn q(e: tokio_postgres::Error) -> PgError {
 }
 
 const REGISTER_SQL: &str =
-    "INSERT INTO dws_host (cluster, host, pid, build) VALUES ($1, $2, $3, $4)
+    "INSERT INTO dws_host (cluster, host, pid, build, incarnation) VALUES ($1, $2, $3, $4, $5)
      ON CONFLICT (cluster, host) DO UPDATE
-        SET pid = $3, build = $4, started_at = now(), heartbeat_at = now()";
+        SET pid = $3, build = $4, incarnation = $5, started_at = now(), heartbeat_at = now()";
 
-/// Records this host (again, after a restart: the row is replaced).
+/// Records this host and its incarnation (this busd run, whose shared
+/// delivery claims are its own); again after a restart: the row is
+/// replaced.
 pub async fn register(
     client: &impl GenericClient,
     cluster: &str,
     host: &str,
     pid: i32,
     build: &str,
+    incarnation: &str,
 ) -> Result<(), PgError> {
     client
         .execute_typed(
@@ -67,6 +70,7 @@ pub async fn register(
                 (&host, Type::TEXT),
                 (&pid, Type::INT4),
                 (&build, Type::TEXT),
+                (&incarnation, Type::TEXT),
             ],
         )
         .await

@@ -5,15 +5,20 @@
 //! row's [`result`] once the owner's notification (channel
 //! [`DONE_CHANNEL`], payload: the cluster) or its polling says so.
 //!
-//! Taking claims rows for the taker's epoch (`taken_epoch`), under
-//! `FOR UPDATE SKIP LOCKED`: two takers never get the same row while the
-//! epoch stands, and the claim is checked against the cluster's epoch in the
-//! same transaction, so a fenced owner cannot take anything. A row stays
-//! pending (`done = false`) until it is finished: when the owner dies
-//! between taking and finishing, the next owner (a new epoch) takes it
-//! again. **Such an event may then be appended twice** — unless it has an
-//! event id, which the log's dedup catches. [`push`] also notifies
-//! [`PUSH_CHANNEL`] (payload: the cluster), so the owner need not poll.
+//! Taking marks rows with the taker's epoch (`taken_epoch`), under
+//! `FOR UPDATE SKIP LOCKED`, checked against the cluster's epoch and lease
+//! in the same transaction, so a fenced owner cannot take anything. A row
+//! stays pending (`done = false`) until it is finished: when the owner dies
+//! (or its session breaks) between taking and finishing, the row is taken
+//! again. That is safe because every pushed row carries an **idempotency
+//! key** (`key`, unique per cluster) chosen by the publishing host: a push
+//! is idempotent by it (a push whose answer was lost is pushed again and
+//! finds its row), and an event published without an id gets the key as
+//! its id, so the owner's dedup answers a second take with the first
+//! append's seq instead of appending it twice. A publisher that gives up
+//! [`withdraw`]s its row — only while no owner has taken it. [`push`] also
+//! notifies [`PUSH_CHANNEL`] (payload: the cluster), so the owner need not
+//! poll.
 //!
 //! `event` is `json`, not `jsonb`: `jsonb` refuses a `\u0000` in a string,
 //! which an event's data may hold.
@@ -45,15 +50,23 @@ fn q(e: tokio_postgres::Error) -> PgError {
 }
 
 const PUSH_SQL: &str = "WITH ins AS (
-        INSERT INTO dws_inbox (cluster, host, event) VALUES ($1, $2, $3::json) RETURNING id
+        INSERT INTO dws_inbox (cluster, host, event, key) VALUES ($1, $2, $3::json, $4)
+        ON CONFLICT (cluster, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING id
+    ), found AS (
+        SELECT id FROM ins
+        UNION ALL
+        SELECT id FROM dws_inbox WHERE cluster = $1 AND key = $4
     )
-    SELECT id, pg_notify('dws_inbox_new', $1) FROM ins";
+    SELECT (SELECT id FROM found LIMIT 1), pg_notify('dws_inbox_new', $1)";
 
-/// Hands `event` to the owner; returns the row's id.
+/// Hands `event` to the owner under the idempotency key `key`; returns the
+/// row's id — the existing row's when `key` was pushed already.
 pub async fn push(
     client: &impl GenericClient,
     cluster: &str,
     host: &str,
+    key: &str,
     event: &NewEvent,
 ) -> Result<i64, PgError> {
     let json = serde_json::to_string(event)
@@ -65,44 +78,101 @@ pub async fn push(
                 (&cluster, Type::TEXT),
                 (&host, Type::TEXT),
                 (&json, Type::TEXT),
+                (&key, Type::TEXT),
             ],
         )
         .await
         .map_err(q)?;
-    row.try_get(0).map_err(q)
+    let id: Option<i64> = row.try_get(0).map_err(q)?;
+    id.ok_or_else(|| {
+        PgError::Other(format!(
+            "inbox key {key} of cluster {cluster} was withdrawn while it was pushed again"
+        ))
+    })
 }
 
-const EPOCH_SQL: &str = "SELECT epoch FROM dws_cluster WHERE cluster = $1 FOR SHARE";
+/// What [`withdraw`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// The row was pending and untaken: deleted, it will never be appended.
+    Withdrawn,
+    /// No row has the key: it was never pushed (or was purged).
+    Absent,
+    /// An owner took (or finished) it: its outcome is the owner's.
+    Taken,
+}
+
+const WITHDRAW_SQL: &str = "WITH d AS (
+        DELETE FROM dws_inbox
+        WHERE cluster = $1 AND key = $2 AND NOT done AND taken_epoch IS NULL
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM d) > 0,
+           EXISTS (SELECT 1 FROM dws_inbox WHERE cluster = $1 AND key = $2)";
+
+/// Takes back the row of `key` unless an owner took it (the row lock of a
+/// take in progress is waited for, and a row withdrawn is skipped by
+/// takers): a publisher that gives up says "failed" only of what will never
+/// be appended.
+pub async fn withdraw(
+    client: &impl GenericClient,
+    cluster: &str,
+    key: &str,
+) -> Result<Withdrawal, PgError> {
+    let row = client
+        .query_typed_one(WITHDRAW_SQL, &[(&cluster, Type::TEXT), (&key, Type::TEXT)])
+        .await
+        .map_err(q)?;
+    let deleted: bool = row.try_get(0).map_err(q)?;
+    let existed: bool = row.try_get(1).map_err(q)?;
+    Ok(match (deleted, existed) {
+        (true, _) => Withdrawal::Withdrawn,
+        (false, false) => Withdrawal::Absent,
+        (false, true) => Withdrawal::Taken,
+    })
+}
+
+use super::lease::CHECK_EPOCH_SQL as EPOCH_SQL;
+/// Pending rows not taken under this epoch — with `$4`, those too (the
+/// taker's session broke before it finished them): the keys make a second
+/// append a duplicate.
 const TAKE_SQL: &str = "UPDATE dws_inbox SET taken_epoch = $2
      WHERE cluster = $1 AND id IN (
         SELECT id FROM dws_inbox
-        WHERE cluster = $1 AND NOT done AND taken_epoch IS DISTINCT FROM $2
+        WHERE cluster = $1 AND NOT done AND (taken_epoch IS DISTINCT FROM $2 OR $4)
         ORDER BY id LIMIT $3
         FOR UPDATE SKIP LOCKED)
-     RETURNING id, event::text";
+     RETURNING id, event::text, key";
+
+/// A taken row: its id, its idempotency key (`None` from a busd before
+/// keys) and its event.
+pub type Taken = (i64, Option<String>, NewEvent);
 
 /// Takes up to `limit` pending rows, oldest first, for the owner of
-/// `epoch` (see the module doc). A row whose event cannot be read (written
-/// by a newer busd) is finished at once with the reason, never returned.
+/// `epoch` (see the module doc); with `again`, also the rows this epoch
+/// took before without finishing them (the first take of a new session).
+/// A row whose event cannot be read (written by a newer busd) is finished
+/// at once with the reason, never returned.
 pub async fn take(
     client: &mut Client,
     cluster: &str,
     epoch: i64,
     limit: i64,
-) -> Result<Vec<(i64, NewEvent)>, PgError> {
+    again: bool,
+) -> Result<Vec<Taken>, PgError> {
     if epoch <= 0 {
         return Err(PgError::Fenced(super::log::NO_LEASE.into()));
     }
     let tx = client.transaction().await.map_err(q)?;
-    let current: Option<i64> = match tx
+    let current: Option<(i64, bool)> = match tx
         .query_typed_opt(EPOCH_SQL, &[(&cluster, Type::TEXT)])
         .await
         .map_err(q)?
     {
-        Some(row) => Some(row.try_get(0).map_err(q)?),
+        Some(row) => Some((row.try_get(0).map_err(q)?, row.try_get(1).map_err(q)?)),
         None => None,
     };
-    if let Some(why) = super::lease::fenced(epoch, current) {
+    if let Some(why) = super::lease::fenced_at(epoch, current) {
         return Err(PgError::Fenced(why));
     }
     let rows = tx
@@ -112,6 +182,7 @@ pub async fn take(
                 (&cluster, Type::TEXT),
                 (&epoch, Type::INT8),
                 (&limit, Type::INT8),
+                (&again, Type::BOOL),
             ],
         )
         .await
@@ -121,8 +192,9 @@ pub async fn take(
     for row in rows {
         let id: i64 = row.try_get(0).map_err(q)?;
         let json: String = row.try_get(1).map_err(q)?;
+        let key: Option<String> = row.try_get(2).map_err(q)?;
         match serde_json::from_str::<NewEvent>(&json) {
-            Ok(ev) => taken.push((id, ev)),
+            Ok(ev) => taken.push((id, key, ev)),
             Err(e) => unreadable.push((
                 id,
                 InboxResult {
@@ -138,7 +210,7 @@ pub async fn take(
         finish(&tx, cluster, &unreadable).await?;
     }
     tx.commit().await.map_err(q)?;
-    taken.sort_by_key(|(id, _)| *id);
+    taken.sort_by_key(|(id, _, _)| *id);
     Ok(taken)
 }
 

@@ -1,31 +1,41 @@
 //! The upstream owner's lease: which host of a cluster holds the upstream
 //! connection.
 //!
-//! The lease is a session advisory lock, `pg_try_advisory_lock` on a key the
-//! server derives from the cluster name (`hashtextextended(cluster, 0)`, so
-//! every busd version computes the same key), held by a dedicated connection
-//! ([`LeaseSession`]) — never one shared with other work, and never through a
-//! pooler, which would hand the session lock to whoever gets the backend
-//! next. PostgreSQL releases the lock when that session ends for any reason:
-//! the host's process died (at once), `pg_terminate_backend`, a server
-//! restart, or a silent network loss (within the keepalive bound of
-//! `super::LOSS_BOUND`, set on the server's end by `super::connect`).
+//! The lease is a row, time-bounded on the **database's clock**:
+//! `dws_cluster` records the owner (`owner_host`), the backend of its
+//! dedicated lease session (`owner_pid`, `owner_backend_start`) and
+//! `lease_expires_at`. A contender ([`LeaseSession`], a dedicated
+//! connection — never one shared with other work, never through a pooler)
+//! takes the row with one `UPDATE` when the lease is free: no owner, the
+//! lease expired (`lease_expires_at < clock_timestamp()`), or the owner's
+//! lease session is gone from `pg_stat_activity` (its process died, its
+//! session was terminated, the server restarted: a takeover within the
+//! contender's retry, as the session advisory lock this row replaced
+//! allowed). The session is named by its backend pid and start time; a
+//! contender connected as another role sees no start time of it (NULL) and
+//! goes by the pid alone. A session that is gone because the *server*
+//! restarted since it began (`pg_postmaster_start_time()`) does not free
+//! the lease for other hosts before it expires: its owner is probably
+//! alive and reconnecting, and takes it back at once (its own host name
+//! may). Taking it bumps `dws_cluster.epoch`.
 //!
-//! Winning the lock bumps `dws_cluster.epoch` in one statement and records
-//! the owner; the new epoch fences the previous owner: an append
-//! (`super::log::append`) locks the cluster's row `FOR UPDATE` and compares
-//! the epoch ([`fenced`]); other work done for the owner calls
-//! [`check_epoch`], which locks it `FOR SHARE` — either way an acquisition's
-//! epoch bump waits for the transactions in flight, and one after it sees
-//! the new epoch and fails.
+//! The owner renews the row every [`LeaseTiming::heartbeat`]
+//! ([`Lease::lost`]): `lease_expires_at = clock_timestamp() + bound`, only
+//! while the epoch is its own, its session is the recorded one and the
+//! lease has not expired. A frozen, stalled or cut-off owner therefore
+//! loses the lease after the bound even though its TCP session lives, and
+//! it is fenced in the same transaction as any append: an append
+//! (`super::log::append`) locks the cluster's row `FOR UPDATE` and requires
+//! both its epoch and an unexpired lease ([`fenced_at`]); other work done
+//! for the owner calls [`check_epoch`], which locks it `FOR SHARE`. A
+//! takeover's `UPDATE` waits for the transactions in flight, and one after
+//! it sees the new epoch and fails.
 //!
-//! While held, a heartbeat ([`Lease::lost`]) asks the session every
-//! [`LeaseTiming::heartbeat`] for its backend pid and the cluster's epoch,
-//! and reports the lease lost when the session broke, did not answer within
-//! [`LeaseTiming::answer_within`], moved to another backend (a pooler) or
-//! when the epoch moved on. Losing it closes the session, so a lock the
-//! server still holds for us is released. The decisions are pure
-//! ([`judge`], [`fenced`]) and unit-tested.
+//! The heartbeat reports the lease lost when the session broke, did not
+//! answer within [`LeaseTiming::answer_within`], moved to another backend
+//! (a pooler), or the renewal was refused (the epoch moved on, or the lease
+//! expired before it came). Losing it closes the session. The decisions are
+//! pure ([`judge`], [`fenced`], [`fenced_at`]) and unit-tested.
 
 use std::{sync::Arc, time::Duration};
 
@@ -34,23 +44,48 @@ use tokio_postgres::{Client, Transaction};
 
 use super::{connect, Driver, PgError, PgSettings};
 
-/// `pg_try_advisory_lock` on the cluster's key.
-const TRY_LOCK_SQL: &str = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))";
-const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
-/// Bumps the epoch (creating the cluster's row) and records the owner.
-const TAKE_SQL: &str = "INSERT INTO dws_cluster (cluster, epoch, owner_host, owner_since)
-     VALUES ($1, 1, $2, now())
-     ON CONFLICT (cluster) DO UPDATE
-        SET epoch = dws_cluster.epoch + 1, owner_host = $2, owner_since = now()
-     RETURNING epoch";
-const HEARTBEAT_SQL: &str =
-    "SELECT pg_backend_pid(), (SELECT epoch FROM dws_cluster WHERE cluster = $1)";
-const RESIGN_SQL: &str = "UPDATE dws_cluster SET owner_host = NULL, owner_since = NULL
+/// Creates the cluster's row if missing (no owner, epoch 0).
+const ENSURE_SQL: &str = "INSERT INTO dws_cluster (cluster) VALUES ($1) ON CONFLICT DO NOTHING";
+/// Takes the lease when it is free (see the module doc): bumps the epoch,
+/// records the owner, its session and the expiry ($3: the bound in seconds).
+const TAKE_SQL: &str = "UPDATE dws_cluster c
+     SET epoch = c.epoch + 1, owner_host = $2, owner_since = now(),
+         lease_expires_at = clock_timestamp() + make_interval(secs => $3),
+         owner_pid = pg_backend_pid(),
+         owner_backend_start = (SELECT backend_start FROM pg_stat_activity
+                                WHERE pid = pg_backend_pid())
+     WHERE c.cluster = $1
+       AND (c.owner_host IS NULL OR c.lease_expires_at IS NULL
+            OR c.lease_expires_at < clock_timestamp()
+            OR (NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                            WHERE a.pid = c.owner_pid
+                              AND (a.backend_start IS NULL
+                                   OR a.backend_start = c.owner_backend_start))
+                AND (c.owner_host = $2 OR c.owner_backend_start IS NULL
+                     OR c.owner_backend_start >= pg_postmaster_start_time())))
+     RETURNING c.epoch";
+/// Renews the lease if it is still this session's (see the module doc);
+/// answers the backend pid, the cluster's epoch and whether it renewed.
+const HEARTBEAT_SQL: &str = "WITH r AS (
+        UPDATE dws_cluster
+        SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+        WHERE cluster = $1 AND epoch = $2 AND owner_pid = pg_backend_pid()
+          AND lease_expires_at > clock_timestamp()
+        RETURNING 1
+    )
+    SELECT pg_backend_pid(), (SELECT epoch FROM dws_cluster WHERE cluster = $1),
+           (SELECT count(*) FROM r) > 0";
+const RESIGN_SQL: &str = "UPDATE dws_cluster
+     SET owner_host = NULL, owner_since = NULL, lease_expires_at = NULL,
+         owner_pid = NULL, owner_backend_start = NULL
      WHERE cluster = $1 AND epoch = $2";
 
 /// What an append transaction runs to check that its host still owns the
-/// upstream: the epoch, with the row locked against a concurrent takeover.
-pub const CHECK_EPOCH_SQL: &str = "SELECT epoch FROM dws_cluster WHERE cluster = $1 FOR SHARE";
+/// upstream: the epoch and whether the lease is unexpired on the database's
+/// clock, with the row locked against a concurrent takeover.
+pub const CHECK_EPOCH_SQL: &str =
+    "SELECT epoch, coalesce(lease_expires_at > clock_timestamp(), false)
+     FROM dws_cluster WHERE cluster = $1 FOR SHARE";
 
 /// The lease's clocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,15 +96,28 @@ pub struct LeaseTiming {
     pub heartbeat: Duration,
     /// How long a heartbeat may go unanswered before the lease counts as lost.
     pub answer_within: Duration,
+    /// How long the lease lasts without a renewal (database clock).
+    pub bound: Duration,
+}
+
+impl LeaseTiming {
+    /// The clocks of a lease of `bound`: contenders try every half second
+    /// (a takeover within about 2 s of the bound), the owner renews every
+    /// second (at most a quarter of the bound) and counts the lease lost
+    /// when a renewal takes half the bound.
+    pub fn for_bound(bound: Duration) -> LeaseTiming {
+        LeaseTiming {
+            retry: Duration::from_millis(500),
+            heartbeat: (bound / 4).min(Duration::from_secs(1)),
+            answer_within: (bound / 2).min(Duration::from_secs(5)),
+            bound,
+        }
+    }
 }
 
 impl Default for LeaseTiming {
     fn default() -> Self {
-        LeaseTiming {
-            retry: Duration::from_millis(500),
-            heartbeat: Duration::from_secs(1),
-            answer_within: Duration::from_secs(5),
-        }
+        LeaseTiming::for_bound(super::settings::LEASE_DEFAULT)
     }
 }
 
@@ -87,6 +135,10 @@ impl LeaseSession {
     /// (`schema::migrate`).
     pub async fn open(settings: &PgSettings) -> Result<LeaseSession, PgError> {
         let (client, driver) = connect(settings, "lease").await?;
+        client
+            .execute(ENSURE_SQL, &[&settings.cluster])
+            .await
+            .map_err(|e| PgError::query(&e))?;
         let backend_pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
             .await
@@ -105,28 +157,25 @@ impl LeaseSession {
     pub async fn try_acquire(self, timing: LeaseTiming) -> Result<Result<Lease, Self>, PgError> {
         let q = |e: tokio_postgres::Error| PgError::query(&e);
         let cluster = self.settings.cluster.as_str();
-        let won: bool = self
+        let secs = timing.bound.as_secs_f64();
+        let took = self
             .client
-            .query_one(TRY_LOCK_SQL, &[&cluster])
+            .query_opt(TAKE_SQL, &[&cluster, &self.settings.host, &secs])
             .await
-            .map_err(q)?
-            .get(0);
-        if !won {
-            return Ok(Err(self));
+            .map_err(q)?;
+        match took {
+            Some(row) => {
+                let epoch: i64 = row.try_get(0).map_err(q)?;
+                Ok(Ok(Lease::start(self, epoch, timing)))
+            }
+            None => Ok(Err(self)),
         }
-        // On failure the session is dropped, and the lock with it.
-        let epoch: i64 = self
-            .client
-            .query_one(TAKE_SQL, &[&cluster, &self.settings.host])
-            .await
-            .map_err(q)?
-            .get(0);
-        Ok(Ok(Lease::start(self, epoch, timing)))
     }
 }
 
 /// The cluster's upstream lease, held. Dropping it closes its session, which
-/// releases the lock; [`Lease::release`] also clears the owner.
+/// frees the lease at once (its backend leaves `pg_stat_activity`);
+/// [`Lease::release`] also clears the owner.
 pub struct Lease {
     client: Arc<Client>,
     cluster: String,
@@ -207,17 +256,13 @@ impl Lease {
         }
     }
 
-    /// Gives the lease up cleanly: clears the owner (if still ours), unlocks,
+    /// Gives the lease up cleanly: clears the owner (if still ours) and
     /// closes the session.
     pub async fn release(self) -> Result<(), PgError> {
         let q = |e: tokio_postgres::Error| PgError::query(&e);
         self.heartbeat.abort();
         self.client
             .execute(RESIGN_SQL, &[&self.cluster, &self.epoch])
-            .await
-            .map_err(q)?;
-        self.client
-            .execute(UNLOCK_SQL, &[&self.cluster])
             .await
             .map_err(q)?;
         Ok(())
@@ -232,15 +277,41 @@ impl Drop for Lease {
 }
 
 /// Whether a heartbeat's answer means the lease is lost: the session moved
-/// to another backend (a pooler in between), or the epoch is not ours.
-pub fn judge(our_pid: i32, our_epoch: i64, backend_pid: i32, epoch: Option<i64>) -> Option<String> {
+/// to another backend (a pooler in between), the epoch is not ours, or the
+/// renewal was refused (the lease expired before it came).
+pub fn judge(
+    our_pid: i32,
+    our_epoch: i64,
+    backend_pid: i32,
+    epoch: Option<i64>,
+    renewed: bool,
+) -> Option<String> {
     if backend_pid != our_pid {
         return Some(format!(
             "the lease session moved from backend {our_pid} to {backend_pid}: \
              a connection pooler is in between; give busd a direct connection"
         ));
     }
-    fenced(our_epoch, epoch)
+    fenced(our_epoch, epoch).or_else(|| {
+        (!renewed).then(|| {
+            format!(
+                "the upstream lease (epoch {our_epoch}) expired before this host renewed it \
+                 (the host or its database session stalled)"
+            )
+        })
+    })
+}
+
+/// [`fenced`], and the lease's expiry: `current` is the cluster's epoch
+/// and whether its lease is unexpired on the database's clock.
+pub fn fenced_at(our_epoch: i64, current: Option<(i64, bool)>) -> Option<String> {
+    fenced(our_epoch, current.map(|(e, _)| e)).or_else(|| match current {
+        Some((_, false)) => Some(format!(
+            "the upstream lease (epoch {our_epoch}) expired on the database's clock \
+             before this append: the owner did not renew it in time"
+        )),
+        _ => None,
+    })
 }
 
 /// Whether an append under `our_epoch` must be refused, given the cluster's
@@ -259,18 +330,18 @@ pub fn fenced(our_epoch: i64, current: Option<i64>) -> Option<String> {
 }
 
 /// In an append transaction: fails with [`PgError::Fenced`] unless the
-/// cluster's epoch is still `epoch`. Locks the cluster's row `FOR SHARE`
+/// cluster's epoch is still `epoch` and its lease unexpired. Locks the cluster's row `FOR SHARE`
 /// until the transaction ends, so no takeover commits in between. (An
 /// append that will also advance `head_seq` in that row should lock it
 /// `FOR UPDATE` instead and compare with [`fenced`]: two `FOR SHARE`
 /// holders that both upgrade would deadlock.)
 pub async fn check_epoch(tx: &Transaction<'_>, cluster: &str, epoch: i64) -> Result<(), PgError> {
-    let current: Option<i64> = tx
+    let current: Option<(i64, bool)> = tx
         .query_opt(CHECK_EPOCH_SQL, &[&cluster])
         .await
         .map_err(|e| PgError::query(&e))?
-        .map(|row| row.get(0));
-    match fenced(epoch, current) {
+        .map(|row| (row.get(0), row.get(1)));
+    match fenced_at(epoch, current) {
         None => Ok(()),
         Some(why) => Err(PgError::Fenced(why)),
     }
@@ -287,6 +358,7 @@ async fn heartbeat(
     timing: LeaseTiming,
     lost: watch::Sender<Option<String>>,
 ) {
+    let secs = timing.bound.as_secs_f64();
     let mut tick = tokio::time::interval(timing.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let reason = loop {
@@ -300,7 +372,7 @@ async fn heartbeat(
             _ = tick.tick() => {
                 let answer = tokio::time::timeout(
                     timing.answer_within,
-                    client.query_one(HEARTBEAT_SQL, &[&cluster]),
+                    client.query_one(HEARTBEAT_SQL, &[&cluster, &epoch, &secs]),
                 )
                 .await;
                 match answer {
@@ -310,7 +382,7 @@ async fn heartbeat(
                     ),
                     Ok(Err(e)) => break format!("the lease session failed: {}", PgError::query(&e)),
                     Ok(Ok(row)) => {
-                        if let Some(why) = judge(backend_pid, epoch, row.get(0), row.get(1)) {
+                        if let Some(why) = judge(backend_pid, epoch, row.get(0), row.get(1), row.get(2)) {
                             break why;
                         }
                     }

@@ -80,7 +80,9 @@ pub fn parse_notify(payload: &str, cluster: &str) -> Option<u64> {
 pub(crate) const NO_LEASE: &str =
     "this host does not hold the cluster's upstream lease (epoch 0), so it does not own the log";
 
-const LOCK_SQL: &str = "SELECT head_seq, epoch FROM dws_cluster WHERE cluster = $1 FOR UPDATE";
+const LOCK_SQL: &str =
+    "SELECT head_seq, epoch, coalesce(lease_expires_at > clock_timestamp(), false)
+     FROM dws_cluster WHERE cluster = $1 FOR UPDATE";
 
 /// The rows, the head and the notification: one statement. A data-modifying
 /// `WITH` runs to completion whether or not the outer query reads it.
@@ -119,7 +121,9 @@ pub fn check_batch(head: u64, events: &[Arc<LoggedEvent>]) -> Option<String> {
 /// Appends `events` (consecutive seqs, starting at the log's head + 1) as
 /// the owner of `epoch`, in one transaction; returns the new head. Refuses
 /// with [`PgError::Fenced`] when the cluster's epoch is not `epoch` (or the
-/// cluster has no row, or `epoch` is 0: nobody's), and with [`PgError::Other`] when the batch does not
+/// cluster has no row, or `epoch` is 0: nobody's), with
+/// [`PgError::Unreachable`] when the epoch's lease expired on the database's
+/// clock (retried once the lease is back), and with [`PgError::Other`] when the batch does not
 /// continue the log or repeats a retained event id of its dedup scope.
 pub async fn append(
     client: &mut Client,
@@ -135,8 +139,12 @@ pub async fn append(
         .query_typed_opt(LOCK_SQL, &[(&cluster, Type::TEXT)])
         .await
         .map_err(q)?;
-    let (head, current): (i64, i64) = match row {
-        Some(row) => (row.try_get(0).map_err(q)?, row.try_get(1).map_err(q)?),
+    let (head, current, live): (i64, i64, bool) = match row {
+        Some(row) => (
+            row.try_get(0).map_err(q)?,
+            row.try_get(1).map_err(q)?,
+            row.try_get(2).map_err(q)?,
+        ),
         None => {
             return Err(PgError::Fenced(
                 super::lease::fenced(epoch, None).unwrap_or_default(),
@@ -145,6 +153,12 @@ pub async fn append(
     };
     if let Some(why) = super::lease::fenced(epoch, Some(current)) {
         return Err(PgError::Fenced(why));
+    }
+    if let Some(why) = super::lease::fenced_at(epoch, Some((current, live))) {
+        // Still this host's epoch, but the lease ran out: the lease task
+        // takes it back (same epoch + 1) unless another host took it; the
+        // append waits for that like for an outage.
+        return Err(PgError::Unreachable(why));
     }
     let head = from_db(head)?;
     let Some(last) = events.last() else {
@@ -276,6 +290,23 @@ pub async fn cluster_row(
         owner_host: row.try_get(2).map_err(q)?,
         owner_since_unix_ms: row.try_get(3).map_err(q)?,
     })
+}
+
+const OLDEST_SQL: &str = "SELECT min(seq) FROM dws_event WHERE cluster = $1";
+
+/// The oldest seq the log holds (`None`: it is empty).
+pub async fn oldest_seq(
+    client: &impl GenericClient,
+    cluster: &str,
+) -> Result<Option<u64>, PgError> {
+    let row = client
+        .query_typed_one(OLDEST_SQL, &[(&cluster, Type::TEXT)])
+        .await
+        .map_err(q)?;
+    row.try_get::<_, Option<i64>>(0)
+        .map_err(q)?
+        .map(from_db)
+        .transpose()
 }
 
 /// One batch: the oldest rows below `$2`, never the head's.

@@ -73,6 +73,7 @@ mod tests {
             shared: false,
             backoff_ms: vec![],
             delayed: vec![],
+            shared_from: 0,
         }
     }
 

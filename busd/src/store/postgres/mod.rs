@@ -12,11 +12,13 @@
 //!   Every table is keyed by the cluster name, so several clusters can share
 //!   one database ([`schema`]).
 //! - **One owner.** Exactly one host holds the cluster's upstream
-//!   connection and appends to the log: the holder of a session advisory
-//!   lock on a dedicated connection ([`lease`]). Each acquisition bumps the
-//!   cluster's *epoch*; every append checks it inside its transaction
-//!   ([`log::append`]), so a host that lost its lease cannot append, hence
-//!   cannot ack upstream what it did not store.
+//!   connection and appends to the log: the holder of the lease row, a
+//!   time-bounded lease on the database's clock renewed from a dedicated
+//!   connection ([`lease`]). Each acquisition bumps the cluster's *epoch*;
+//!   every append checks it and the lease's expiry inside its transaction
+//!   ([`log::append`]), so a host that lost its lease (or could not renew
+//!   it: frozen, stalled, cut off) cannot append, hence cannot ack upstream
+//!   what it did not store.
 //! - **Followers.** The other hosts never append: their log is fed from the
 //!   database ([`log::read_after`], woken by [`log::LOG_CHANNEL`]); their
 //!   publishes go through [`inbox`] to the owner.
@@ -25,11 +27,18 @@
 //!   definitions are published cluster-wide (`dws_subscription`) and every
 //!   host's cursors too (`dws_cursor`), for status and so that a consumer on
 //!   another host can attach to a subscription created elsewhere. Shared
-//!   subscriptions (`dws_claim`) are not used yet.
+//!   subscriptions' events go to one host incarnation at a time through
+//!   [`claims`] (`dws_claim`).
 //!
-//! Connections ([`connect`]) are made with `tokio-postgres` without TLS
-//! (`sslmode=require` is refused: reach the server over a private network or
-//! a Unix socket). Each sets TCP keepalives on both ends (the server's
+//! Every session starts with `synchronous_commit=on` and is refused when
+//! `SHOW synchronous_commit` says `off` anyway ([`lossy_commit`]): a
+//! commit answered before its WAL is written could vanish in a server crash
+//! after the bus acknowledged its events (and their seqs be reused).
+//!
+//! Connections ([`connect`]) are made with `tokio-postgres`, with TLS
+//! (rustls) as the URL's `sslmode` says: `disable` (the default), `require`
+//! or `verify-full`, with the CA file of `postgres_ca_file` ([`tls`] has
+//! the rules). Each sets TCP keepalives on both ends (the server's
 //! `tcp_keepalives_*` and `tcp_user_timeout` as startup options, so a host
 //! that vanished without a FIN loses its session, and with it the lease,
 //! within about [`LOSS_BOUND`]; a session left idle inside a transaction by
@@ -56,9 +65,14 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_claims;
+#[cfg(test)]
 mod tests_log;
 #[cfg(test)]
 mod tests_store;
+#[cfg(test)]
+mod tests_tls;
+pub mod tls;
 
 use std::{fmt, future::poll_fn, time::Duration};
 
@@ -66,7 +80,8 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_postgres::{
     config::{Host, SslMode},
     error::SqlState,
-    AsyncMessage, Client, Config, NoTls,
+    tls::MakeTlsConnect,
+    AsyncMessage, Client, Config, Connection, NoTls, Socket,
 };
 
 use crate::{ready::StartError, section::Secret};
@@ -101,6 +116,12 @@ pub struct PgSettings {
     pub cluster: String,
     /// This host's name in the cluster.
     pub host: String,
+    /// The CA certificates `sslmode=verify-full` trusts (`postgres_ca_file`);
+    /// `None`: the bundled public CAs.
+    pub ca: Option<tls::CaFile>,
+    /// How long the upstream lease lasts without a renewal, on the
+    /// database's clock (`cluster_lease`, `DWS_CLUSTER_LEASE`; see [`lease`]).
+    pub lease: Duration,
 }
 
 impl fmt::Debug for PgSettings {
@@ -109,6 +130,8 @@ impl fmt::Debug for PgSettings {
             .field("url", &redacted_url(self.url.expose()))
             .field("cluster", &self.cluster)
             .field("host", &self.host)
+            .field("ca", &self.ca)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -228,8 +251,13 @@ impl PgError {
         PgError::Other(format!("PostgreSQL: {e}"))
     }
 
-    /// A failed connect to `target` (`host:port/db`).
-    fn connect(e: &tokio_postgres::Error, target: &str) -> PgError {
+    /// A failed connect to `target` (`host:port/db`) under TLS `mode`.
+    fn connect(
+        e: &tokio_postgres::Error,
+        target: &str,
+        mode: tls::Mode,
+        ca: Option<&tls::CaFile>,
+    ) -> PgError {
         if let Some(db) = e.as_db_error() {
             return make(
                 class_of(db.code()),
@@ -245,9 +273,12 @@ impl PgError {
             ("invalid configuration", Some(why)) => {
                 PgError::Config(format!("PostgreSQL URL for {target}: {why}"))
             }
-            ("error performing TLS handshake", _) => PgError::Config(format!(
-                "PostgreSQL at {target}: the server requires TLS, which busd does not speak yet"
-            )),
+            ("error performing TLS handshake", _) => {
+                match tls::handshake_failure(e, target, mode, ca) {
+                    tls::Failure::Config(m) => PgError::Config(m),
+                    tls::Failure::Broken(m) => PgError::Unreachable(m),
+                }
+            }
             _ if io_cause(e).is_some() || e.is_closed() => {
                 let why = io_cause(e).map_or_else(|| e.to_string(), |io| io.to_string());
                 PgError::Unreachable(format!("PostgreSQL at {target}: cannot connect: {why}"))
@@ -330,7 +361,17 @@ pub fn redacted_url(url: &str) -> String {
 /// Parses and checks the URL, then applies what busd insists on: keepalives
 /// on both ends, the connect bound, the application name.
 pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
-    let mut config = settings.url.expose().parse::<Config>().map_err(|e| {
+    config_and_mode(settings, purpose).map(|(config, _)| config)
+}
+
+/// [`config`] and the TLS mode of its connections: the URL's `sslmode`,
+/// checked against the CA file (see [`tls`]).
+pub fn config_and_mode(
+    settings: &PgSettings,
+    purpose: &str,
+) -> Result<(Config, tls::Mode), PgError> {
+    let (url, sslmode) = tls::split_sslmode(settings.url.expose()).map_err(PgError::Config)?;
+    let mut config = url.parse::<Config>().map_err(|e| {
         PgError::Config(format!(
             "the PostgreSQL URL is not valid ({}); expected postgres://USER:PASSWORD@HOST:PORT/DATABASE",
             parse_reason(&e)
@@ -342,16 +383,40 @@ pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
                 .into(),
         ));
     }
-    if config.get_ssl_mode() == SslMode::Require {
+    if sslmode.is_none() && config.get_ssl_mode() != SslMode::Prefer {
+        // The scan missed an sslmode tokio-postgres read: never guess.
         return Err(PgError::Config(format!(
-            "PostgreSQL URL for {}: sslmode=require, but busd does not speak TLS to PostgreSQL yet; \
-             use a private network or a Unix socket",
+            "PostgreSQL URL for {}: its sslmode could not be read; write it as \
+             postgres://…?sslmode=MODE",
             target(&config)
         )));
     }
+    let mode = tls::Mode::parse(sslmode.as_deref())
+        .map_err(|why| PgError::Config(format!("PostgreSQL URL for {}: {why}", target(&config))))?;
+    if let (Some(ca), true) = (&settings.ca, mode != tls::Mode::VerifyFull) {
+        return Err(PgError::Config(format!(
+            "PostgreSQL URL for {}: a CA file is set ({}), but sslmode={} does not verify the \
+             server's certificate; add sslmode=verify-full to the URL",
+            target(&config),
+            ca.path().display(),
+            mode.as_str()
+        )));
+    }
+    // Unix sockets have no TLS in PostgreSQL (libpq ignores sslmode there).
+    let all_unix = !config.get_hosts().is_empty()
+        && config.get_hostaddrs().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, Host::Unix(_)));
+    let mode = if all_unix { tls::Mode::Disable } else { mode };
+    config.ssl_mode(match mode {
+        tls::Mode::Disable => SslMode::Disable,
+        tls::Mode::Require | tls::Mode::VerifyFull => SslMode::Require,
+    });
     let server_side = format!(
         "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} -c tcp_user_timeout={} \
-         -c idle_in_transaction_session_timeout={}",
+         -c idle_in_transaction_session_timeout={} -c synchronous_commit=on",
         KEEPALIVE_IDLE.as_secs(),
         KEEPALIVE_INTERVAL.as_secs(),
         KEEPALIVE_COUNT,
@@ -374,7 +439,7 @@ pub fn config(settings: &PgSettings, purpose: &str) -> Result<Config, PgError> {
         .keepalives_interval(KEEPALIVE_INTERVAL)
         .keepalives_retries(KEEPALIVE_COUNT)
         .tcp_user_timeout(LOSS_BOUND);
-    Ok(config)
+    Ok((config, mode))
 }
 
 /// The task that drives one connection: it ends with `Ok` when the client
@@ -429,9 +494,72 @@ async fn open(
     purpose: &str,
     notify: Option<mpsc::Sender<String>>,
 ) -> Result<(Client, Driver), PgError> {
-    let config = config(settings, purpose)?;
+    let (config, mode) = config_and_mode(settings, purpose)?;
     let target = target(&config);
-    let (client, mut connection) = tokio::time::timeout(STARTUP_TIMEOUT, config.connect(NoTls))
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    NOTED.call_once(|| note_transport(&config, mode, settings.ca.as_ref(), &target));
+    let (client, driver) = match mode {
+        tls::Mode::Disable => {
+            let (client, connection) = start(&config, NoTls, &target, mode, None).await?;
+            (client, drive(connection, target.clone(), notify))
+        }
+        tls::Mode::Require | tls::Mode::VerifyFull => {
+            let ca = settings.ca.as_ref();
+            let rustls = tls::client_config(mode, ca).map_err(PgError::Other)?;
+            let make = tls::MakeRustls(rustls);
+            let (client, connection) = start(&config, make, &target, mode, ca).await?;
+            (client, drive(connection, target.clone(), notify))
+        }
+    };
+    if let Err(e) = check_synchronous_commit(&client, &target).await {
+        driver.abort();
+        return Err(e);
+    }
+    Ok((client, driver))
+}
+
+/// Says once in `bus.log` how this busd reaches PostgreSQL; a warning when
+/// an unencrypted connection leaves the machine.
+fn note_transport(config: &Config, mode: tls::Mode, ca: Option<&tls::CaFile>, target: &str) {
+    match (mode, ca) {
+        (tls::Mode::Disable, _) if tls::leaves_the_machine(config) => tracing::warn!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: the connection is not encrypted (no sslmode, or \
+             sslmode=disable): the network path sees events and queries; outside a private \
+             network use sslmode=verify-full"
+        ),
+        (tls::Mode::Disable, _) => {
+            tracing::info!(target: "busd::postgres", "PostgreSQL at {target}: without TLS")
+        }
+        (_, Some(ca)) => tracing::info!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: TLS, sslmode={}, CA file {}",
+            mode.as_str(),
+            ca.path().display()
+        ),
+        (_, None) => tracing::info!(
+            target: "busd::postgres",
+            "PostgreSQL at {target}: TLS, sslmode={}",
+            mode.as_str()
+        ),
+    }
+}
+
+/// Connects within [`STARTUP_TIMEOUT`], the failure classified.
+async fn start<T>(
+    config: &Config,
+    tls: T,
+    target: &str,
+    mode: tls::Mode,
+    ca: Option<&tls::CaFile>,
+) -> Result<(Client, Connection<Socket, T::Stream>), PgError>
+where
+    T: MakeTlsConnect<Socket>,
+    T::TlsConnect: Send,
+    T::Stream: Send,
+    <T::TlsConnect as tokio_postgres::tls::TlsConnect<Socket>>::Future: Send,
+{
+    tokio::time::timeout(STARTUP_TIMEOUT, config.connect(tls))
         .await
         .map_err(|_| {
             PgError::Unreachable(format!(
@@ -439,8 +567,48 @@ async fn open(
                 STARTUP_TIMEOUT.as_secs()
             ))
         })?
-        .map_err(|e| PgError::connect(&e, &target))?;
-    let driver = tokio::spawn(async move {
+        .map_err(|e| PgError::connect(&e, target, mode, ca))
+}
+
+/// What `SHOW synchronous_commit` must not say: with `off`, a commit is
+/// answered before its WAL is written, so a server crash loses events the
+/// bus acknowledged (and the owner then reuses their seqs).
+pub(crate) fn lossy_commit(setting: &str) -> Option<String> {
+    (setting.trim().eq_ignore_ascii_case("off")).then(|| {
+        format!(
+            "synchronous_commit is {setting} in busd's session although busd asks for on: \
+             something between busd and the server (a pooler, a forced setting) overrides it, \
+             and an acknowledged event could be lost in a server crash"
+        )
+    })
+}
+
+/// Refuses a session whose commits are not durable when answered (see
+/// [`lossy_commit`]): busd sets `synchronous_commit=on` at start-up
+/// ([`config`]) and checks that it held.
+async fn check_synchronous_commit(client: &Client, target: &str) -> Result<(), PgError> {
+    let row = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .map_err(|e| PgError::query(&e))?;
+    let setting: String = row.try_get(0).map_err(|e| PgError::query(&e))?;
+    match lossy_commit(&setting) {
+        Some(why) => Err(PgError::Config(format!("PostgreSQL at {target}: {why}"))),
+        None => Ok(()),
+    }
+}
+
+/// The task that drives `connection`: notices logged, notifications to
+/// `notify`.
+fn drive<S>(
+    mut connection: Connection<Socket, S>,
+    target: String,
+    notify: Option<mpsc::Sender<String>>,
+) -> Driver
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
         loop {
             match poll_fn(|cx| connection.poll_message(cx)).await {
                 None => return Ok(()),
@@ -458,6 +626,5 @@ async fn open(
                 Some(Err(e)) => return Err(PgError::query(&e)),
             }
         }
-    });
-    Ok((client, driver))
+    })
 }

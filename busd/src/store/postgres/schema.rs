@@ -25,11 +25,12 @@ use tokio_postgres::Client;
 use super::PgError;
 
 /// The newest schema version this busd knows.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 5;
 
-/// The advisory lock that serializes migrations ("dws-schm" in ASCII). The
-/// lease's keys come from `hashtextextended(cluster, 0)`; a collision with
-/// this constant would only make a migration wait for a lease holder.
+/// The advisory lock that serializes migrations ("dws-schm" in ASCII). A
+/// busd before schema version 4 held a session advisory lock keyed by
+/// `hashtextextended(cluster, 0)` as its lease; a collision with this
+/// constant would only make a migration wait for such a lease holder.
 pub const MIGRATION_LOCK_KEY: i64 = 0x6477_732d_7363_686d;
 
 /// How long a start waits for another host's migration.
@@ -174,7 +175,39 @@ ALTER TABLE dws_claim ADD COLUMN done boolean NOT NULL DEFAULT false;
 CREATE INDEX dws_claim_held ON dws_claim (cluster, host) WHERE NOT done;
 "#;
 
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
+/// Migration 4: the upstream lease as a time-bounded row (lease.rs), and
+/// the idempotency key of a forwarded publish (inbox.rs).
+const V4: &str = r#"
+-- lease: the owner's lease expires on the database's clock unless renewed;
+-- owner_pid/owner_backend_start name its lease session, whose end frees it.
+ALTER TABLE dws_cluster ADD COLUMN lease_expires_at timestamptz;
+ALTER TABLE dws_cluster ADD COLUMN owner_pid integer;
+ALTER TABLE dws_cluster ADD COLUMN owner_backend_start timestamptz;
+-- A forwarded publish's idempotency key, chosen by the publishing host: a
+-- push whose answer was lost is found again by it, never pushed twice.
+ALTER TABLE dws_inbox ADD COLUMN key text;
+CREATE UNIQUE INDEX dws_inbox_key ON dws_inbox (cluster, key) WHERE key IS NOT NULL;
+"#;
+
+/// Migration 5: shared delivery under faults. A claim belongs to one host
+/// *incarnation* (a random id per busd start, registered in `dws_host`): a
+/// restarted host never renews its dead incarnation's claims, they expire.
+/// A claim row can also record a loss: an event retention evicted before
+/// any host delivered it (`lost`, done), reported once by a gap on the
+/// host that takes it (`reported`).
+const V5: &str = r#"
+-- shared: claims per host incarnation; losses to retention as claim rows.
+ALTER TABLE dws_host ADD COLUMN incarnation text NOT NULL DEFAULT '';
+ALTER TABLE dws_claim ADD COLUMN incarnation text NOT NULL DEFAULT '';
+ALTER TABLE dws_claim ADD COLUMN lost boolean NOT NULL DEFAULT false;
+ALTER TABLE dws_claim ADD COLUMN reported boolean NOT NULL DEFAULT false;
+DROP INDEX dws_claim_held;
+CREATE INDEX dws_claim_held ON dws_claim (cluster, incarnation) WHERE NOT done;
+CREATE INDEX dws_claim_unreported ON dws_claim (cluster, subscription)
+    WHERE lost AND NOT reported;
+"#;
+
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The refusal of a database newer than this binary.
 pub(crate) fn too_new(found: u32) -> Option<PgError> {

@@ -3,10 +3,17 @@
 //! ```toml
 //! [profiles.team]
 //! store = "postgres"
-//! postgres_url_file = "/home/me/.dws/pg.url"   # 0600: postgres://USER:PASSWORD@HOST:PORT/DB
+//! postgres_url_file = "/home/me/.dws/pg.url"   # 0600: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full
+//! postgres_ca_file = "/home/me/.dws/pg-ca.pem" # the CA that signed the server's certificate (PEM)
 //! cluster = "team"                             # default: the profile name
 //! cluster_host = "laptop"                      # default: the machine's host name
+//! cluster_lease = "10s"                        # default 10s; DWS_CLUSTER_LEASE overrides
 //! ```
+//!
+//! `cluster_lease` bounds how long the upstream owner keeps the lease
+//! without renewing it on the database's clock (a frozen or cut-off owner
+//! loses it after that long, and a follower takes over within about 2 s
+//! more); [`LEASE_MIN`] to [`LEASE_MAX`].
 //!
 //! The URL is a secret like every other: from `DWS_POSTGRES_URL`, or from
 //! the file `postgres_url_file` names (refused unless 0600 and ours, the
@@ -14,10 +21,17 @@
 //! in an error. This host's name in the cluster is `DWS_CLUSTER_HOST`, else
 //! `cluster_host`, else the machine's host name (several "hosts" may run on
 //! one machine, as the tests do); names follow the profile-name rule.
+//!
+//! The CA file (`DWS_POSTGRES_CA_FILE`, else `postgres_ca_file`, relative
+//! to the config dir) is not a secret: any mode, read once at start; it is
+//! used by `sslmode=verify-full` alone, and refused with any other mode
+//! (see `tls`).
+
+use std::{path::PathBuf, time::Duration};
 
 use proto::limits::quoted;
 
-use super::PgSettings;
+use super::{tls::CaFile, PgSettings};
 use crate::section::{ConfigError, SectionReader};
 
 /// Reads and checks the settings: the URL present and well-formed, the
@@ -58,9 +72,54 @@ pub fn settings(r: &mut SectionReader<'_>) -> Result<PgSettings, ConfigError> {
         (None, Some(h)) => valid_host(&h, &r.in_file("cluster_host"))?,
         (None, None) => host_name()?,
     };
-    let settings = PgSettings { url, cluster, host };
+    let ca = match (&r.env.postgres_ca_file, r.section.postgres_ca_file.take()) {
+        (Some(f), _) => Some(("DWS_POSTGRES_CA_FILE".to_owned(), PathBuf::from(f))),
+        (None, Some(f)) => Some((r.in_file("postgres_ca_file"), r.path_of(f))),
+        (None, None) => None,
+    };
+    let ca = ca
+        .map(|(from, f)| CaFile::load(&f).map_err(|e| ConfigError::Invalid(format!("{from}: {e}"))))
+        .transpose()?;
+    let lease = match (&r.env.cluster_lease, r.section.cluster_lease.take()) {
+        (Some(v), _) => lease_bound(v, "DWS_CLUSTER_LEASE")?,
+        (None, Some(v)) => lease_bound(&v, &r.in_file("cluster_lease"))?,
+        (None, None) => LEASE_DEFAULT,
+    };
+    let settings = PgSettings {
+        url,
+        cluster,
+        host,
+        ca,
+        lease,
+    };
     super::config(&settings, "check").map_err(|e| ConfigError::Invalid(format!("{from}: {e}")))?;
     Ok(settings)
+}
+
+/// The lease's default bound.
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(10);
+/// The shortest lease: a renewal every second must fit it several times.
+pub const LEASE_MIN: Duration = Duration::from_secs(2);
+/// The longest lease: a frozen owner holds the upstream at most this long.
+pub const LEASE_MAX: Duration = Duration::from_secs(600);
+
+/// A lease bound (`value`, from `from`), within [`LEASE_MIN`]..=[`LEASE_MAX`].
+pub fn lease_bound(value: &str, from: &str) -> Result<Duration, ConfigError> {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| {
+        ConfigError::Invalid(format!(
+            "{from} = {}: not a duration ({e}); use e.g. \"10s\"",
+            quoted(value)
+        ))
+    })?;
+    if !(LEASE_MIN..=LEASE_MAX).contains(&d) {
+        return Err(ConfigError::Invalid(format!(
+            "{from} = {}: use {}s to {}s",
+            quoted(value),
+            LEASE_MIN.as_secs(),
+            LEASE_MAX.as_secs()
+        )));
+    }
+    Ok(d)
 }
 
 /// `name` (from `from`) if it follows the profile-name rule.
@@ -95,7 +154,8 @@ fn host_name() -> Result<String, ConfigError> {
 mod tests {
     use std::{os::unix::fs::PermissionsExt, path::Path};
 
-    use crate::profile::{load_profile, ConfigError, EnvOverrides, SectionReader};
+    use crate::profile::load_profile;
+    use crate::section::{ConfigError, EnvOverrides, SectionReader};
 
     const CANARY: &str = "S3cretCanary";
 
@@ -223,6 +283,68 @@ mod tests {
         };
         let e = load(tmp.path(), &env);
         assert!(e.to_string().starts_with("DWS_POSTGRES_URL: "), "{e}");
+    }
+
+    #[test]
+    fn postgres_ca_file_comes_from_the_env_or_the_file_and_must_hold_a_certificate() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(tmp.path(), "ca.pem", super::super::tests_tls::CA_PEM, 0o644);
+        write(tmp.path(), "other.pem", "no certificate here\n", 0o644);
+        let env = EnvOverrides {
+            postgres_url: Some("postgres://dws:pw@db/dws?sslmode=verify-full".into()),
+            ..EnvOverrides::default()
+        };
+        let s = settings(tmp.path(), "", &env).unwrap();
+        assert!(s.ca.is_none());
+        // Relative to the config dir; not a secret, so 0644 is fine.
+        let s = settings(tmp.path(), "postgres_ca_file = \"ca.pem\"", &env).unwrap();
+        assert_eq!(s.ca.unwrap().path(), tmp.path().join("ca.pem"));
+        let e = settings(tmp.path(), "postgres_ca_file = \"other.pem\"", &env).unwrap_err();
+        assert!(matches!(e, ConfigError::Invalid(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.starts_with("profiles.team.postgres_ca_file") && e.contains("holds no certificate"),
+            "{e}"
+        );
+        // The environment wins over the file.
+        let with_env = EnvOverrides {
+            postgres_ca_file: Some(tmp.path().join("ca.pem").display().to_string()),
+            ..env.clone()
+        };
+        let s = settings(tmp.path(), "postgres_ca_file = \"other.pem\"", &with_env).unwrap();
+        assert!(s.ca.is_some());
+        // A CA file the mode would not use is refused.
+        let plain = EnvOverrides {
+            postgres_url: Some("postgres://dws:pw@db/dws".into()),
+            ..with_env
+        };
+        let e = settings(tmp.path(), "", &plain).unwrap_err().to_string();
+        assert!(e.contains("add sslmode=verify-full"), "{e}");
+    }
+
+    #[test]
+    fn postgres_cluster_lease_comes_from_the_env_or_the_file_within_bounds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let env = EnvOverrides {
+            postgres_url: Some("postgres://dws:pw@127.0.0.1/dws".into()),
+            ..EnvOverrides::default()
+        };
+        let s = settings(tmp.path(), "", &env).unwrap();
+        assert_eq!(s.lease, super::LEASE_DEFAULT);
+        let s = settings(tmp.path(), "cluster_lease = \"30s\"", &env).unwrap();
+        assert_eq!(s.lease, std::time::Duration::from_secs(30));
+        let with_env = EnvOverrides {
+            cluster_lease: Some("3s".into()),
+            ..env.clone()
+        };
+        let s = settings(tmp.path(), "cluster_lease = \"30s\"", &with_env).unwrap();
+        assert_eq!(s.lease, std::time::Duration::from_secs(3));
+        for bad in ["1s", "11m", "soon"] {
+            let e = settings(tmp.path(), &format!("cluster_lease = \"{bad}\""), &env)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("profiles.team.cluster_lease"), "{e}");
+        }
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct PgStore {
     /// Most events the log keeps below its head for other hosts'
     /// subscriptions (see [`PgStore::with_hold_cap`]).
     hold_cap: u64,
+    /// The oldest seq in the log, as last read (`Store::retained_from`).
+    retained_from: Option<u64>,
 }
 
 /// The hard cap of what hosts' subscriptions hold back, in multiples of the
@@ -115,6 +117,7 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         shared: record.shared,
         backoff_ms: record.backoff_ms.clone(),
         delayed: vec![],
+        shared_from: record.shared_from,
     }
 }
 
@@ -379,6 +382,7 @@ impl PgStore {
             conn: None,
             saved: BTreeSet::new(),
             hold_cap: u64::MAX,
+            retained_from: None,
         }
     }
 
@@ -553,16 +557,24 @@ impl Store for PgStore {
     }
 
     fn release_below(&mut self, seq: u64) -> Result<(), StoreError> {
-        if self.epoch.load(Ordering::Acquire) <= 0 {
-            return Ok(());
-        }
+        // Only the owner deletes; every host learns where the log starts
+        // (its dedup window keeps the ids of what is still there).
+        let owner = self.epoch.load(Ordering::Acquire) > 0;
         let cap = self.hold_cap;
-        on_conn!(self, |client, settings| release(
-            &*client,
-            &settings.cluster,
-            seq,
-            cap
-        ))
+        let oldest = on_conn!(self, |client, settings| async move {
+            if owner {
+                release(&*client, &settings.cluster, seq, cap).await?;
+            }
+            log::oldest_seq(&*client, &settings.cluster).await
+        })?;
+        if oldest.is_some() {
+            self.retained_from = oldest;
+        }
+        Ok(())
+    }
+
+    fn retained_from(&self) -> Option<u64> {
+        self.retained_from
     }
 
     fn info(&self) -> StoreInfo {

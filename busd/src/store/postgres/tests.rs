@@ -10,7 +10,7 @@ use tokio_postgres::error::SqlState;
 
 use super::{
     class_of, config, connect,
-    lease::{check_epoch, fenced, judge, Lease, LeaseSession, LeaseTiming},
+    lease::{check_epoch, fenced, fenced_at, judge, Lease, LeaseSession, LeaseTiming},
     schema::{self, migrate, SCHEMA_VERSION},
     Class, PgError, PgSettings,
 };
@@ -23,6 +23,8 @@ pub(super) fn settings(url: &str, host: &str) -> PgSettings {
         url: Secret::new(url),
         cluster: "c1".into(),
         host: host.into(),
+        ca: None,
+        lease: Duration::from_secs(10),
     }
 }
 
@@ -37,6 +39,7 @@ pub(super) fn quick() -> LeaseTiming {
         retry: Duration::from_millis(50),
         heartbeat: Duration::from_millis(100),
         answer_within: Duration::from_secs(2),
+        bound: Duration::from_secs(10),
     }
 }
 
@@ -97,8 +100,8 @@ fn postgres_url_errors_are_config_errors_that_never_echo_the_input() {
         ),
         (CANARY.to_string(), "unexpected EOF"),
         (
-            format!("postgres://dws:{CANARY}@127.0.0.1/dws?sslmode=require"),
-            "sslmode=require",
+            format!("postgres://dws:{CANARY}@127.0.0.1/dws?sslmode=prefer"),
+            "sslmode=prefer",
         ),
         (format!("postgres://dws:{CANARY}@/dws"), "no host"),
     ] {
@@ -165,11 +168,28 @@ fn postgres_errors_map_to_the_start_exit_codes() {
 
 #[test]
 fn postgres_lease_judgements() {
-    assert_eq!(judge(10, 3, 10, Some(3)), None);
-    assert!(judge(10, 3, 11, Some(3)).unwrap().contains("pooler"));
-    assert!(judge(10, 3, 10, Some(4)).unwrap().contains("epoch 4"));
+    assert_eq!(judge(10, 3, 10, Some(3), true), None);
+    assert!(judge(10, 3, 11, Some(3), true).unwrap().contains("pooler"));
+    assert!(judge(10, 3, 10, Some(4), false)
+        .unwrap()
+        .contains("epoch 4"));
+    assert!(judge(10, 3, 10, Some(3), false)
+        .unwrap()
+        .contains("expired"));
     assert!(fenced(3, None).unwrap().contains("gone"));
     assert_eq!(fenced(7, Some(7)), None);
+    assert_eq!(fenced_at(7, Some((7, true))), None);
+    assert!(fenced_at(7, Some((7, false))).unwrap().contains("expired"));
+    assert!(fenced_at(7, Some((8, true))).unwrap().contains("epoch 8"));
+    assert!(super::lossy_commit("off").is_some());
+    for fine in ["on", "local", "remote_write", "remote_apply"] {
+        assert_eq!(super::lossy_commit(fine), None, "{fine}");
+    }
+    let t = LeaseTiming::for_bound(Duration::from_secs(2));
+    assert!(
+        t.heartbeat * 2 <= t.bound && t.answer_within < t.bound,
+        "{t:?}"
+    );
 }
 
 #[test]
@@ -207,7 +227,10 @@ async fn postgres_migrations_are_idempotent_and_safe_when_hosts_start_together()
     assert_eq!(
         server
             .psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM dws_schema_version"),
-        "1,2,3"
+        (1..=SCHEMA_VERSION)
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     );
     assert_eq!(
         psql_count(
@@ -269,11 +292,11 @@ async fn postgres_lease_has_one_owner_and_a_takeover_fences_the_old_one() {
         server.psql("SELECT owner_host || ' ' || epoch FROM dws_cluster WHERE cluster = 'c1'"),
         "a 1"
     );
-    // Only a's lease session holds the lock, not b's contending one.
+    // The lease row names a's lease session, not b's contending one.
     assert_eq!(
         server.psql(
-            "SELECT string_agg(a.application_name, ',') FROM pg_locks l \
-             JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND l.granted"
+            "SELECT a.application_name FROM dws_cluster c \
+             JOIN pg_stat_activity a ON a.pid = c.owner_pid WHERE c.cluster = 'c1'"
         ),
         "busd/c1/a/lease"
     );
@@ -376,6 +399,18 @@ async fn postgres_lease_is_lost_when_the_server_restarts() {
         other => panic!("{:?}", other.err()),
     }
     tokio::task::block_in_place(|| server.start_again());
+    // The server restarted since a's session began: another host may not
+    // take the unexpired lease, a takes it back.
+    let b = settings(&server.url(), "b");
+    match LeaseSession::open(&b)
+        .await
+        .unwrap()
+        .try_acquire(quick())
+        .await
+    {
+        Ok(Err(_)) => {}
+        _ => panic!("b took a lease whose owner only lost its session to a restart"),
+    }
     let again = within(
         "the lease is taken again",
         Lease::acquire_or_wait(&a, quick()),
@@ -383,6 +418,49 @@ async fn postgres_lease_is_lost_when_the_server_restarts() {
     .await
     .unwrap();
     assert_eq!(again.epoch(), 2);
+}
+
+/// An owner whose lease ran out on the database's clock (here: moved into
+/// the past, as a frozen owner's would) is fenced at once, learns it at its
+/// next renewal, and a contender takes the lease although the owner's
+/// session is alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_expired_lease_fences_its_owner_and_is_taken_over() {
+    let server = tokio::task::block_in_place(PgServer::start);
+    let (a, b) = (settings(&server.url(), "a"), settings(&server.url(), "b"));
+    let (mut store, _driver) = connect(&a, "store").await.unwrap();
+    migrate(&mut store).await.unwrap();
+    let slow = LeaseTiming {
+        heartbeat: Duration::from_secs(3),
+        ..quick()
+    };
+    let lease_a = Lease::acquire_or_wait(&a, slow).await.unwrap();
+    let session_b = match LeaseSession::open(&b)
+        .await
+        .unwrap()
+        .try_acquire(quick())
+        .await
+    {
+        Ok(Err(back)) => back,
+        _ => panic!("b took a live lease"),
+    };
+    server.psql(
+        "UPDATE dws_cluster SET lease_expires_at = clock_timestamp() - interval '1 second' \
+         WHERE cluster = 'c1'",
+    );
+    let tx = store.transaction().await.unwrap();
+    match check_epoch(&tx, "c1", lease_a.epoch()).await {
+        Err(PgError::Fenced(m)) => assert!(m.contains("expired"), "{m}"),
+        other => panic!("an expired lease could append: {other:?}"),
+    }
+    drop(tx);
+    let lease_b = match session_b.try_acquire(quick()).await {
+        Ok(Ok(lease)) => lease,
+        _ => panic!("b could not take an expired lease"),
+    };
+    assert_eq!(lease_b.epoch(), lease_a.epoch() + 1);
+    let why = within("a notices its lost lease", lease_a.lost()).await;
+    assert!(why.contains("epoch 2"), "{why}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -196,7 +196,7 @@ async fn postgres_log_delete_below_works_in_batches_and_keeps_the_head() {
     let server = tokio::task::block_in_place(PgServer::start);
     let (mut c, _d) = store_conn(&server, "a").await;
     log::cluster_row(&c, "c1").await.unwrap();
-    server.psql("UPDATE dws_cluster SET epoch = 7 WHERE cluster = 'c1'");
+    server.psql("UPDATE dws_cluster SET epoch = 7, lease_expires_at = now() + interval '1 hour' WHERE cluster = 'c1'");
     let n = 2 * log::DELETE_BATCH as u64 + 500;
     let batch: Vec<_> = (1..=n)
         .map(|s| {
@@ -256,7 +256,7 @@ async fn postgres_inbox_rows_are_taken_once_finished_and_retaken_after_a_takeove
     let mut ids = vec![];
     for i in 0..60 {
         ids.push(
-            inbox::push(&pusher, "c1", "b", &new_event(i))
+            inbox::push(&pusher, "c1", "b", &format!("k{i}"), &new_event(i))
                 .await
                 .unwrap(),
         );
@@ -269,7 +269,7 @@ async fn postgres_inbox_rows_are_taken_once_finished_and_retaken_after_a_takeove
     let taker = |mut c: Client| async move {
         let mut got = vec![];
         loop {
-            let batch = inbox::take(&mut c, "c1", epoch, 7).await.unwrap();
+            let batch = inbox::take(&mut c, "c1", epoch, 7, false).await.unwrap();
             if batch.is_empty() {
                 return (c, got);
             }
@@ -281,11 +281,12 @@ async fn postgres_inbox_rows_are_taken_once_finished_and_retaken_after_a_takeove
     let (c2, _d2) = connect(&settings(&server, "a"), "t2").await.unwrap();
     let (r1, r2) = tokio::join!(tokio::spawn(taker(c1)), tokio::spawn(taker(c2)));
     let ((mut c1, got1), (_c2, got2)) = (r1.unwrap(), r2.unwrap());
-    let mut all: Vec<i64> = got1.iter().chain(&got2).map(|(id, _)| *id).collect();
+    let mut all: Vec<i64> = got1.iter().chain(&got2).map(|(id, _, _)| *id).collect();
     all.sort();
     assert_eq!(all, ids, "each row exactly once");
-    for (id, ev) in got1.iter().chain(&got2) {
+    for (id, key, ev) in got1.iter().chain(&got2) {
         let i = ids.iter().position(|x| x == id).unwrap();
+        assert_eq!(key.as_deref(), Some(format!("k{i}").as_str()));
         assert_eq!(ev.data, new_event(i).data);
         assert_eq!(ev.headers, new_event(i).headers);
         assert_eq!(ev.event_id, new_event(i).event_id);
@@ -325,7 +326,7 @@ async fn postgres_inbox_rows_are_taken_once_finished_and_retaken_after_a_takeove
     // The owner dies with 49 rows taken and not finished: a wrong epoch
     // takes nothing, the next owner takes them all again.
     assert!(matches!(
-        inbox::take(&mut c1, "c1", epoch + 1, 100).await,
+        inbox::take(&mut c1, "c1", epoch + 1, 100, false).await,
         Err(PgError::Fenced(_))
     ));
     drop(lease_a);
@@ -336,13 +337,45 @@ async fn postgres_inbox_rows_are_taken_once_finished_and_retaken_after_a_takeove
     .await
     .unwrap();
     let (mut cb, _db) = connect(&settings(&server, "b"), "owner").await.unwrap();
-    let again = inbox::take(&mut cb, "c1", lease_b.epoch(), 100)
+    let again = inbox::take(&mut cb, "c1", lease_b.epoch(), 100, false)
         .await
         .unwrap();
-    let again: Vec<i64> = again.iter().map(|(id, _)| *id).collect();
+    let again: Vec<i64> = again.iter().map(|(id, _, _)| *id).collect();
     assert_eq!(again, ids[11..].to_vec());
+    // Not again under the same epoch, unless asked (a new session of the
+    // same owner takes what its broken one did not finish).
+    assert!(inbox::take(&mut cb, "c1", lease_b.epoch(), 100, false)
+        .await
+        .unwrap()
+        .is_empty());
+    let retaken = inbox::take(&mut cb, "c1", lease_b.epoch(), 100, true)
+        .await
+        .unwrap();
+    assert_eq!(retaken.len(), ids[11..].len());
+    // A push is idempotent by key; a taken row cannot be withdrawn, an
+    // untaken one can, and a withdrawn key is absent.
+    assert_eq!(
+        inbox::push(&pusher, "c1", "b", "k20", &new_event(20)).await,
+        Ok(ids[20])
+    );
+    assert_eq!(
+        inbox::withdraw(&pusher, "c1", "k20").await,
+        Ok(inbox::Withdrawal::Taken)
+    );
+    let fresh = inbox::push(&pusher, "c1", "b", "k-new", &new_event(1))
+        .await
+        .unwrap();
+    assert!(fresh > ids[59]);
+    assert_eq!(
+        inbox::withdraw(&pusher, "c1", "k-new").await,
+        Ok(inbox::Withdrawal::Withdrawn)
+    );
+    assert_eq!(
+        inbox::withdraw(&pusher, "c1", "k-new").await,
+        Ok(inbox::Withdrawal::Absent)
+    );
     assert!(matches!(
-        inbox::take(&mut c1, "c1", epoch, 100).await,
+        inbox::take(&mut c1, "c1", epoch, 100, false).await,
         Err(PgError::Fenced(_))
     ));
 
@@ -351,7 +384,7 @@ async fn postgres_inbox_rows_are_taken_once_finished_and_retaken_after_a_takeove
         "INSERT INTO dws_inbox (cluster, host, event) \
          VALUES ('c1', 'b', '{\"bogus\": 1, \"data\": 5}')",
     );
-    assert!(inbox::take(&mut cb, "c1", lease_b.epoch(), 100)
+    assert!(inbox::take(&mut cb, "c1", lease_b.epoch(), 100, false)
         .await
         .unwrap()
         .is_empty());
@@ -384,7 +417,7 @@ async fn postgres_listen_gets_the_log_and_inbox_notifications() {
     .await
     .unwrap();
     log::cluster_row(&c, "c1").await.unwrap();
-    server.psql("UPDATE dws_cluster SET epoch = 3 WHERE cluster = 'c1'");
+    server.psql("UPDATE dws_cluster SET epoch = 3, lease_expires_at = now() + interval '1 hour' WHERE cluster = 'c1'");
     log::append(&mut c, "c1", 3, &evs(1..=4, "n"))
         .await
         .unwrap();
@@ -398,7 +431,9 @@ async fn postgres_listen_gets_the_log_and_inbox_notifications() {
         .unwrap();
     assert_eq!(within("next", rx.recv()).await.unwrap(), "c1:5");
 
-    let id = inbox::push(&c, "c1", "b", &new_event(1)).await.unwrap();
+    let id = inbox::push(&c, "c1", "b", "k1", &new_event(1))
+        .await
+        .unwrap();
     assert_eq!(within("push", rx.recv()).await.unwrap(), "c1");
     inbox::finish(&c, "c1", &[(id, done(6))]).await.unwrap();
     assert_eq!(within("finish", rx.recv()).await.unwrap(), "c1");
@@ -409,9 +444,13 @@ async fn postgres_listen_gets_the_log_and_inbox_notifications() {
 async fn postgres_hosts_register_beat_and_leave() {
     let server = tokio::task::block_in_place(PgServer::start);
     let (c, _d) = store_conn(&server, "a").await;
-    hosts::register(&c, "c1", "b", 22, "build-b").await.unwrap();
-    hosts::register(&c, "c1", "a", 11, "build-a").await.unwrap();
-    hosts::register(&c, "c2", "z", 1, "other cluster")
+    hosts::register(&c, "c1", "b", 22, "build-b", "i-b")
+        .await
+        .unwrap();
+    hosts::register(&c, "c1", "a", 11, "build-a", "i-a")
+        .await
+        .unwrap();
+    hosts::register(&c, "c2", "z", 1, "other cluster", "i-z")
         .await
         .unwrap();
     server.psql("UPDATE dws_host SET heartbeat_at = now() - interval '5 s' WHERE host = 'a'");
@@ -428,7 +467,7 @@ async fn postgres_hosts_register_beat_and_leave() {
     assert_eq!(hosts::heartbeat(&c, "c1", "a").await, Ok(true));
     assert!(hosts::list(&c, "c1").await.unwrap()[0].heartbeat_age_ms < 4_900);
     // A restart replaces the row.
-    hosts::register(&c, "c1", "a", 12, "build-a2")
+    hosts::register(&c, "c1", "a", 12, "build-a2", "i-a2")
         .await
         .unwrap();
     assert_eq!(hosts::list(&c, "c1").await.unwrap()[0].pid, 12);

@@ -48,6 +48,7 @@ fn evs(seqs: std::ops::RangeInclusive<u64>) -> Vec<Arc<LoggedEvent>> {
 fn sub(id: &str, cursor: u64) -> SubRecord {
     SubRecord {
         shared: false,
+        shared_from: 0,
         id: id.into(),
         patterns: vec!["a.*".into()],
         filter: String::new(),
@@ -129,14 +130,14 @@ fn postgres_store_recovers_its_log_and_snapshot_and_shares_definitions() {
         other => panic!("{other:?}"),
     }
     assert_eq!(a.append(&[]), Ok(()));
-    server.psql("UPDATE dws_cluster SET epoch = 4, owner_host = 'a' WHERE cluster = 'c1'");
+    server.psql("UPDATE dws_cluster SET epoch = 4, lease_expires_at = now() + interval '1 hour', owner_host = 'a' WHERE cluster = 'c1'");
     epoch.store(4, Ordering::Release);
     a.append(&evs(1..=3)).unwrap();
     a.append(&evs(4..=4)).unwrap();
     let snap = snapshot(4, vec![sub("k1", 2), sub("k2", 0)]);
     a.save(&snap).unwrap();
     // Another epoch took over: the next append stops the bus.
-    server.psql("UPDATE dws_cluster SET epoch = 5 WHERE cluster = 'c1'");
+    server.psql("UPDATE dws_cluster SET epoch = 5, lease_expires_at = now() + interval '1 hour' WHERE cluster = 'c1'");
     match a.append(&evs(5..=5)) {
         Err(StoreError::Io(m)) => {
             assert!(m.starts_with(FENCED_PREFIX) && m.contains("epoch 5"), "{m}")
@@ -265,7 +266,7 @@ fn postgres_store_releases_only_as_the_owner_and_keeps_the_head() {
     let server = PgServer::start();
     let (mut a, epoch) = store(&server, "a", 0);
     a.recover().unwrap();
-    server.psql("UPDATE dws_cluster SET epoch = 1 WHERE cluster = 'c1'");
+    server.psql("UPDATE dws_cluster SET epoch = 1, lease_expires_at = now() + interval '1 hour' WHERE cluster = 'c1'");
     epoch.store(1, Ordering::Release);
     a.append(&evs(1..=10)).unwrap();
     a.release_below(4).unwrap();
@@ -300,7 +301,7 @@ async fn postgres_store_works_inside_a_runtime_and_reconnects() {
     // busd calls recover and the first save from its start-up task.
     a.recover().unwrap();
     a.save(&snapshot(0, vec![sub("k", 0)])).unwrap();
-    server.psql("UPDATE dws_cluster SET epoch = 2 WHERE cluster = 'c1'");
+    server.psql("UPDATE dws_cluster SET epoch = 2, lease_expires_at = now() + interval '1 hour' WHERE cluster = 'c1'");
     epoch.store(2, Ordering::Release);
     a.append(&evs(1..=1)).unwrap();
     // The database ends the store's session while it is idle: the next

@@ -1,0 +1,629 @@
+//! TLS to PostgreSQL: the URL's `sslmode` ([`split_sslmode`], [`Mode`]),
+//! the CA file of `postgres_ca_file` ([`CaFile`]), the rustls connector
+//! handed to `tokio-postgres` ([`MakeRustls`]) and what a failed handshake
+//! means ([`handshake_failure`]).
+//!
+//! The rules (README "Several hosts"):
+//! - `sslmode=disable`, or no `sslmode` at all: no TLS, as before TLS was
+//!   supported. libpq's default `prefer` (and `allow`) is refused: it falls
+//!   back to plaintext without saying so, which protects against nobody who
+//!   can touch the network path, yet reads as if it did.
+//! - `sslmode=require`: encrypted, the certificate not verified (libpq's
+//!   meaning, kept so that a URL works as it does with `psql`); the
+//!   handshake's signatures are still checked against the certificate.
+//! - `sslmode=verify-full`: the certificate must chain to a CA of
+//!   `postgres_ca_file` (else to the bundled Mozilla roots) and name the
+//!   URL's host.
+//! - `verify-ca` is refused: it checks the chain but not the name, so any
+//!   certificate of the same CA would do; use `verify-full`.
+//! - A CA file with anything but `verify-full` is refused (it would not be
+//!   used), and so are the libpq file options in the URL (`sslrootcert`,
+//!   `sslcert`, `sslkey`, …): the CA file is a profile key.
+//! - Hosts that are all Unix sockets are reached without TLS, as libpq does:
+//!   PostgreSQL has no TLS there, and nothing leaves the machine.
+//!
+//! Every refusal and every handshake failure that is not a broken
+//! connection is a configuration error (exit 2); nothing here names the
+//! URL or its password.
+
+use std::{
+    fmt,
+    future::Future,
+    io,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use rustls::{
+    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider},
+    pki_types::{pem::PemObject, CertificateDer, ServerName, UnixTime},
+    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+use tokio_rustls::TlsConnector;
+
+/// What the URL's `sslmode` asks for, as busd understands it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No TLS (`disable`, or no `sslmode`).
+    Disable,
+    /// TLS, the certificate not verified (libpq's `require`).
+    Require,
+    /// TLS, the certificate verified: chain and host name.
+    VerifyFull,
+}
+
+impl Mode {
+    /// The URL's `sslmode` value (`None`: absent) as a mode, or why it is
+    /// refused.
+    pub fn parse(value: Option<&str>) -> Result<Mode, String> {
+        match value {
+            None | Some("disable") => Ok(Mode::Disable),
+            Some("require") => Ok(Mode::Require),
+            Some("verify-full") => Ok(Mode::VerifyFull),
+            Some("verify-ca") => Err(
+                "sslmode=verify-ca is not supported: it checks the certificate's CA but not its \
+                 host name; use sslmode=verify-full (with postgres_ca_file for a private CA)"
+                    .into(),
+            ),
+            Some(m @ ("prefer" | "allow")) => Err(format!(
+                "sslmode={m} is not supported: it falls back to an unencrypted connection without \
+                 saying so; use sslmode=verify-full (or require, or disable on a private network)"
+            )),
+            Some(_) => {
+                Err("sslmode has an unknown value; use disable, require or verify-full".into())
+            }
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Disable => "disable",
+            Mode::Require => "require",
+            Mode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// Whether a connection of `config` would leave the machine: a TCP host
+/// (or `hostaddr`) that is not loopback (`localhost`, `127.0.0.0/8`, `::1`).
+pub fn leaves_the_machine(config: &tokio_postgres::Config) -> bool {
+    let loopback = |h: &str| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    config.get_hostaddrs().iter().any(|ip| !ip.is_loopback())
+        || (config.get_hostaddrs().is_empty()
+            && config.get_hosts().iter().any(|h| match h {
+                tokio_postgres::config::Host::Tcp(name) => !loopback(name),
+                tokio_postgres::config::Host::Unix(_) => false,
+            }))
+}
+
+/// libpq options of the URL that busd does not read: TLS material is not
+/// taken from the URL.
+const UNSUPPORTED: &[&str] = &[
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requiressl",
+];
+
+/// The URL without its `sslmode` option(s), and the last `sslmode` value
+/// (libpq's rule: the last one counts), for both URL forms
+/// (`postgres://…?sslmode=…` and `key=value`), scanned the way
+/// `tokio-postgres` parses them. A string that does not scan is returned
+/// unchanged for `tokio-postgres` to refuse. `Err` names a libpq TLS option
+/// busd does not take from the URL.
+pub fn split_sslmode(url: &str) -> Result<(String, Option<String>), String> {
+    let uri = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let scanned = if uri {
+        scan_uri(url)
+    } else {
+        scan_key_values(url)
+    };
+    let Some(options) = scanned else {
+        return Ok((url.to_owned(), None));
+    };
+    if let Some(k) = options
+        .iter()
+        .find_map(|o| UNSUPPORTED.iter().find(|k| **k == o.key))
+    {
+        return Err(format!(
+            "the URL sets {k}, which busd does not read: give the CA certificate file as \
+             postgres_ca_file (or DWS_POSTGRES_CA_FILE); client certificates are not supported"
+        ));
+    }
+    let mode = options
+        .iter()
+        .rfind(|o| o.key == "sslmode")
+        .map(|o| o.value.clone());
+    if mode.is_none() {
+        return Ok((url.to_owned(), None));
+    }
+    let kept = options.iter().filter(|o| o.key != "sslmode");
+    let out = if uri {
+        // Everything up to the query, then the other options.
+        let head = options.first().map_or(url.len(), |o| o.span.0);
+        let rest: Vec<&str> = kept.map(|o| &url[o.span.0..o.span.1]).collect();
+        let head = &url[..head];
+        if rest.is_empty() {
+            head.trim_end_matches('?').to_owned()
+        } else {
+            format!("{head}{}", rest.join("&"))
+        }
+    } else {
+        let rest: Vec<&str> = kept.map(|o| &url[o.span.0..o.span.1]).collect();
+        rest.join(" ")
+    };
+    Ok((out, mode))
+}
+
+/// One option of a URL: its key and value (decoded) and the byte span to
+/// cut to remove it.
+struct Opt {
+    key: String,
+    value: String,
+    span: (usize, usize),
+}
+
+/// The query options of a `postgres://` URL (after the credentials' `@`,
+/// after the first `?`), each span an `&`-separated segment.
+fn scan_uri(url: &str) -> Option<Vec<Opt>> {
+    let after_creds = url.find('@').map_or(0, |i| i + 1);
+    let Some(q) = url[after_creds..].find('?').map(|i| after_creds + i + 1) else {
+        return Some(vec![]);
+    };
+    let mut out = vec![];
+    let mut start = q;
+    while start < url.len() {
+        let end = url[start..].find('&').map_or(url.len(), |i| start + i);
+        let (k, v) = url[start..end].split_once('=')?;
+        let decode = |s: &str| {
+            percent_decode(s)
+                .and_then(|b| String::from_utf8(b).ok())
+                .unwrap_or_default()
+        };
+        out.push(Opt {
+            key: decode(k),
+            value: decode(v),
+            span: (start, end),
+        });
+        start = end + 1;
+    }
+    Some(out)
+}
+
+/// `%XX` decoding (as `percent_encoding::percent_decode`: a `%` not
+/// followed by two hex digits stays).
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push(u8::try_from(h * 16 + l).ok()?);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    Some(out)
+}
+
+/// The options of a libpq `key=value` string: `key = value` pairs split by
+/// whitespace, a value plain (backslash escapes) or single-quoted.
+fn scan_key_values(s: &str) -> Option<Vec<Opt>> {
+    let mut it = s.char_indices().peekable();
+    let mut out = vec![];
+    loop {
+        while it.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let Some(&(start, _)) = it.peek() else {
+            return Some(out);
+        };
+        let mut key = String::new();
+        while let Some((_, c)) = it.next_if(|(_, c)| !c.is_whitespace() && *c != '=') {
+            key.push(c);
+        }
+        while it.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        it.next_if(|(_, c)| *c == '=')?;
+        while it.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        let quoted = it.next_if(|(_, c)| *c == '\'').is_some();
+        loop {
+            match it.peek().copied() {
+                None if quoted => return None,
+                None => break,
+                Some((_, '\'')) if quoted => {
+                    it.next();
+                    break;
+                }
+                Some((_, c)) if !quoted && c.is_whitespace() => break,
+                Some((_, '\\')) => {
+                    it.next();
+                    if let Some((_, c)) = it.next() {
+                        value.push(c);
+                    }
+                }
+                Some((_, c)) => {
+                    it.next();
+                    value.push(c);
+                }
+            }
+        }
+        if value.is_empty() && !quoted {
+            return None;
+        }
+        let end = it.peek().map_or(s.len(), |&(i, _)| i);
+        out.push(Opt {
+            key,
+            value,
+            span: (start, end),
+        });
+    }
+}
+
+/// The CA certificates of `postgres_ca_file` (PEM), read once at start.
+#[derive(Clone)]
+pub struct CaFile {
+    path: PathBuf,
+    roots: Arc<RootCertStore>,
+}
+
+impl fmt::Debug for CaFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CaFile({})", self.path.display())
+    }
+}
+
+impl CaFile {
+    /// Reads every certificate of the PEM file at `path`; refuses a file
+    /// without one, or with one rustls cannot use as a trust anchor.
+    pub fn load(path: &Path) -> Result<CaFile, String> {
+        let shown = path.display();
+        let pem = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| format!("{shown} is not a PEM certificate file: {e}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("{shown}: a certificate cannot be a CA: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err(format!(
+                "{shown} holds no certificate (expected PEM: -----BEGIN CERTIFICATE-----)"
+            ));
+        }
+        Ok(CaFile {
+            path: path.to_owned(),
+            roots: Arc::new(roots),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// The rustls client configuration for `mode` (not [`Mode::Disable`]): the
+/// `ring` provider, TLS 1.2 and 1.3, no client certificate.
+pub fn client_config(mode: Mode, ca: Option<&CaFile>) -> Result<Arc<ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup failed: {e}"))?;
+    let config = match (mode, ca) {
+        (Mode::VerifyFull, Some(ca)) => builder.with_root_certificates(ca.roots.clone()),
+        (Mode::VerifyFull, None) => {
+            let mut roots = RootCertStore::empty();
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            builder.with_root_certificates(roots)
+        }
+        (Mode::Require | Mode::Disable, _) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider))),
+    };
+    Ok(Arc::new(config.with_no_client_auth()))
+}
+
+/// `sslmode=require`: any certificate is accepted (libpq's meaning); the
+/// handshake's signatures must still be made by its key.
+#[derive(Debug)]
+struct EncryptOnly(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for EncryptOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `tokio-postgres`'s TLS hook over rustls: one [`RustlsConnect`] per
+/// host, named by the URL's host (an IP address is checked as one).
+#[derive(Clone)]
+pub struct MakeRustls(pub Arc<ClientConfig>);
+
+impl<S> MakeTlsConnect<S> for MakeRustls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = RustlsStream<S>;
+    type TlsConnect = RustlsConnect;
+    type Error = io::Error;
+
+    fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, io::Error> {
+        // A Unix-socket host has no name: the server refuses TLS there
+        // first, so the name's absence is reported only if it does not.
+        Ok(RustlsConnect {
+            name: ServerName::try_from(domain.to_owned()).ok(),
+            connector: TlsConnector::from(self.0.clone()),
+        })
+    }
+}
+
+/// The TLS handshake of one connection.
+pub struct RustlsConnect {
+    name: Option<ServerName<'static>>,
+    connector: TlsConnector,
+}
+
+type Handshake<S> = Pin<Box<dyn Future<Output = io::Result<RustlsStream<S>>> + Send>>;
+
+impl<S> TlsConnect<S> for RustlsConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = RustlsStream<S>;
+    type Error = io::Error;
+    type Future = Handshake<S>;
+
+    fn connect(self, stream: S) -> Handshake<S> {
+        Box::pin(async move {
+            let name = self.name.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the host is not a valid TLS server name",
+                )
+            })?;
+            let tls = self.connector.connect(name, stream).await?;
+            Ok(RustlsStream(tls))
+        })
+    }
+}
+
+/// An encrypted session's stream. It offers SCRAM the `tls-server-end-point`
+/// channel binding ([`server_end_point`]), so `channel_binding=require` in
+/// the URL works.
+pub struct RustlsStream<S>(tokio_rustls::client::TlsStream<S>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        let (_, session) = self.0.get_ref();
+        session
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .and_then(|cert| server_end_point(cert))
+            .map_or_else(ChannelBinding::none, ChannelBinding::tls_server_end_point)
+    }
+}
+
+/// RFC 5929 `tls-server-end-point`: the server certificate's hash, by the
+/// hash of its signature algorithm (MD5 and SHA-1 count as SHA-256); `None`
+/// for an algorithm without one (RSA-PSS, Ed25519) or an unreadable
+/// certificate: SCRAM then runs without binding.
+pub fn server_end_point(der: &[u8]) -> Option<Vec<u8>> {
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+    const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
+    const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03];
+    use ring::digest::{SHA256, SHA384, SHA512};
+    let oid = signature_oid(der)?;
+    let (family, last) = oid.split_at_checked(oid.len().checked_sub(1)?)?;
+    let hash = match (family, last) {
+        // md5, sha1, sha256, sha384, sha512 WithRSAEncryption
+        (RSA, [4 | 5 | 11]) => &SHA256,
+        (RSA, [12]) => &SHA384,
+        (RSA, [13]) => &SHA512,
+        _ if oid == ECDSA_SHA1 => &SHA256,
+        (ECDSA_SHA2, [2]) => &SHA256,
+        (ECDSA_SHA2, [3]) => &SHA384,
+        (ECDSA_SHA2, [4]) => &SHA512,
+        _ => return None,
+    };
+    Some(ring::digest::digest(hash, der).as_ref().to_vec())
+}
+
+/// The `signatureAlgorithm` OID (its content bytes) of a DER certificate:
+/// `SEQUENCE { tbsCertificate, SEQUENCE { OID, … }, … }`.
+fn signature_oid(der: &[u8]) -> Option<&[u8]> {
+    let (0x30, cert, _) = tlv(der)? else {
+        return None;
+    };
+    let (_, _, rest) = tlv(cert)?;
+    let (0x30, alg, _) = tlv(rest)? else {
+        return None;
+    };
+    match tlv(alg)? {
+        (0x06, oid, _) => Some(oid),
+        _ => None,
+    }
+}
+
+/// One DER element: its tag, its content and what follows it.
+fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&first, b) = b.split_first()?;
+    let (len, b) = if first < 0x80 {
+        (usize::from(first), b)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let (bytes, rest) = b.split_at_checked(n)?;
+        let len = bytes
+            .iter()
+            .fold(0usize, |acc, &x| (acc << 8) | usize::from(x));
+        (len, rest)
+    };
+    let (content, rest) = b.split_at_checked(len)?;
+    Some((tag, content, rest))
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// What a failed TLS handshake with `target` (`host:port/db`) means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// A configuration that cannot work: exit 2.
+    Config(String),
+    /// The connection broke during the handshake: exit 1, retried.
+    Broken(String),
+}
+
+/// Classifies `e`, a `tokio-postgres` error of kind TLS, under `mode`
+/// with `ca` (for messages).
+pub fn handshake_failure(
+    e: &tokio_postgres::Error,
+    target: &str,
+    mode: Mode,
+    ca: Option<&CaFile>,
+) -> Failure {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let rustls_error = c.downcast_ref::<rustls::Error>().or_else(|| {
+            c.downcast_ref::<io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(r) = rustls_error {
+            return Failure::Config(rustls_failure(r, target, mode, ca));
+        }
+        if let Some(io) = c.downcast_ref::<io::Error>() {
+            if io.kind() == io::ErrorKind::InvalidInput {
+                return Failure::Config(format!(
+                    "PostgreSQL at {target}: sslmode={}: {io}",
+                    mode.as_str()
+                ));
+            }
+            return Failure::Broken(format!(
+                "PostgreSQL at {target}: the connection broke during the TLS handshake: {io}"
+            ));
+        }
+        let text = c.to_string();
+        if text.contains("does not support TLS") {
+            return Failure::Config(format!(
+                "PostgreSQL at {target}: sslmode={} but the server does not offer TLS (its ssl \
+                 setting is off); turn TLS on in the server, or use sslmode=disable on a private \
+                 network",
+                mode.as_str()
+            ));
+        }
+        cause = c.source();
+    }
+    Failure::Config(format!(
+        "PostgreSQL at {target}: the TLS handshake failed (sslmode={}): {e}",
+        mode.as_str()
+    ))
+}
+
+fn rustls_failure(r: &rustls::Error, target: &str, mode: Mode, ca: Option<&CaFile>) -> String {
+    use rustls::CertificateError as C;
+    let roots = ca.map_or_else(
+        || "the bundled public CAs (set postgres_ca_file for a private CA)".to_owned(),
+        |ca| format!("the CA file {}", ca.path().display()),
+    );
+    match r {
+        rustls::Error::InvalidCertificate(
+            C::NotValidForName | C::NotValidForNameContext { .. },
+        ) => {
+            format!(
+                "PostgreSQL at {target}: the server's certificate is not valid for this host name \
+                 (sslmode=verify-full checks it): {r}; connect by a name the certificate lists"
+            )
+        }
+        rustls::Error::InvalidCertificate(_) => format!(
+            "PostgreSQL at {target}: the server's certificate does not verify against {roots}: {r}"
+        ),
+        _ => format!(
+            "PostgreSQL at {target}: the TLS handshake failed (sslmode={}): {r}",
+            mode.as_str()
+        ),
+    }
+}
