@@ -278,7 +278,12 @@ async fn serve(
     let store_dir = endpoint.work_dir.join("store");
     // The epoch this host appends to a cluster's log under (0: not the owner).
     let epoch = Arc::new(AtomicI64::new(0));
-    let mut store = store::open(&profile.store, store_dir, epoch.clone());
+    let mut store = store::open(
+        &profile.store,
+        store_dir,
+        epoch.clone(),
+        args.retention_events,
+    );
     let recovered = store
         .recover()
         .map_err(|e| format!("cannot open the store: {e}"))?;

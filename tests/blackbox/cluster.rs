@@ -9,11 +9,14 @@
 //! dies, the upstream moves to another host), [`fencing`] (the owner loses
 //! its lease, running or frozen), and their harness [`upstream`];
 //! [`faults_lease`] (the time-bounded lease, a crashing server, forwarded
-//! publishes across a restart, a pinned duplicate id).
+//! publishes across a restart, a pinned duplicate id); [`follower`]: a
+//! follower's gaps, cursors and parked events under the owner's retention,
+//! and one definition per subscription cluster-wide.
 
 mod failover;
 mod faults_lease;
 mod fencing;
+mod follower;
 mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};

@@ -788,6 +788,28 @@ impl Child {
         complete.lines().map(str::to_owned).collect()
     }
 
+    /// The complete stderr lines captured so far (the process runs on).
+    pub fn stderr_so_far(&self) -> Vec<String> {
+        let text = self.stderr.text();
+        let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+        complete.lines().map(str::to_owned).collect()
+    }
+
+    /// Waits (up to `timeout`) for a stderr line matching `pred`; `None`
+    /// when none came (the caller's assertion says what was missing).
+    pub fn try_wait_stderr_line(
+        &mut self,
+        timeout: Duration,
+        mut pred: impl FnMut(&str) -> bool,
+    ) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        self.stderr
+            .wait_for(deadline, |lines, _| {
+                lines.iter().find(|l| pred(l)).map(|l| l.to_string())
+            })
+            .ok()
+    }
+
     /// The command line, for messages.
     pub fn display(&self) -> &str {
         &self.display

@@ -21,6 +21,7 @@
 //! Status ([`refresh`]): every second the link reads the cluster's row, its
 //! hosts and their cursors into the hub's status document.
 
+mod define;
 mod forward;
 mod lease;
 mod shared;

@@ -94,12 +94,34 @@ impl Connection {
         }
     }
 
+    /// Subscribe: on a cluster host, claims the definition of a named
+    /// subscription first (and gives it back if it was new and the request
+    /// is refused after all), then [`Self::subscribe_here`].
+    async fn subscribe(&mut self, req: v1::Subscribe) {
+        // A named subscription has one definition cluster-wide: claimed
+        // before anything is bound upstream or created here.
+        let mut claimed = None;
+        if let Some(link) = self.link.clone() {
+            match link.claim_definition(&self.hub, &req).await {
+                Ok(true) => claimed = Some(link),
+                Ok(false) => {}
+                Err(r) => return self.error(req.request_id, r.code, r.message),
+            }
+        }
+        if !self.subscribe_here(&req).await {
+            if let Some(link) = claimed {
+                link.release_definition(req.subscription_id.clone());
+            }
+        }
+    }
+
     /// Subscribe, binding an upstream subscription first when the source has
     /// a control plane. That call may take a while (it is HTTP); it stalls
     /// only this connection, and its refusal is this request's `Error`.
-    async fn subscribe(&mut self, req: v1::Subscribe) {
+    /// Whether the request was answered with `Subscribed`.
+    async fn subscribe_here(&mut self, req: &v1::Subscribe) -> bool {
         let mut upstream_id = None;
-        match (self.hub.upstream_for(&req), &req.upstream) {
+        match (self.hub.upstream_for(req), &req.upstream) {
             (Some(ctl), Some(spec)) => {
                 // Only an explicit TTL bounds the upstream subscription: the
                 // bus's default TTL is about detached *local* subscriptions,
@@ -108,21 +130,25 @@ impl Connection {
                 let ttl = Duration::from_millis(req.ttl_ms);
                 match ctl.acquire(&req.patterns, spec, ttl).await {
                     Ok(id) => upstream_id = Some(id),
-                    Err(r) => return self.error(req.request_id, r.code, r.message),
+                    Err(r) => {
+                        self.error(req.request_id, r.code, r.message);
+                        return false;
+                    }
                 }
             }
             (Some(_), None) => {
-                return self.error(
+                self.error(
                     req.request_id,
                     ErrorCode::BadRequest,
                     format!(
                         "the {} source needs an upstream rule for a new subscription (--rule and its target)",
                         self.hub.config().source_kind
                     ),
-                )
+                );
+                return false;
             }
             (None, Some(_)) if !self.hub.has_upstream_control() => {
-                return self.error(
+                self.error(
                     req.request_id,
                     ErrorCode::BadRequest,
                     format!(
@@ -130,11 +156,12 @@ impl Connection {
                          --group, --query and --filter-json apply to the personal source",
                         self.hub.config().source_kind
                     ),
-                )
+                );
+                return false;
             }
             (None, _) => {}
         }
-        match self.hub.subscribe(self.id, &req, upstream_id) {
+        match self.hub.subscribe(self.id, req, upstream_id) {
             // A named subscription is on disk before anyone is told it exists.
             Ok((reply, save)) => {
                 self.lines = req.attach && req.ndjson_lines;
@@ -142,9 +169,13 @@ impl Connection {
                     req.request_id,
                     save.map(Until::SubsGen),
                     S::Subscribed(reply),
-                )
+                );
+                true
             }
-            Err(r) => self.error(req.request_id, r.code, r.message),
+            Err(r) => {
+                self.error(req.request_id, r.code, r.message);
+                false
+            }
         }
     }
 

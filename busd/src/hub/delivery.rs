@@ -158,14 +158,38 @@ impl Hub {
     /// host that does not own it): they are durable already. Appended to the
     /// log and fanned out like a committed batch; the seq counter and the
     /// dedup window follow them, so this host can take over the log later.
-    /// Events at or below the head (seen already) are skipped.
+    /// Events at or below the head (seen already) are skipped. A batch that
+    /// does not start right after the head found a hole (the owner's
+    /// retention deleted those seqs before this host read them): every
+    /// subscription counts them lost and reports a gap, never a silent skip.
     pub fn replicated(&self, batch: Vec<Arc<LoggedEvent>>) {
         let mut st = self.state();
         let head = st.log.head_seq();
         let batch: Vec<_> = batch.into_iter().filter(|e| e.seq > head).collect();
-        let Some(last) = batch.last().map(|e| e.seq) else {
+        let (Some(first), Some(last)) = (batch.first().map(|e| e.seq), batch.last().map(|e| e.seq))
+        else {
             return;
         };
+        // The consumers of subscriptions told about a hole.
+        let mut told = vec![];
+        if first > head + 1 {
+            tracing::warn!(
+                from_seq = head + 1,
+                to_seq = first - 1,
+                "the cluster log no longer holds these seqs (the owner's retention deleted them \
+                 before this host read them); its subscriptions report them as a gap"
+            );
+            let State { subs, conns, .. } = &mut *st;
+            for sub in subs.values_mut() {
+                if sub.missed(head + 1, first - 1) > 0 {
+                    told.extend(
+                        sub.consumer()
+                            .and_then(|c| conns.get(&c))
+                            .map(|c| c.handle.clone()),
+                    );
+                }
+            }
+        }
         for e in &batch {
             if !e.scope.is_empty() {
                 st.dedup.put((e.scope.clone(), e.event_id.clone()), e.seq);
@@ -173,7 +197,8 @@ impl Hub {
         }
         st.next_seq = st.next_seq.max(last + 1);
         let was_dirty = st.subs_dirty;
-        let (wake, head) = fan_out_locked(&mut st, batch);
+        let (mut wake, head) = fan_out_locked(&mut st, batch);
+        wake.append(&mut told);
         if st.subs_dirty && !was_dirty {
             self.wake_committer();
         }

@@ -36,7 +36,7 @@ impl Hub {
                 }
                 if !expired.is_empty() {
                     st.activity_gen += 1;
-                    st.subs_dirty = true;
+                    self.mark_subs_dirty(&mut st);
                 }
                 let next = st.subs.values().filter_map(Subscription::expires_at).min();
                 (

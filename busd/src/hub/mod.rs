@@ -389,7 +389,7 @@ impl Hub {
 
     pub fn unregister_conn(&self, conn: ConnId) {
         let mut st = self.state();
-        detach_locked(&mut st, conn);
+        self.detach_and_mark(&mut st, conn);
         st.conns.remove(&conn);
         self.touch(&mut st);
     }
@@ -398,8 +398,19 @@ impl Hub {
     /// closing): its in-flight events become pending again for redelivery.
     pub fn detach(&self, conn: ConnId) {
         let mut st = self.state();
-        detach_locked(&mut st, conn);
+        self.detach_and_mark(&mut st, conn);
         self.touch(&mut st);
+    }
+
+    /// [`detach_locked`], waking the committer if that changed a named
+    /// subscription.
+    fn detach_and_mark(&self, st: &mut State, conn: ConnId) {
+        let was_dirty = st.subs_dirty;
+        detach_locked(st, conn);
+        if st.subs_dirty && !was_dirty {
+            st.subs_dirty = false;
+            self.mark_subs_dirty(st);
+        }
     }
 }
 

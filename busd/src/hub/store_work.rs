@@ -140,6 +140,17 @@ impl Hub {
         self.snapshot_locked(&self.state(), false).0
     }
 
+    /// Marks the named subscriptions changed and, when they were not
+    /// already, wakes the committer: it may sleep without a deadline (on a
+    /// cluster follower nothing is ever appended to wake it), and a change
+    /// marked without a wake-up would leave every later one unsaved too.
+    pub(super) fn mark_subs_dirty(&self, st: &mut State) {
+        if !st.subs_dirty {
+            st.subs_dirty = true;
+            self.shared.commit_wake.notify_one();
+        }
+    }
+
     /// The store holds no event below `floor` any more: the dedup window
     /// stops keeping their ids (see `dedup`).
     pub fn store_retains_from(&self, floor: u64) {

@@ -61,10 +61,15 @@ impl Hub {
             added += 1;
         }
         if added > 0 {
-            st.subs_dirty = true;
+            self.mark_subs_dirty(&mut st);
             st.activity_gen += 1;
         }
         added
+    }
+
+    /// Whether this host holds the subscription `id`.
+    pub fn has_subscription(&self, id: &str) -> bool {
+        self.state().subs.contains_key(id)
     }
 
     /// Creates or attaches a subscription. `upstream_id` binds a newly
@@ -282,7 +287,7 @@ impl Hub {
             .attach
             .then(|| st.conns.get(&conn).map(|c| c.handle.clone()))
             .flatten();
-        st.subs_dirty = true;
+        self.mark_subs_dirty(&mut st);
         self.touch(&mut st);
         drop(st);
         if save_gen.is_some() {
@@ -373,7 +378,7 @@ impl Hub {
                     kicks.push(conn.handle.clone());
                 }
                 if !dry_run {
-                    detach_locked(&mut st, c);
+                    self.detach_and_mark(&mut st, c);
                 }
             }
         }

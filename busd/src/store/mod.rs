@@ -295,14 +295,21 @@ pub trait Store: Send {
 
 /// Opens the configured store at `dir` (not touched for `memory` and
 /// `postgres`). `epoch` is the cluster's upstream lease as this host holds
-/// it (0: not held); only the postgres store reads it.
-pub fn open(config: &StoreConfig, dir: PathBuf, epoch: Arc<AtomicI64>) -> Box<dyn Store> {
+/// it (0: not held); only the postgres store reads it, and the retention
+/// (in events), from which it derives how much other hosts may hold back.
+pub fn open(
+    config: &StoreConfig,
+    dir: PathBuf,
+    epoch: Arc<AtomicI64>,
+    retention_events: u64,
+) -> Box<dyn Store> {
     match (config.kind, &config.postgres) {
         (StoreKind::Disk, _) => Box::new(disk::DiskStore::new(dir, config.durability)),
         (StoreKind::Memory, _) => Box::new(memory::MemoryStore),
-        (StoreKind::Postgres, Some(settings)) => {
-            Box::new(postgres::store::PgStore::new(settings.clone(), epoch))
-        }
+        (StoreKind::Postgres, Some(settings)) => Box::new(
+            postgres::store::PgStore::new(settings.clone(), epoch)
+                .with_hold_cap(retention_events.saturating_mul(postgres::store::HOLD_FACTOR)),
+        ),
         (StoreKind::Postgres, None) => Box::new(Unconfigured),
     }
 }

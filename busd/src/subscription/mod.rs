@@ -26,6 +26,7 @@
 //! in `slow`; unit tests in `tests` and `slow_tests`, the property test
 //! against a model in `model`.
 
+mod hole;
 #[cfg(test)]
 mod model;
 mod record;

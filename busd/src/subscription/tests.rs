@@ -409,3 +409,40 @@ fn delivery_counts_and_the_halt_survive_a_record_round_trip() {
     assert_eq!(r.max_deliver, 1);
     assert_eq!(r.oldest_pending().map(|(e, n)| (e.seq, n)), Some((1, 1)));
 }
+
+#[test]
+fn a_hole_before_the_subscription_read_it_is_reported_as_one_gap() {
+    let mut s = sub(10);
+    s.offer(&ev(1, "a.x"));
+    s.attach(1, 10, None);
+    assert_eq!(s.missed(2, 250), 249);
+    s.offer(&ev(251, "a.x"));
+    let p = s.pull(10, 251, Instant::now());
+    let gap = p.gap.as_ref().expect("a gap");
+    assert_eq!(gap.lost, 249);
+    assert_eq!(seqs(&p), [(1, false), (251, false)]);
+    assert_eq!(s.counters.lost, 249);
+    assert_eq!(s.missed(100, 200), 0, "nothing below what it passed");
+}
+
+#[test]
+fn a_hole_counts_only_past_where_the_subscription_starts() {
+    let sel = Selector::new(&["a.*".into()], "").unwrap();
+    let mut s = Subscription::new(
+        "s".into(),
+        sel,
+        false,
+        Duration::from_secs(60),
+        None,
+        100,
+        now(),
+        10,
+    );
+    assert_eq!(s.missed(50, 120), 20);
+    s.shared = true;
+    assert_eq!(
+        s.missed(121, 130),
+        0,
+        "a shared one gets its events by claim"
+    );
+}

@@ -138,7 +138,7 @@ fn a_terminated_lease_session_stops_the_old_owner_and_the_other_host_takes_over(
 /// holds up the takeover until the server ends that session: see
 /// [`an_owner_frozen_inside_a_transaction_holds_up_the_takeover_only_within_the_loss_bound`]).
 /// Returns when it is stopped.
-fn freeze_between_transactions(server: &PgServer, pid: i32, host: &str) {
+pub(super) fn freeze_between_transactions(server: &PgServer, pid: i32, host: &str) {
     for _ in 0..50 {
         signal(pid, Sig::SIGSTOP);
         // Whatever the server was still running for it finishes meanwhile.

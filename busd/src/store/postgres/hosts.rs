@@ -1,7 +1,7 @@
 //! What `status` shows of a cluster beyond the log: its hosts (`dws_host`:
 //! [`register`] at start, with the incarnation of this run, [`heartbeat`] while running, [`unregister`] at a
 //! clean exit, [`list`]), the named subscriptions' definitions
-//! ([`definitions`], [`definition`]) and every host's cursor of them
+//! ([`definitions`], [`definition`], [`claim_definition`]) and every host's cursor of them
 //! ([`cursors`]).
 
 use tokio_postgres::{types::Type, GenericClient, Row};
@@ -206,6 +206,56 @@ pub async fn definitions(
         .await
         .map_err(q)?;
     rows.iter().map(definition_of).collect()
+}
+
+const CLAIM_SQL: &str = "INSERT INTO dws_subscription (cluster, id, delivery, record)
+     VALUES ($1, $2, $3, $4::jsonb) ON CONFLICT (cluster, id) DO NOTHING";
+
+/// Makes `record_json` the definition of subscription `id` unless the
+/// cluster has one; returns whether it did, and the cluster's definition:
+/// ours, or the one that was there (or won a concurrent insert: the primary
+/// key decides, and the read after the insert sees the winner's committed
+/// row).
+pub async fn claim_definition(
+    client: &impl GenericClient,
+    cluster: &str,
+    id: &str,
+    shared: bool,
+    record_json: &str,
+) -> Result<(bool, SubRecord), PgError> {
+    let delivery = if shared { "shared" } else { "per-host" };
+    let inserted = client
+        .execute_typed(
+            CLAIM_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&id, Type::TEXT),
+                (&delivery, Type::TEXT),
+                (&record_json, Type::TEXT),
+            ],
+        )
+        .await
+        .map_err(q)?;
+    definition(client, cluster, id)
+        .await?
+        .map(|d| (inserted > 0, d.record))
+        .ok_or_else(|| PgError::Other(format!("the definition of {id} vanished as it was made")))
+}
+
+const RELEASE_SQL: &str = "DELETE FROM dws_subscription s WHERE s.cluster = $1 AND s.id = $2
+       AND NOT EXISTS (SELECT 1 FROM dws_cursor c WHERE c.cluster = $1 AND c.subscription = $2)";
+
+/// Removes the definition of `id` unless a host has a cursor of it.
+pub async fn release_definition(
+    client: &impl GenericClient,
+    cluster: &str,
+    id: &str,
+) -> Result<(), PgError> {
+    client
+        .execute_typed(RELEASE_SQL, &[(&cluster, Type::TEXT), (&id, Type::TEXT)])
+        .await
+        .map_err(q)?;
+    Ok(())
 }
 
 /// One named subscription of the cluster, if it exists (a consumer on this

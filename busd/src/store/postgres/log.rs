@@ -1,6 +1,8 @@
 //! The cluster's event log in PostgreSQL (`dws_event`, head and epoch in
 //! `dws_cluster`): the owner's [`append`], everyone's [`read_after`], the
-//! cluster row ([`cluster_row`]) and retention ([`delete_below`]).
+//! cluster row ([`cluster_row`]) and retention ([`delete_below`], held back
+//! by what the hosts' named subscriptions still need: [`held_from`],
+//! [`retention_floor`]).
 //!
 //! Rules the functions keep:
 //! - **One writer, gapless.** [`append`] locks the cluster's row
@@ -19,6 +21,12 @@
 //!   event, so the log always carries the seq counter, like the disk
 //!   store's newest segment. It deletes in batches of [`DELETE_BATCH`] rows,
 //!   each its own short transaction.
+//! - **Retention waits for every host.** The owner deletes nothing that a
+//!   host's per-host named subscription still needs as saved in
+//!   `dws_cursor` (everything after its cursor, and its parked events),
+//!   unless the log would then hold more than the hard cap (see
+//!   [`retention_floor`]); a host that needed what the cap deleted reports
+//!   it as a gap when it reads on or recovers.
 
 use std::sync::Arc;
 
@@ -333,5 +341,71 @@ pub async fn delete_below(
         if n < DELETE_BATCH as u64 {
             return Ok(total);
         }
+    }
+}
+
+/// The cluster's head, and the lowest seq any host's per-host named
+/// subscription still needs as its host last saved it: the seq after its
+/// cursor, or its oldest parked event. Shared subscriptions hold nothing
+/// here (their events go through claims).
+const HELD_SQL: &str = "SELECT
+        (SELECT head_seq FROM dws_cluster WHERE cluster = $1),
+        (SELECT min(LEAST(
+            (c.record->>'cursor')::bigint + 1,
+            (SELECT min((p->>'seq')::bigint) FROM jsonb_array_elements(
+                CASE WHEN jsonb_typeof(c.record->'parked') = 'array'
+                     THEN c.record->'parked' ELSE '[]'::jsonb END) AS p)))
+         FROM dws_cursor c
+         JOIN dws_subscription s ON s.cluster = c.cluster AND s.id = c.subscription
+         WHERE c.cluster = $1 AND s.delivery <> 'shared')";
+
+/// The cluster's head (0 without its row) and the lowest seq some host's
+/// named subscription still needs (see [`HELD_SQL`]), if any holds one.
+pub async fn held_from(
+    client: &impl GenericClient,
+    cluster: &str,
+) -> Result<(u64, Option<u64>), PgError> {
+    let row = client
+        .query_typed_one(HELD_SQL, &[(&cluster, Type::TEXT)])
+        .await
+        .map_err(q)?;
+    let head: Option<i64> = row.try_get(0).map_err(q)?;
+    let held: Option<i64> = row.try_get(1).map_err(q)?;
+    Ok((
+        from_db(head.unwrap_or(0))?,
+        held.map(|h| from_db(h.max(0))).transpose()?,
+    ))
+}
+
+/// Where retention may delete up to (exclusive): what the owner itself no
+/// longer needs (`wanted`), held back to what the hosts still need
+/// (`held`), but never so far that the log keeps more than `cap` events
+/// below its head.
+pub fn retention_floor(wanted: u64, held: Option<u64>, head: u64, cap: u64) -> u64 {
+    let held = held.map_or(wanted, |h| h.min(wanted));
+    let capped = (head + 1).saturating_sub(cap);
+    held.max(capped).min(wanted)
+}
+
+#[cfg(test)]
+mod floor_tests {
+    use super::retention_floor;
+
+    #[test]
+    fn retention_waits_for_the_hosts_up_to_the_cap() {
+        assert_eq!(retention_floor(250, None, 300, 500), 250, "nobody holds");
+        assert_eq!(retention_floor(250, Some(4), 300, 500), 4, "a host needs 4");
+        assert_eq!(
+            retention_floor(250, Some(280), 300, 500),
+            250,
+            "past the owner's"
+        );
+        assert_eq!(retention_floor(250, Some(4), 300, 100), 201, "the cap wins");
+        assert_eq!(
+            retention_floor(150, Some(4), 300, 100),
+            150,
+            "never above wanted"
+        );
+        assert_eq!(retention_floor(0, Some(4), 3, 100), 0);
     }
 }

@@ -57,6 +57,7 @@ pub mod hosts;
 pub mod inbox;
 pub mod lease;
 pub mod log;
+pub mod lost;
 pub mod schema;
 mod session;
 pub mod settings;

@@ -69,9 +69,16 @@ pub struct PgStore {
     /// The subscriptions of the last saved snapshot (after `recover`: the
     /// recovered ones).
     saved: BTreeSet<String>,
+    /// Most events the log keeps below its head for other hosts'
+    /// subscriptions (see [`PgStore::with_hold_cap`]).
+    hold_cap: u64,
     /// The oldest seq in the log, as last read (`Store::retained_from`).
     retained_from: Option<u64>,
 }
+
+/// The hard cap of what hosts' subscriptions hold back, in multiples of the
+/// retention: [`PgStore::with_hold_cap`].
+pub const HOLD_FACTOR: u64 = 10;
 
 /// Connects, migrates and ensures the cluster's row: what busd checks
 /// before its ready line, so a bad URL, bad credentials or missing
@@ -228,6 +235,14 @@ fn merge(loaded: Loaded, host: &str, now: i64) -> Result<Recovered, StoreError> 
     }
     let last = loaded.events.last().map_or(0, |e| e.seq);
     let head = loaded.cluster.head_seq;
+    // What this host's subscriptions needed and the hard cap let go.
+    let first_kept = loaded.events.first().map_or(head + 1, |e| e.seq);
+    if let Some(snap) = snapshot.as_mut() {
+        notes.extend(super::lost::report_lost(
+            &mut snap.subscriptions,
+            first_kept,
+        ));
+    }
     let behind = head > last && snapshot.as_ref().is_none_or(|s| s.head_seq < head);
     if !merged.is_empty() || behind {
         let snap = snapshot.get_or_insert_with(|| Snapshot {
@@ -366,8 +381,17 @@ impl PgStore {
             rt: None,
             conn: None,
             saved: BTreeSet::new(),
+            hold_cap: u64::MAX,
             retained_from: None,
         }
+    }
+
+    /// Retention never deletes what a host's named subscription still
+    /// needs, unless the log would hold more than `cap` events below its
+    /// head (busd passes [`HOLD_FACTOR`] times the retention).
+    pub fn with_hold_cap(mut self, cap: u64) -> PgStore {
+        self.hold_cap = cap.max(1);
+        self
     }
 
     /// The runtime (started on first use), the connection slot and the
@@ -435,6 +459,22 @@ macro_rules! on_conn {
         })
         .map_err(io)
     }};
+}
+
+/// Retention on the owner: deletes below `wanted`, held back by what the
+/// hosts' named subscriptions still need, within `cap` (see
+/// [`log::retention_floor`]).
+async fn release(client: &Client, cluster: &str, wanted: u64, cap: u64) -> Result<(), PgError> {
+    let (head, held) = log::held_from(client, cluster).await?;
+    let floor = log::retention_floor(wanted, held, head, cap);
+    if floor < wanted {
+        tracing::debug!(
+            wanted,
+            floor,
+            "retention held back by a host's subscription"
+        );
+    }
+    log::delete_below(client, cluster, floor).await.map(|_| ())
 }
 
 impl Store for PgStore {
@@ -520,9 +560,10 @@ impl Store for PgStore {
         // Only the owner deletes; every host learns where the log starts
         // (its dedup window keeps the ids of what is still there).
         let owner = self.epoch.load(Ordering::Acquire) > 0;
+        let cap = self.hold_cap;
         let oldest = on_conn!(self, |client, settings| async move {
             if owner {
-                log::delete_below(&*client, &settings.cluster, seq).await?;
+                release(&*client, &settings.cluster, seq, cap).await?;
             }
             log::oldest_seq(&*client, &settings.cluster).await
         })?;

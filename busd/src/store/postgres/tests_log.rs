@@ -481,3 +481,64 @@ async fn postgres_hosts_register_beat_and_leave() {
         .collect();
     assert_eq!(left, vec!["b"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_retention_is_held_by_per_host_cursors_and_parked_events_not_shared_ones() {
+    let server = tokio::task::block_in_place(PgServer::start);
+    let (c, _d) = store_conn(&server, "a").await;
+    log::cluster_row(&c, "c1").await.unwrap();
+    assert_eq!(log::held_from(&c, "c1").await, Ok((0, None)));
+    server.psql(
+        "UPDATE dws_cluster SET head_seq = 300 WHERE cluster = 'c1';
+         INSERT INTO dws_subscription (cluster, id, delivery, record) VALUES
+           ('c1', 'p', 'per-host', '{}'), ('c1', 's', 'shared', '{}');
+         INSERT INTO dws_cursor (cluster, subscription, host, record) VALUES
+           ('c1', 'p', 'a', '{\"cursor\": 250, \"parked\": []}'),
+           ('c1', 'p', 'b', '{\"cursor\": 40, \"parked\": [{\"seq\": 7}]}'),
+           ('c1', 's', 'a', '{\"cursor\": 1, \"parked\": [{\"seq\": 1}]}')",
+    );
+    assert_eq!(log::held_from(&c, "c1").await, Ok((300, Some(7))));
+    server.psql("DELETE FROM dws_cursor WHERE host = 'b'");
+    assert_eq!(log::held_from(&c, "c1").await, Ok((300, Some(251))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_definition_has_one_winner_and_is_given_back_only_while_nobody_holds_it() {
+    let server = tokio::task::block_in_place(PgServer::start);
+    let (c, _d) = store_conn(&server, "a").await;
+    let (c2, _d2) = store_conn(&server, "b").await;
+    log::cluster_row(&c, "c1").await.unwrap();
+    let rec = |key: &str| {
+        let mut r: crate::store::SubRecord = serde_json::from_value(serde_json::json!({
+            "id": "k", "patterns": [key], "filter": "", "ttl_ms": 1000,
+            "created_at_unix_ms": 0, "upstream_id": null, "cursor": 0, "pinned": [],
+            "max_sent_seq": 0, "gap_lost": 0, "detached_since_unix_ms": null,
+            "counters": {"matched": 0, "delivered": 0, "acked": 0, "redelivered": 0, "lost": 0},
+            "max_deliver": 0, "on_poison": "halt", "state": "active", "halt": null,
+            "deliveries": [], "parked": [], "acked": [], "shared": false
+        }))
+        .unwrap();
+        r.patterns = vec![key.into()];
+        serde_json::to_string(&r).unwrap()
+    };
+    let (ra, rb) = (rec("a.*"), rec("b.*"));
+    let (wa, wb) = tokio::join!(
+        hosts::claim_definition(&c, "c1", "k", false, &ra),
+        hosts::claim_definition(&c2, "c1", "k", false, &rb)
+    );
+    let ((ia, da), (ib, db)) = (wa.unwrap(), wb.unwrap());
+    assert!(ia != ib, "exactly one inserted");
+    assert_eq!(da, db, "both read the winner's definition");
+    server.psql(
+        "INSERT INTO dws_cursor (cluster, subscription, host, record) \
+         VALUES ('c1', 'k', 'a', '{\"cursor\": 0}')",
+    );
+    hosts::release_definition(&c, "c1", "k").await.unwrap();
+    assert!(
+        hosts::definition(&c, "c1", "k").await.unwrap().is_some(),
+        "held"
+    );
+    server.psql("DELETE FROM dws_cursor");
+    hosts::release_definition(&c, "c1", "k").await.unwrap();
+    assert!(hosts::definition(&c, "c1", "k").await.unwrap().is_none());
+}
