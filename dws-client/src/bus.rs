@@ -33,6 +33,17 @@ pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 /// this long (a bus spawned at the end of the budget still gets to answer).
 const DIAL_FLOOR: Duration = Duration::from_secs(2);
 
+/// Whether a first request may be sent again to a fresh bus when the bus
+/// went away without answering it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resend {
+    /// Always (subscribe, status: doing them twice is harmless).
+    Always,
+    /// Only if it was never written (a publish without an id: a bus that
+    /// died after reading it may have appended it).
+    UnlessSent,
+}
+
 /// An open, greeted connection to the bus.
 pub struct BusConn {
     pub reader: FramedRead<OwnedReadHalf, ClientCodec>,
@@ -112,13 +123,36 @@ impl BusConn {
     /// fresh bus, within [`CONNECT_DEADLINE`].
     pub async fn open_and_request(
         endpoint: &Endpoint,
+        build: impl FnMut(u64) -> C,
+    ) -> Result<(BusConn, S)> {
+        Self::open_and_request_with(endpoint, Resend::Always, build).await
+    }
+
+    /// [`BusConn::open_and_request`] for a request that must not be sent
+    /// twice unless `resend` says so: once it was written, a bus that went
+    /// away without answering may have acted on it (a publish appended
+    /// before the bus died), so it is resent only when that is harmless.
+    pub async fn open_and_request_with(
+        endpoint: &Endpoint,
+        resend: Resend,
         mut build: impl FnMut(u64) -> C,
     ) -> Result<(BusConn, S)> {
         let deadline = Instant::now() + CONNECT_DEADLINE;
         loop {
             let mut conn = BusConn::open_or_spawn(endpoint).await?;
-            match conn.request(&mut build).await {
+            let id = conn.request_id();
+            let (result, sent) = match conn.send(build(id)).await {
+                Err(e) => (Err(e), false),
+                Ok(()) => (conn.reply().await, true),
+            };
+            match result {
                 Ok(reply) => return Ok((conn, reply)),
+                Err(e) if e.bus_gone && sent && resend == Resend::UnlessSent => {
+                    return Err(CliError::runtime(format!(
+                        "{}; the request had been sent, so its outcome is unknown",
+                        e.message
+                    )))
+                }
                 Err(e) if e.bus_gone && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -170,6 +204,11 @@ impl BusConn {
     pub async fn request(&mut self, build: impl FnOnce(u64) -> C) -> Result<S> {
         let id = self.request_id();
         self.send(build(id)).await?;
+        self.reply().await
+    }
+
+    /// The reply to the request just sent (skipping unsolicited frames).
+    async fn reply(&mut self) -> Result<S> {
         loop {
             match self.next().await? {
                 None => {

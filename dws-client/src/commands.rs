@@ -8,7 +8,7 @@ use proto::{
 };
 
 use crate::{
-    bus::BusConn,
+    bus::{BusConn, Resend},
     cli::{Delivery, PublishArgs, StopArgs, SubscribeArgs, TextOrJson, UnsubscribeArgs},
     exit::{clip, CliError, Result},
     print_stdout, validate,
@@ -42,7 +42,14 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
             data.len()
         )));
     }
-    let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
+    // A publish with an id may be sent again (the bus's dedup answers a
+    // second copy with the first one's seq); one without must not be.
+    let resend = if args.id.is_some() {
+        Resend::Always
+    } else {
+        Resend::UnlessSent
+    };
+    let (mut bus, reply) = BusConn::open_and_request_with(endpoint, resend, |request_id| {
         C::Publish(v1::Publish {
             request_id,
             event_type: args.event_type.clone(),
