@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 /// An event on its way into the log, before it has a seq. Serializable: a
 /// cluster host that does not own the log hands its publishes to the owner
-/// through the database (`store::postgres::inbox`).
+/// through the database (`cluster::db::inbox`).
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct NewEvent {
     /// Dedup scope: the upstream subscription the event came through.

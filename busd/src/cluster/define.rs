@@ -1,6 +1,6 @@
 //! One definition per named subscription, cluster-wide: before a host
 //! creates a named subscription it does not hold, it claims the id in
-//! `dws_subscription` ([`hosts::claim_definition`]: insert unless present,
+//! `dws_subscription` ([`definitions::claim_definition`]: insert unless present,
 //! then read what is there). The primary key decides between hosts creating
 //! the same id at the same instant; whoever finds a definition with other
 //! keys or another filter is refused exactly like re-subscribing with
@@ -17,7 +17,7 @@ use crate::{
     hub::Hub,
     pattern::Selector,
     store::{
-        postgres::{self, hosts, store::instance_for_host},
+        postgres::{self, definitions, store::instance_for_host},
         SubCounters, SubRecord,
     },
     subscription::poison_name,
@@ -70,7 +70,7 @@ impl Link {
         let (client, _driver) = postgres::connect(&self.settings, "define").await?;
         let json = serde_json::to_string(record)
             .map_err(|e| postgres::PgError::Other(format!("cannot encode the definition: {e}")))?;
-        hosts::claim_definition(
+        definitions::claim_definition(
             &client,
             &self.settings.cluster,
             &record.id,
@@ -89,7 +89,7 @@ impl Link {
         tokio::spawn(async move {
             let released = async {
                 let (client, _driver) = postgres::connect(&self.settings, "define").await?;
-                hosts::release_definition(&client, &self.settings.cluster, &id).await
+                definitions::release_definition(&client, &self.settings.cluster, &id).await
             };
             if let Err(e) = released.await {
                 tracing::warn!(subscription = %id, cause = %e, "cannot give back a definition");

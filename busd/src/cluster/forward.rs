@@ -29,11 +29,12 @@ use proto::v1::{self, ErrorCode};
 use tokio::sync::mpsc;
 use tokio_postgres::Client;
 
+use super::db::inbox;
 use super::{Answer, Link};
 use crate::{
     hub::NewEvent,
     shutdown::Shutdown,
-    store::postgres::{self, inbox, PgError},
+    store::postgres::{self, PgError},
 };
 
 /// How long a forwarded publish waits for an owner to take it.

@@ -16,13 +16,15 @@ use std::{
 
 use proto::v1;
 
-use super::{forward, run_source, tail, Link, SourceFactory};
+use super::{
+    db::lease::{Lease, LeaseSession, LeaseTiming},
+    forward, run_source, tail, Link, SourceFactory,
+};
 use crate::{
     shutdown::Shutdown,
     store::postgres::{
         self,
         append::{OUTAGE_BOUND, REGAINING},
-        lease::{Lease, LeaseSession, LeaseTiming},
         log,
     },
 };
@@ -180,7 +182,7 @@ async fn regain(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, Stri
     // A live follower (it retries every half second) gets the first chance:
     // a session ended on purpose, or a lease that expired because this host
     // stalled, moves the upstream; after a server restart the followers may
-    // not take the unexpired lease (`store::postgres::lease`), so this host
+    // not take the unexpired lease (`cluster::db::lease`), so this host
     // takes it back.
     tokio::time::sleep(REGAIN_GRACE).await;
     let state = |status: v1::SourceStatus, why: String| {

@@ -3,7 +3,7 @@
 //! does not know about the cluster beyond [`Hub::replicated`] (events another
 //! host appended) and the [`Link`] its connections forward publishes through.
 //!
-//! Roles, decided by the upstream lease (`store::postgres::lease`):
+//! Roles, decided by the upstream lease (`cluster::db::lease`):
 //! - the **owner** holds the lease: it runs the upstream source, its hub
 //!   assigns seqs and its committer appends them to the shared log (each
 //!   append checks the lease's epoch, so an owner that lost the lease cannot
@@ -21,6 +21,7 @@
 //! Status ([`refresh`]): every second the link reads the cluster's row, its
 //! hosts and their cursors into the hub's status document.
 
+pub mod db;
 mod define;
 mod forward;
 mod lease;
@@ -42,11 +43,12 @@ use proto::{
 };
 use tokio::sync::Notify;
 
+use self::db::hosts;
 use crate::{
     hub::Hub,
     shutdown::Shutdown,
     source::{Source, SourceContext},
-    store::postgres::{self, hosts, log, PgError, PgSettings},
+    store::postgres::{self, definitions, log, PgError, PgSettings},
 };
 
 /// The source state's reason on a follower.
@@ -252,7 +254,7 @@ async fn adopt(
     seen: &mut Option<HashSet<String>>,
 ) -> Result<(), PgError> {
     let s = &link.settings;
-    let defs = hosts::definitions(client, &s.cluster).await?;
+    let defs = definitions::definitions(client, &s.cluster).await?;
     let dropped: Vec<String> = if seen.is_none() {
         client
             .query_opt(DROPPED_SQL, &[&s.cluster, &s.host])

@@ -1,6 +1,6 @@
 //! Shared delivery's claims, on every host: one task that, while a consumer
 //! of a shared subscription is attached here, claims matching events for it
-//! (`store::postgres::claims`), hands the claimed ones to the hub
+//! (`cluster::db::claims`), hands the claimed ones to the hub
 //! ([`Hub::offer_claimed`](crate::hub::Hub::offer_claimed)), marks acked
 //! ones done, gives back what a leaving consumer held, records events
 //! retention evicted before any host delivered them as lost (and reports
@@ -32,15 +32,12 @@ use std::{
 
 use tokio_postgres::Client;
 
+use super::db::claims::{self, Claimer};
 use super::Link;
 use crate::{
     hub::SharedWork,
     shutdown::Shutdown,
-    store::postgres::{
-        self,
-        claims::{self, Claimer},
-        PgError,
-    },
+    store::postgres::{self, PgError},
 };
 
 /// How long a claim lives without renewal.

@@ -147,14 +147,14 @@ pub async fn append(
         ),
         None => {
             return Err(PgError::Fenced(
-                super::lease::fenced(epoch, None).unwrap_or_default(),
+                super::fence::fenced(epoch, None).unwrap_or_default(),
             ))
         }
     };
-    if let Some(why) = super::lease::fenced(epoch, Some(current)) {
+    if let Some(why) = super::fence::fenced(epoch, Some(current)) {
         return Err(PgError::Fenced(why));
     }
-    if let Some(why) = super::lease::fenced_at(epoch, Some((current, live))) {
+    if let Some(why) = super::fence::fenced_at(epoch, Some((current, live))) {
         // Still this host's epoch, but the lease ran out: the lease task
         // takes it back (same epoch + 1) unless another host took it; the
         // append waits for that like for an outage.

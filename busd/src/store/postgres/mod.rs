@@ -52,10 +52,8 @@
 //! `host:port/db` and the server's message.
 
 pub mod append;
-pub mod claims;
-pub mod hosts;
-pub mod inbox;
-pub mod lease;
+pub mod definitions;
+pub mod fence;
 pub mod log;
 pub mod lost;
 pub mod schema;
@@ -149,7 +147,7 @@ pub enum PgError {
     /// connection broke: exit 1, worth retrying.
     Unreachable(String),
     /// This host lost the upstream lease: another host owns the cluster's
-    /// upstream now (see [`lease::check_epoch`]).
+    /// upstream now (see [`fence::check_epoch`]).
     Fenced(String),
     /// Anything else (including a schema newer than this busd): exit 1.
     Other(String),

@@ -40,7 +40,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::{error::SqlState, types::Type, Client};
 
 use super::{
-    connect, hosts, log, schema,
+    connect, definitions, log, schema,
     session::{close, ensure},
     Driver, PgError, PgSettings,
 };
@@ -155,7 +155,7 @@ struct Loaded {
     cluster: log::ClusterRow,
     snapshot: Option<String>,
     dropped: Vec<String>,
-    definitions: Vec<hosts::Definition>,
+    definitions: Vec<definitions::Definition>,
     events: Vec<Arc<LoggedEvent>>,
 }
 
@@ -177,7 +177,7 @@ async fn load(client: &mut Client, settings: &PgSettings) -> Result<Loaded, PgEr
         Some(r) => (Some(r.try_get(0).map_err(q)?), r.try_get(1).map_err(q)?),
         None => (None, vec![]),
     };
-    let definitions = hosts::definitions(&*client, cluster).await?;
+    let definitions = definitions::definitions(&*client, cluster).await?;
     let mut events = vec![];
     let mut after = 0;
     loop {

@@ -8,9 +8,11 @@ use std::time::Duration;
 use dws_tests::pg::PgServer;
 use tokio_postgres::error::SqlState;
 
+use crate::cluster::db::lease::{judge, Lease, LeaseSession, LeaseTiming};
+
 use super::{
     class_of, config, connect,
-    lease::{check_epoch, fenced, fenced_at, judge, Lease, LeaseSession, LeaseTiming},
+    fence::{check_epoch, fenced, fenced_at},
     schema::{self, migrate, SCHEMA_VERSION},
     Class, PgError, PgSettings,
 };

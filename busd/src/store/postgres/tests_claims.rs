@@ -8,9 +8,9 @@ use std::{collections::BTreeMap, time::Duration};
 
 use dws_tests::pg::PgServer;
 
-use super::claims::{self, Claimer};
 use super::tests::server_settings as settings;
 use super::{connect, schema::migrate};
+use crate::cluster::db::claims::{self, Claimer};
 
 const HOLD: Duration = Duration::from_secs(60);
 

@@ -9,15 +9,19 @@ use tokio_postgres::Client;
 
 use super::tests::{quick, server_settings as settings, within};
 use super::{
-    connect, hosts,
-    inbox::{self, InboxResult},
-    lease::Lease,
-    listen,
+    connect, definitions, listen,
     log::{self, ClusterRow},
     schema::migrate,
     Driver, PgError,
 };
-use crate::eventlog::{LoggedEvent, NewEvent};
+use crate::{
+    cluster::db::{
+        hosts,
+        inbox::{self, InboxResult},
+        lease::Lease,
+    },
+    eventlog::{LoggedEvent, NewEvent},
+};
 
 /// A migrated connection of host `host`.
 async fn store_conn(server: &PgServer, host: &str) -> (Client, Driver) {
@@ -523,8 +527,8 @@ async fn postgres_a_definition_has_one_winner_and_is_given_back_only_while_nobod
     };
     let (ra, rb) = (rec("a.*"), rec("b.*"));
     let (wa, wb) = tokio::join!(
-        hosts::claim_definition(&c, "c1", "k", false, &ra),
-        hosts::claim_definition(&c2, "c1", "k", false, &rb)
+        definitions::claim_definition(&c, "c1", "k", false, &ra),
+        definitions::claim_definition(&c2, "c1", "k", false, &rb)
     );
     let ((ia, da), (ib, db)) = (wa.unwrap(), wb.unwrap());
     assert!(ia != ib, "exactly one inserted");
@@ -533,12 +537,22 @@ async fn postgres_a_definition_has_one_winner_and_is_given_back_only_while_nobod
         "INSERT INTO dws_cursor (cluster, subscription, host, record) \
          VALUES ('c1', 'k', 'a', '{\"cursor\": 0}')",
     );
-    hosts::release_definition(&c, "c1", "k").await.unwrap();
+    definitions::release_definition(&c, "c1", "k")
+        .await
+        .unwrap();
     assert!(
-        hosts::definition(&c, "c1", "k").await.unwrap().is_some(),
+        definitions::definition(&c, "c1", "k")
+            .await
+            .unwrap()
+            .is_some(),
         "held"
     );
     server.psql("DELETE FROM dws_cursor");
-    hosts::release_definition(&c, "c1", "k").await.unwrap();
-    assert!(hosts::definition(&c, "c1", "k").await.unwrap().is_none());
+    definitions::release_definition(&c, "c1", "k")
+        .await
+        .unwrap();
+    assert!(definitions::definition(&c, "c1", "k")
+        .await
+        .unwrap()
+        .is_none());
 }

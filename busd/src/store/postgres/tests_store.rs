@@ -11,7 +11,7 @@ use dws_tests::pg::PgServer;
 
 use super::tests::server_settings as settings;
 use super::{
-    hosts,
+    definitions,
     store::{instance_for_host, preflight, PgStore, FENCED_PREFIX},
     PgError,
 };
@@ -180,7 +180,9 @@ fn postgres_store_recovers_its_log_and_snapshot_and_shares_definitions() {
     // b saves its instances: two cursors per subscription for status.
     b.save(&snapshot(4, got.subscriptions.clone())).unwrap();
     let (rt, client) = client(&server);
-    let cursors = rt.block_on(hosts::cursors(&client, "c1")).unwrap();
+    let cursors = rt
+        .block_on(crate::cluster::db::hosts::cursors(&client, "c1"))
+        .unwrap();
     let shown: Vec<_> = cursors
         .iter()
         .map(|c| {
@@ -201,10 +203,14 @@ fn postgres_store_recovers_its_log_and_snapshot_and_shares_definitions() {
             ("k2", "b", 0, "per-host")
         ]
     );
-    let defs = rt.block_on(hosts::definitions(&client, "c1")).unwrap();
+    let defs = rt
+        .block_on(definitions::definitions(&client, "c1"))
+        .unwrap();
     assert_eq!(defs.len(), 2);
     assert_eq!(defs[0].record.counters, SubCounters::default());
-    let k2 = rt.block_on(hosts::definition(&client, "c1", "k2")).unwrap();
+    let k2 = rt
+        .block_on(definitions::definition(&client, "c1", "k2"))
+        .unwrap();
     assert_eq!(k2.map(|d| d.record.patterns), Some(vec!["a.*".to_string()]));
 
     // a drops k1 (an expired copy, an unsubscribe): its cursor goes, the

@@ -27,8 +27,12 @@ use std::time::Duration;
 
 use tokio_postgres::{types::Type, Client, GenericClient};
 
-use super::{log::from_db, log::to_db, PgError};
 use crate::eventlog::NewEvent;
+use crate::store::postgres::{
+    fence::{fenced_at, CHECK_EPOCH_SQL as EPOCH_SQL},
+    log::{self, from_db, to_db},
+    PgError,
+};
 
 /// Notified (payload: the cluster) when the owner finished rows.
 pub const DONE_CHANNEL: &str = "dws_inbox";
@@ -132,7 +136,6 @@ pub async fn withdraw(
     })
 }
 
-use super::lease::CHECK_EPOCH_SQL as EPOCH_SQL;
 /// Pending rows not taken under this epoch — with `$4`, those too (the
 /// taker's session broke before it finished them): the keys make a second
 /// append a duplicate.
@@ -161,7 +164,7 @@ pub async fn take(
     again: bool,
 ) -> Result<Vec<Taken>, PgError> {
     if epoch <= 0 {
-        return Err(PgError::Fenced(super::log::NO_LEASE.into()));
+        return Err(PgError::Fenced(log::NO_LEASE.into()));
     }
     let tx = client.transaction().await.map_err(q)?;
     let current: Option<(i64, bool)> = match tx
@@ -172,7 +175,7 @@ pub async fn take(
         Some(row) => Some((row.try_get(0).map_err(q)?, row.try_get(1).map_err(q)?)),
         None => None,
     };
-    if let Some(why) = super::lease::fenced_at(epoch, current) {
+    if let Some(why) = fenced_at(epoch, current) {
         return Err(PgError::Fenced(why));
     }
     let rows = tx

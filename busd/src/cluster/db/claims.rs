@@ -17,7 +17,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use tokio_postgres::{error::SqlState, types::Type, GenericClient};
 
-use super::PgError;
+use crate::store::postgres::PgError;
 
 fn q(e: tokio_postgres::Error) -> PgError {
     PgError::query(&e)
