@@ -15,19 +15,6 @@ use dws_tests::{pg::PgServer, Child, TestEnv, EXIT_TIMEOUT};
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
-/// A cluster host like [`host`] with extra environment (e.g. retention).
-fn host_with(server: &PgServer, name: &str, extra: &[(&str, &str)]) -> TestEnv {
-    let url = server.url();
-    let mut vars: Vec<(&str, &str)> = vec![
-        ("DWS_EVENT_BUS_STORE", "postgres"),
-        ("DWS_POSTGRES_URL", url.as_str()),
-        ("DWS_CLUSTER_HOST", name),
-        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
-    ];
-    vars.extend_from_slice(extra);
-    TestEnv::with_env(&vars)
-}
-
 /// Starts `env`'s bus and waits until it knows subscription `id`.
 fn wait_known(env: &TestEnv, id: &str) {
     env.publish("warm.up", "{}", &[]);
@@ -159,7 +146,7 @@ fn a_host_restarted_at_once_does_not_keep_its_dead_incarnations_claims() {
 #[test]
 fn shared_events_evicted_before_any_host_delivered_them_are_a_gap() {
     let server = PgServer::start();
-    let a = host_with(
+    let a = dws_tests::common::cluster_host_with(
         &server,
         "host-a",
         &[("DWS_EVENT_BUS_RETENTION_EVENTS", "50")],
@@ -274,7 +261,7 @@ fn acks_made_while_postgres_restarts_are_not_forgotten() {
 #[test]
 fn shared_events_a_leaving_consumer_held_past_retention_are_a_gap_not_a_silent_loss() {
     let server = PgServer::start();
-    let a = host_with(
+    let a = dws_tests::common::cluster_host_with(
         &server,
         "host-a",
         &[("DWS_EVENT_BUS_RETENTION_EVENTS", "5")],

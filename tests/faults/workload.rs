@@ -22,6 +22,7 @@ use std::{
 };
 
 use dws_tests::{
+    common::cluster_host_with,
     history::{parse_gap, History, Outcome, Publish, Run, Seen},
     pg::PgServer,
     Child, TestEnv,
@@ -90,14 +91,7 @@ impl Cluster {
         let hosts: Vec<Arc<Host>> = names
             .iter()
             .map(|n| {
-                let mut vars: Vec<(String, String)> = vec![
-                    ("DWS_EVENT_BUS_STORE".into(), "postgres".into()),
-                    ("DWS_POSTGRES_URL".into(), server.url()),
-                    ("DWS_CLUSTER_HOST".into(), n.to_string()),
-                    ("DWS_EVENT_BUS_IDLE_TIMEOUT".into(), "10m".into()),
-                ];
-                vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-                let env = TestEnv::with_env(&vars);
+                let env = cluster_host_with(&server, n, extra);
                 Arc::new(Host {
                     name: n.to_string(),
                     env,
@@ -294,14 +288,7 @@ fn spawn_consumer(
                 .stdin_null()
                 .spawn();
             while child.is_running() && !stop.load(Ordering::SeqCst) {
-                if let Some(top) = parse_events(&child.stdout_so_far())
-                    .iter()
-                    .filter_map(|s| match s {
-                        Seen::Event { seq, .. } => Some(*seq),
-                        Seen::Gap { .. } => None,
-                    })
-                    .max()
-                {
+                if let Some(top) = top_seq(&parse_events(&child.stdout_so_far())) {
                     progress.fetch_max(top, Ordering::SeqCst);
                 }
                 thread::sleep(Duration::from_millis(100));
@@ -343,14 +330,7 @@ fn end_run(host: &Host, mut child: Child, record: &Record, progress: &AtomicU64)
             .unwrap_or(seen.len());
         seen.insert(at, Seen::Gap { before: gap });
     }
-    if let Some(top) = seen
-        .iter()
-        .filter_map(|s| match s {
-            Seen::Event { seq, .. } => Some(*seq),
-            Seen::Gap { .. } => None,
-        })
-        .max()
-    {
+    if let Some(top) = top_seq(&seen) {
         progress.fetch_max(top, Ordering::SeqCst);
     }
     lock(&record.runs).push(Run {
@@ -358,6 +338,16 @@ fn end_run(host: &Host, mut child: Child, record: &Record, progress: &AtomicU64)
         subscription: SUB.into(),
         seen,
     });
+}
+
+/// The highest seq a run printed.
+fn top_seq(seen: &[Seen]) -> Option<u64> {
+    seen.iter()
+        .filter_map(|s| match s {
+            Seen::Event { seq, .. } => Some(*seq),
+            Seen::Gap { .. } => None,
+        })
+        .max()
 }
 
 fn parse_events(lines: &[String]) -> Vec<Seen> {

@@ -108,10 +108,23 @@ pub fn now_ms() -> u64 {
 /// [`TestEnv`] of its own named `name` in the cluster, whose bus does not
 /// go idle during a test.
 pub fn cluster_host(server: &crate::pg::PgServer, name: &str) -> TestEnv {
-    TestEnv::with_env(&[
+    cluster_host_with(server, name, &[])
+}
+
+/// [`cluster_host`] with more environment (`extra`, e.g. a retention or a
+/// lease bound), which wins over the defaults.
+pub fn cluster_host_with(
+    server: &crate::pg::PgServer,
+    name: &str,
+    extra: &[(&str, &str)],
+) -> TestEnv {
+    let url = server.url();
+    let mut vars = vec![
         ("DWS_EVENT_BUS_STORE", "postgres"),
-        ("DWS_POSTGRES_URL", server.url().as_str()),
+        ("DWS_POSTGRES_URL", url.as_str()),
         ("DWS_CLUSTER_HOST", name),
         ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
-    ])
+    ];
+    vars.extend_from_slice(extra);
+    TestEnv::with_env(&vars)
 }

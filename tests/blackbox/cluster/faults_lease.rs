@@ -24,19 +24,6 @@ use super::{
     wait_cluster,
 };
 
-/// A cluster host on `server` with more environment (`extra`).
-fn host_with(server: &PgServer, name: &str, extra: &[(&str, &str)]) -> TestEnv {
-    let url = server.url();
-    let mut vars = vec![
-        ("DWS_EVENT_BUS_STORE", "postgres"),
-        ("DWS_POSTGRES_URL", url.as_str()),
-        ("DWS_CLUSTER_HOST", name),
-        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
-    ];
-    vars.extend_from_slice(extra);
-    TestEnv::with_env(&vars)
-}
-
 /// Starts `name` as a host with a consumer of `pattern`; waits for its
 /// role (`owner` or `follower`).
 fn start_host(
@@ -46,7 +33,7 @@ fn start_host(
     pattern: &str,
     role: &str,
 ) -> (TestEnv, dws_tests::Child) {
-    let env = host_with(server, name, extra);
+    let env = dws_tests::common::cluster_host_with(server, name, extra);
     let mut c = env.dws(["event", "consume", pattern]).spawn();
     c.wait_ready();
     wait_cluster(&env, &format!("{name} is the {role}"), |c| {
@@ -376,7 +363,7 @@ fn a_followers_publishes_without_id_across_a_postgres_restart_are_appended_once(
 #[test]
 fn a_pinned_event_id_published_again_is_a_duplicate_and_the_owner_goes_on() {
     let server = PgServer::start();
-    let a = host_with(
+    let a = dws_tests::common::cluster_host_with(
         &server,
         "host-a",
         &[("DWS_EVENT_BUS_RETENTION_EVENTS", "3")],
