@@ -39,6 +39,15 @@ impl Until {
 }
 
 impl Connection {
+    /// Whether a publish of this connection still waits for the cluster's
+    /// owner: its later publishes must follow it through the inbox, or they
+    /// would get earlier seqs (the host became the owner meanwhile).
+    pub(super) fn forwards_pending(&self) -> bool {
+        self.awaiting
+            .iter()
+            .any(|a| matches!(a.until, Until::Forwarded(_)))
+    }
+
     /// Sends `reply` now, or queues it until the store reaches `until`
     /// (replies leave in request order).
     pub(super) fn reply_after(&mut self, request_id: u64, until: Option<Until>, reply: S) {

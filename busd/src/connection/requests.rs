@@ -279,8 +279,16 @@ impl Connection {
             ..NewEvent::default()
         };
         // A cluster host that does not own the log hands the event to the
-        // owner; the reply is the owner's answer.
-        if let Some(link) = self.link.as_ref().filter(|l| !l.is_owner()) {
+        // owner; the reply is the owner's answer. So does an owner while an
+        // earlier publish of this connection is still in the inbox (it was
+        // forwarded before this host took the lease): the connection's
+        // publishes keep their order.
+        let forwarding = self.forwards_pending();
+        if let Some(link) = self
+            .link
+            .as_ref()
+            .filter(|l| !l.is_owner() || forwarding)
+        {
             let ticket = link.forward(event);
             let placeholder = S::PublishAck(v1::PublishAck::default());
             return self.reply_after(req.request_id, Some(Until::Forwarded(ticket)), placeholder);
