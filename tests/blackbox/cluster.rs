@@ -17,6 +17,7 @@ mod failover;
 mod faults_lease;
 mod fencing;
 mod follower;
+mod order;
 mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};

@@ -284,11 +284,7 @@ impl Connection {
         // forwarded before this host took the lease): the connection's
         // publishes keep their order.
         let forwarding = self.forwards_pending();
-        if let Some(link) = self
-            .link
-            .as_ref()
-            .filter(|l| !l.is_owner() || forwarding)
-        {
+        if let Some(link) = self.link.as_ref().filter(|l| !l.is_owner() || forwarding) {
             let ticket = link.forward(event);
             let placeholder = S::PublishAck(v1::PublishAck::default());
             return self.reply_after(req.request_id, Some(Until::Forwarded(ticket)), placeholder);
