@@ -10,7 +10,7 @@ use serde_json::Value;
 const LONG: Duration = Duration::from_secs(30);
 
 /// A consumer of `s1` with explicit acks, stdin a pipe the test writes.
-fn explicit(env: &TestEnv, extra: &[&str]) -> Child {
+pub(crate) fn explicit(env: &TestEnv, extra: &[&str]) -> Child {
     let mut a = vec![
         "event",
         "consume",

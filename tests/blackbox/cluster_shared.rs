@@ -10,24 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dws_tests::common::cluster_host as host;
+use dws_tests::common::{cluster_host as host, wait_subscription_known as wait_known};
 use dws_tests::{pg::PgServer, Child, TestEnv, EXIT_TIMEOUT};
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
-
-/// Starts `env`'s bus and waits until it knows subscription `id`.
-fn wait_known(env: &TestEnv, id: &str) {
-    env.publish("warm.up", "{}", &[]);
-    env.wait_until(
-        Duration::from_secs(15),
-        "the subscription reached this host",
-        || {
-            env.status()["subscriptions"]
-                .as_array()
-                .is_some_and(|v| v.iter().any(|s| s["id"] == id))
-        },
-    );
-}
 
 /// Every event line of `c` so far: event id → redelivered marks.
 fn seen(c: &Child) -> BTreeMap<String, Vec<bool>> {

@@ -10,22 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dws_tests::{common::listed, Child, Output, Sig, TestEnv, EXIT_TIMEOUT};
 use serde_json::Value;
 
-const LONG: Duration = Duration::from_secs(30);
+use super::acks::explicit;
 
-fn consumer(env: &TestEnv, extra: &[&str]) -> Child {
-    let mut a = vec![
-        "event",
-        "consume",
-        "--subscribe-id",
-        "s1",
-        "--ack",
-        "explicit",
-    ];
-    a.extend_from_slice(extra);
-    let mut c = env.dws(&a).stdin_pipe().spawn();
-    c.wait_ready();
-    c
-}
+const LONG: Duration = Duration::from_secs(30);
 
 fn line(c: &mut Child, n: usize) -> Value {
     let lines = c.wait_stdout_lines(n, LONG);
@@ -66,7 +53,7 @@ fn progress_keeps_an_event_alive_and_a_stopped_consumer_gets_it_again_after_the_
     let env = TestEnv::new();
     env.subscribe(&["k.*", "--id", "s1"]);
     env.publish("k.e", "{}", &["--id", "e1"]);
-    let mut c = consumer(&env, &["--ack-wait", "1s"]);
+    let mut c = explicit(&env, &["--ack-wait", "1s"]);
     assert_eq!(seen(&line(&mut c, 1)), (1, false, 1));
     // Three ack waits of work, with progress every 200 ms: no redelivery.
     let until = Instant::now() + Duration::from_secs(3);
@@ -114,7 +101,7 @@ fn term_parks_an_event_at_once_with_its_reason_and_count_also_after_a_restart() 
     for i in 1..=2 {
         env.publish("k.e", "{}", &["--id", &format!("e{i}")]);
     }
-    let mut c = consumer(&env, &[]);
+    let mut c = explicit(&env, &[]);
     line(&mut c, 2);
     c.write_stdin(b"nack 1\n");
     assert_eq!(seen(&line(&mut c, 3)), (1, true, 2));
@@ -164,7 +151,7 @@ fn the_backoff_spaces_redeliveries_and_its_last_step_repeats() {
         listed(&st, "s1")["backoff_ms"],
         serde_json::json!([1000, 2000])
     );
-    let mut c = consumer(&env, &["--ack-wait", "1s"]);
+    let mut c = explicit(&env, &["--ack-wait", "1s"]);
     let published = Instant::now();
     env.publish("k.e", "{}", &["--id", "e1"]);
     assert_eq!(seen(&line(&mut c, 1)), (1, false, 1));
@@ -177,7 +164,7 @@ fn the_backoff_spaces_redeliveries_and_its_last_step_repeats() {
     );
     // A consumer leaving gives its event back at once (no step).
     stop_term(c);
-    let mut c = consumer(&env, &["--ack-wait", "1m"]);
+    let mut c = explicit(&env, &["--ack-wait", "1m"]);
     assert_eq!(seen(&line(&mut c, 1)), (1, true, 3));
     // A nack without a delay waits the next step, here the last one
     // (2 s), which repeats; status shows the wait.
@@ -271,7 +258,7 @@ fn a_delayed_event_keeps_its_due_time_and_its_place_across_retention_and_kill_9(
     for i in 1..=2 {
         env.publish("k.e", "{}", &["--id", &format!("e{i}")]);
     }
-    let mut c = consumer(&env, &[]);
+    let mut c = explicit(&env, &[]);
     line(&mut c, 2);
     c.write_stdin(b"nack 1 8s\nack 2\n");
     let st = env.wait_status(LONG, "1 delayed", |st| {
@@ -322,7 +309,7 @@ fn a_delayed_event_keeps_its_due_time_and_its_place_across_retention_and_kill_9(
     assert_eq!(s1["lost_to_retention"], 5, "{st:#}");
     // Events 8..=12 come at once (marked: the bus crashed), 1 only at its
     // due time.
-    let mut c = consumer(&env, &[]);
+    let mut c = explicit(&env, &[]);
     let first = c.wait_stdout_lines(5, LONG);
     if now_ms() < due - 500 {
         assert!(

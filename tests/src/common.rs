@@ -128,3 +128,18 @@ pub fn cluster_host_with(
     vars.extend_from_slice(extra);
     TestEnv::with_env(&vars)
 }
+
+/// Starts `env`'s bus (a publish) and waits until it knows subscription
+/// `id` (created on another cluster host, adopted within about a second).
+pub fn wait_subscription_known(env: &TestEnv, id: &str) {
+    env.publish("warm.up", "{}", &[]);
+    env.wait_until(
+        std::time::Duration::from_secs(15),
+        "the subscription reached this host",
+        || {
+            env.status()["subscriptions"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|s| s["id"] == id))
+        },
+    );
+}
