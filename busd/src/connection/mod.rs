@@ -96,6 +96,8 @@ pub struct Connection {
     source_gen: u64,
     /// Replies waiting for the store, in request order (see [`Awaited`]).
     awaiting: VecDeque<Awaited>,
+    /// Of `awaiting`, the publishes forwarded to the cluster's owner.
+    forwards_waiting: usize,
     durable: watch::Receiver<Durable>,
     /// When an event held back (a nack's delay, an explicit ack's wait)
     /// becomes deliverable: the connection wakes then.
@@ -118,6 +120,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         closing: false,
         source_gen: 0,
         awaiting: VecDeque::new(),
+        forwards_waiting: 0,
         durable: hub.durable(),
         redeliver_at: None,
         lines: false,

@@ -43,9 +43,7 @@ impl Connection {
     /// owner: its later publishes must follow it through the inbox, or they
     /// would get earlier seqs (the host became the owner meanwhile).
     pub(super) fn forwards_pending(&self) -> bool {
-        self.awaiting
-            .iter()
-            .any(|a| matches!(a.until, Until::Forwarded(_)))
+        self.forwards_waiting > 0
     }
 
     /// Sends `reply` now, or queues it until the store reaches `until`
@@ -53,6 +51,9 @@ impl Connection {
     pub(super) fn reply_after(&mut self, request_id: u64, until: Option<Until>, reply: S) {
         if until.is_none() && self.awaiting.is_empty() {
             return self.send(reply);
+        }
+        if matches!(until, Some(Until::Forwarded(_))) {
+            self.forwards_waiting += 1;
         }
         self.awaiting.push_back(Awaited {
             request_id,
@@ -78,6 +79,9 @@ impl Connection {
             let Some(a) = self.awaiting.pop_front() else {
                 break;
             };
+            if matches!(a.until, Until::Forwarded(_)) {
+                self.forwards_waiting -= 1;
+            }
             match (a.until, &link) {
                 (Until::Forwarded(ticket), Some(link)) => match link.take_answer(ticket) {
                     Ok(ack) => self.send(S::PublishAck(v1::PublishAck {
@@ -90,6 +94,7 @@ impl Connection {
             }
         }
         if let Some(why) = &d.failed {
+            self.forwards_waiting = 0;
             for a in std::mem::take(&mut self.awaiting) {
                 self.error(a.request_id, ErrorCode::Internal, store_failed_message(why));
             }
