@@ -45,15 +45,16 @@ impl Dedup {
     }
 
     pub(super) fn put(&mut self, key: Key, seq: u64) {
-        if let Some(o) = self.overflow.as_mut() {
-            o.remove(&key);
-        }
+        // One host: the LRU alone, no key copied on the append path.
+        let Some(o) = self.overflow.as_mut() else {
+            self.lru.push(key, seq);
+            return;
+        };
+        o.remove(&key);
         let pushed = key.clone();
         if let Some((old, old_seq)) = self.lru.push(key, seq) {
             if old != pushed && old_seq >= self.floor {
-                if let Some(o) = self.overflow.as_mut() {
-                    o.insert(old, old_seq);
-                }
+                o.insert(old, old_seq);
             }
         }
     }
