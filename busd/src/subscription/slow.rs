@@ -131,10 +131,14 @@ impl Subscription {
 }
 
 /// `until` as a wall-clock time in unix ms, given one `now` on both clocks
-/// (for status and the store).
+/// (for status and the store). The time ahead is rounded up to the
+/// millisecond, so a due time shown is not a millisecond earlier than the
+/// one the bus keeps.
 pub fn wall_ms(until: Instant, now: (Instant, i64)) -> i64 {
     match until.checked_duration_since(now.0) {
-        Some(ahead) => now.1.saturating_add(ahead.as_millis() as i64),
+        Some(ahead) => now
+            .1
+            .saturating_add(ahead.as_micros().div_ceil(1000) as i64),
         None => now.1 - now.0.duration_since(until).as_millis() as i64,
     }
 }
