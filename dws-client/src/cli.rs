@@ -10,7 +10,7 @@ pub const VERSION: &str = proto::VERSION_LINE;
 
 /// dws: attach to the local dws event bus and stream its events.
 #[derive(Debug, Parser)]
-#[command(name = "dws", version = VERSION, about, long_about = None)]
+#[command(name = "dws", version = VERSION, about, long_about = None, arg_required_else_help = true)]
 pub struct Cli {
     /// Profile (one bus per profile). Env DWS_PROFILE; default "default".
     #[arg(long, global = true, value_name = "NAME")]
@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Top {
     /// Event bus commands.
-    #[command(subcommand)]
+    #[command(subcommand, arg_required_else_help = true)]
     Event(EventCmd),
     Completions(CompletionsArgs),
     Manpages(ManpagesArgs),
@@ -66,7 +66,7 @@ pub enum EventCmd {
     Unsubscribe(UnsubscribeArgs),
     /// Operator verbs on one subscription: restart, skip, disable, enable,
     /// seek, parked, replay-parked.
-    #[command(subcommand)]
+    #[command(subcommand, arg_required_else_help = true)]
     Subscription(SubscriptionVerb),
 }
 

@@ -77,20 +77,58 @@ pub fn main_with_os_args(argv: impl IntoIterator<Item = OsString>) -> ExitCode {
 pub fn main_with_args(argv: Vec<String>) -> ExitCode {
     let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version: print as asked, exit 0.
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            // --help and --version, and a bare `dws` / `dws event` /
+            // `dws event subscription`: print the help as asked, exit 0.
             let _ = print_stdout(&e.render().to_string());
             return ExitCode::SUCCESS;
         }
         Err(e) => {
             let rendered = clip_clap_context(e).render().to_string();
-            let first = rendered.lines().next().unwrap_or("invalid command line");
-            return fail(&CliError::usage(first.trim_start_matches("error: ").trim()));
+            return fail(&CliError::usage(usage_line(&rendered)));
         }
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
+    }
+}
+
+/// clap's whole error as the one `Error:` line: every paragraph it printed
+/// (the missing arguments, the "similar argument" tip, the possible values,
+/// the usage) joined with `; `, so nothing clap says is cut.
+fn usage_line(rendered: &str) -> String {
+    let paragraphs: Vec<String> = rendered
+        .split("\n\n")
+        .map(|p| {
+            p.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    let mut line = String::new();
+    for (i, p) in paragraphs.iter().enumerate() {
+        if i == 0 {
+            line.push_str(p.strip_prefix("error: ").unwrap_or(p));
+            continue;
+        }
+        line.push_str("; ");
+        let mut chars = p.chars();
+        if let Some(c) = chars.next() {
+            line.extend(c.to_lowercase());
+            line.push_str(chars.as_str());
+        }
+    }
+    if line.is_empty() {
+        "invalid command line".to_owned()
+    } else {
+        line
     }
 }
 

@@ -184,6 +184,21 @@ fn until(now_ms: i64, v: Option<i64>) -> String {
     }
 }
 
+/// A byte count as people read it: `512 B`, `4.0 KiB`, `64.0 MiB`.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
 /// Formats rows as left-aligned columns.
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -245,13 +260,13 @@ pub fn render(doc: &StatusDoc) -> String {
     );
     let _ = writeln!(
         o,
-        "log        seq {}..{}  {} event(s)  {} byte(s)  (max {} / {})  retention held by {}",
+        "log        seq {}..{}  {} event(s)  {}  (max {} events / {})  retention held by {}",
         s(log.oldest_seq),
         log.head_seq,
         log.events,
-        log.bytes,
+        bytes(log.bytes),
         log.max_events,
-        log.max_bytes,
+        bytes(log.max_bytes),
         s(log.retention_held_by.as_deref()),
     );
     let consumers = &doc.consumers;
@@ -271,7 +286,7 @@ pub fn render(doc: &StatusDoc) -> String {
             .collect();
         table(
             &mut o,
-            &["PID", "SUBSCRIPTION", "DELIVERED", "ACKED", "IN FLIGHT"],
+            &["PID", "SUBSCRIPTION", "DELIVERED", "ACKED", "IN-FLIGHT"],
             &rows,
         );
     }
@@ -288,8 +303,13 @@ pub fn render(doc: &StatusDoc) -> String {
                 let age = x
                     .oldest_unacked_age_ms
                     .map_or("-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+                let state = match &x.halted {
+                    Some(h) if x.state == "halted" => format!("halted@{}", h.seq),
+                    _ => x.state.clone(),
+                };
                 vec![
                     x.id.clone(),
+                    state,
                     x.patterns.join(","),
                     s(x.filter.as_deref()),
                     if x.owned { "yes" } else { "no" }.into(),
@@ -306,6 +326,7 @@ pub fn render(doc: &StatusDoc) -> String {
                         }
                         _ => "-".into(),
                     },
+                    x.parked.to_string(),
                     x.lost_to_retention.to_string(),
                 ]
             })
@@ -314,6 +335,7 @@ pub fn render(doc: &StatusDoc) -> String {
             &mut o,
             &[
                 "ID",
+                "STATE",
                 "KEYS",
                 "FILTER",
                 "OWNED",
@@ -322,9 +344,10 @@ pub fn render(doc: &StatusDoc) -> String {
                 "CURSOR",
                 "HEAD",
                 "LAG",
-                "OLDEST UNACKED",
+                "OLDEST-UNACKED",
                 "REDELIVERED",
                 "DELAYED",
+                "PARKED",
                 "LOST",
             ],
             &rows,
@@ -343,7 +366,7 @@ pub fn render(doc: &StatusDoc) -> String {
                 ]
             })
             .collect();
-        table(&mut o, &["TYPE", "RECEIVED", "DUPLICATES DROPPED"], &rows);
+        table(&mut o, &["TYPE", "RECEIVED", "DUPLICATES-DROPPED"], &rows);
     }
     if let Some(c) = &doc.cluster {
         render_cluster(&mut o, c, now);

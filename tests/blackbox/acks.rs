@@ -184,6 +184,9 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
     assert_eq!(s1["halted"]["seq"], 1);
     assert_eq!(s1["halted"]["event_id"], "e1");
     assert_eq!(s1["halted"]["deliveries"], 2);
+    // The text status shows it too (`dws event status | grep -i halt`).
+    let text = text_status_row(&env, "s1");
+    assert!(text.contains("halted@1"), "{text}");
     // A consumer attaching to a halted subscription is told at once.
     let again = env
         .dws(["event", "consume", "--subscribe-id", "s1"])
@@ -238,6 +241,31 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
     let parked = verb_json(&env, &["parked", "s1"]);
     assert_eq!(parked["parked_events"][0]["seq"], 1, "{parked:#}");
     assert_eq!(listed(&env.status(), "s1")["pending"], 0);
+    let text = text_status_row(&env, "s1");
+    let header = text_status_row(&env, "ID");
+    // Columns are left-aligned under their header.
+    let column = |row: &str, name: &str| {
+        let at = header.find(&format!(" {name}"))? + 1;
+        row.get(at..)?.split_whitespace().next().map(str::to_owned)
+    };
+    assert_eq!(column(&text, "STATE").as_deref(), Some("active"), "{text}");
+    assert_eq!(
+        column(&text, "PARKED").as_deref(),
+        Some("1"),
+        "{header}\n{text}"
+    );
+}
+
+/// The line of the text `dws event status` whose first word is `first`
+/// (a subscription's row, or `ID` for the header).
+fn text_status_row(env: &TestEnv, first: &str) -> String {
+    let out = env.dws(["event", "status"]).run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    out.stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(first))
+        .unwrap_or_else(|| panic!("no status row {first:?}\n{out}"))
+        .to_owned()
 }
 
 #[test]

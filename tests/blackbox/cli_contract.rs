@@ -441,6 +441,69 @@ fn help_and_version_exit_0() {
     assert!(env.busd_pids().is_empty());
 }
 
+/// The one `Error:` line of a usage error, for `args`.
+fn usage_error_line(args: &[&str]) -> String {
+    let env = TestEnv::new();
+    let out = env.dws(args).run_with_timeout(EXIT_TIMEOUT);
+    out.assert_error(2);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("Error: "))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(env.busd_pids().is_empty(), "{out}");
+    line
+}
+
+#[test]
+fn usage_errors_keep_what_clap_says_missing_arguments_typos_and_possible_values() {
+    // The missing arguments are named, with the usage.
+    for (args, missing) in [
+        (vec!["event", "subscription", "seek"], "<ID>"),
+        (vec!["event", "subscription", "skip"], "<ID>"),
+        (vec!["event", "publish"], "<EVENT_TYPE>"),
+        (vec!["event", "subscribe"], "<EVENT_KEY>"),
+        (vec!["event", "unsubscribe"], "<ID>"),
+    ] {
+        let line = usage_error_line(&args);
+        assert!(
+            line.contains("required arguments were not provided") && line.contains(missing),
+            "{args:?}: the missing argument {missing} must be named: {line:?}"
+        );
+        assert!(line.contains("usage: dws event"), "{args:?}: {line:?}");
+    }
+    // A typo gets clap's suggestion.
+    let line = usage_error_line(&["event", "consume", "k", "--durationn", "1s"]);
+    assert!(
+        line.contains("'--durationn'") && line.contains("'--duration'"),
+        "a typo must keep the suggestion: {line:?}"
+    );
+    // A bad value lists the valid ones.
+    let line = usage_error_line(&["event", "consume", "k", "--format", "yaml"]);
+    for v in ["ndjson", "raw", "json"] {
+        assert!(
+            line.contains(v),
+            "the possible values must be listed: {line:?}"
+        );
+    }
+}
+
+#[test]
+fn bare_dws_and_bare_dws_event_print_help_and_exit_0() {
+    let env = TestEnv::new();
+    for args in [vec![], vec!["event"], vec!["event", "subscription"]] {
+        let out = env.dws(&args).run_with_timeout(EXIT_TIMEOUT);
+        out.assert_code(0);
+        assert!(
+            out.stdout.contains("Usage: dws") && out.stdout.contains("Commands:"),
+            "{args:?} prints its help on stdout\n{out}"
+        );
+        assert!(!out.stderr.contains("Error:"), "{args:?}\n{out}");
+    }
+    assert!(env.busd_pids().is_empty());
+}
+
 #[test]
 fn consume_help_warns_against_kill_9() {
     let env = TestEnv::new();
