@@ -362,9 +362,11 @@ pub enum JsonOnly {
 /// Show the bus, its source, consumers, subscriptions and counters. Never starts a bus.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// text: a readable table; json: the stable document described in the README.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
-    pub format: TextOrJson,
+    /// text: a readable table; json: the stable document described in the
+    /// README; prometheus / openmetrics: metrics text (per-subscription lag,
+    /// pending, in flight, parked, halted, …) for a textfile collector.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = StatusFormat::Text)]
+    pub format: StatusFormat,
 
     /// Refresh until SIGINT/SIGTERM: in place on a terminal; otherwise one
     /// report per interval (with --format json: one document per line).
@@ -383,6 +385,14 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         d if d < Duration::from_millis(100) => Err("must be at least 100ms".into()),
         d => Ok(d),
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
+    Text,
+    Json,
+    Prometheus,
+    Openmetrics,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -7,7 +7,8 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`]: the other subcommands;
+//! - [`status`], [`commands`]: the other subcommands; [`metrics`]: status
+//!   as Prometheus / OpenMetrics text;
 //! - [`validate`]: flag checks shared by the commands;
 //! - [`docs`]: completion scripts and man pages from the clap definitions.
 //!
@@ -20,6 +21,7 @@ pub mod commands;
 pub mod consume;
 pub mod docs;
 pub mod exit;
+pub mod metrics;
 pub mod output;
 pub mod pump;
 pub mod spawn;

@@ -14,8 +14,9 @@ use serde_json::Value;
 
 use crate::{
     bus::BusConn,
-    cli::{StatusArgs, TextOrJson},
+    cli::{StatusArgs, StatusFormat},
     exit::{CliError, Result},
+    metrics::{self, Flavor},
 };
 
 /// A status document as the bus sent it (passed through as is by `--format
@@ -67,7 +68,18 @@ enum Report {
 impl Report {
     /// One status as printed: the document (pretty or one line) or the
     /// text report; without a bus, the `running: false` document or line.
-    fn print(&self, format: TextOrJson, endpoint: &Endpoint, pretty: bool) -> String {
+    fn print(&self, format: StatusFormat, endpoint: &Endpoint, pretty: bool) -> String {
+        let flavor = match format {
+            StatusFormat::Prometheus => Some(Flavor::Prometheus),
+            StatusFormat::Openmetrics => Some(Flavor::OpenMetrics),
+            StatusFormat::Text | StatusFormat::Json => None,
+        };
+        if let Some(flavor) = flavor {
+            return match self {
+                Report::Running(f) if f.doc.running => metrics::render(&f.doc, flavor),
+                _ => metrics::render_not_running(&endpoint.profile, flavor),
+            };
+        }
         let not_running_json;
         let json = match self {
             Report::Running(f) => &f.json,
@@ -79,15 +91,11 @@ impl Report {
             }
         };
         match (format, self) {
-            (TextOrJson::Json, _) if pretty => format!("{json:#}\n"),
-            (TextOrJson::Json, _) => format!("{json}\n"),
-            (TextOrJson::Text, Report::Running(f)) if f.doc.running => render(&f.doc),
-            (TextOrJson::Text, Report::Running(f)) => {
-                not_running_line(endpoint, f.json["error"].as_str())
-            }
-            (TextOrJson::Text, Report::NotRunning(doc)) => {
-                not_running_line(endpoint, doc.error.as_deref())
-            }
+            (StatusFormat::Json, _) if pretty => format!("{json:#}\n"),
+            (StatusFormat::Json, _) => format!("{json}\n"),
+            (_, Report::Running(f)) if f.doc.running => render(&f.doc),
+            (_, Report::Running(f)) => not_running_line(endpoint, f.json["error"].as_str()),
+            (_, Report::NotRunning(doc)) => not_running_line(endpoint, doc.error.as_deref()),
         }
     }
 }
@@ -117,7 +125,7 @@ async fn watch(args: &StatusArgs, endpoint: &Endpoint) -> Result<()> {
     let sig =
         |kind| signal(kind).map_err(|e| CliError::runtime(format!("cannot watch signals: {e}")));
     let (mut term, mut int) = (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?);
-    let in_place = args.format == TextOrJson::Text && std::io::stdout().is_terminal();
+    let in_place = args.format == StatusFormat::Text && std::io::stdout().is_terminal();
     loop {
         let fetched = tokio::select! {
             r = fetch(endpoint) => r,
@@ -135,13 +143,13 @@ async fn watch(args: &StatusArgs, endpoint: &Endpoint) -> Result<()> {
         let body = report.print(args.format, endpoint, false);
         let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
         let frame = match args.format {
-            TextOrJson::Json => body,
+            StatusFormat::Json | StatusFormat::Prometheus | StatusFormat::Openmetrics => body,
             // Home, clear the screen, redraw: one write, so no flicker.
-            TextOrJson::Text if in_place => format!(
+            StatusFormat::Text if in_place => format!(
                 "\x1b[H\x1b[2J--- {now}  every {}  (Ctrl-C to quit)\n{body}",
                 humantime::format_duration(args.interval)
             ),
-            TextOrJson::Text => format!("--- {now}\n{body}"),
+            StatusFormat::Text => format!("--- {now}\n{body}"),
         };
         if !write_frame(&frame)? {
             return Ok(());

@@ -622,6 +622,52 @@ fn status_json_without_bus_is_running_false_and_starts_nothing() {
 }
 
 #[test]
+fn status_prometheus_and_openmetrics_show_lag_per_subscription_and_bus_down() {
+    let env = TestEnv::new();
+    // No bus: up 0, nothing started.
+    let out = env
+        .dws(["event", "status", "--format", "prometheus"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    assert!(
+        out.stdout.contains("dws_bus_up{profile=\"default\"} 0"),
+        "{out}"
+    );
+    assert!(env.busd_pids().is_empty());
+    env.subscribe(&["k.*", "--id", "s1"]);
+    for i in 0..3 {
+        env.publish("k.x", &format!("{{\"n\":{i}}}"), &[]);
+    }
+    let out = env
+        .dws(["event", "status", "--format", "prometheus"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    for line in [
+        "dws_bus_up{profile=\"default\"} 1",
+        "# TYPE dws_subscription_lag gauge",
+        "dws_subscription_lag{profile=\"default\",subscription=\"s1\"} 3",
+        "dws_subscription_halted{profile=\"default\",subscription=\"s1\"} 0",
+        "# TYPE dws_subscription_redelivered_total counter",
+        "dws_log_head_seq{profile=\"default\"} 3",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l == line),
+            "{line:?} missing\n{out}"
+        );
+    }
+    let out = env
+        .dws(["event", "status", "--format", "openmetrics"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    assert!(out.stdout.ends_with("# EOF\n"), "{out}");
+    assert!(
+        out.stdout
+            .contains("# TYPE dws_subscription_redelivered counter"),
+        "{out}"
+    );
+}
+
+#[test]
 fn status_json_describes_the_running_bus_and_its_subscriptions() {
     let env = TestEnv::new();
     // A durable subscription, then a consumer attached to it by id.

@@ -1,0 +1,370 @@
+//! `dws event status --format prometheus|openmetrics`: the status document
+//! as metrics text, for node_exporter's textfile collector or a cron job.
+//!
+//! Pure: a [`StatusDoc`] (or "no bus") in, the exposition text out. Every
+//! sample carries the profile as a label, so several profiles' files can
+//! sit in one textfile directory. The two formats differ only in how a
+//! counter family is named (`x_total` in the Prometheus text format 0.0.4,
+//! family `x` with sample `x_total` in OpenMetrics) and in OpenMetrics'
+//! closing `# EOF`.
+
+use std::fmt::Write as _;
+
+use proto::status::StatusDoc;
+
+/// Which exposition format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// The Prometheus text format 0.0.4.
+    Prometheus,
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gauge,
+    Counter,
+}
+
+/// Collects samples grouped by family, then writes them.
+struct Families {
+    flavor: Flavor,
+    profile: String,
+    /// (name, kind, help, samples as `{labels} value`).
+    list: Vec<(&'static str, Kind, &'static str, Vec<String>)>,
+}
+
+impl Families {
+    fn add(
+        &mut self,
+        name: &'static str,
+        kind: Kind,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        value: f64,
+    ) {
+        let mut l = format!("profile=\"{}\"", escape(&self.profile));
+        for (k, v) in labels {
+            let _ = write!(l, ",{k}=\"{}\"", escape(v));
+        }
+        let sample = format!("{{{l}}} {}", number(value));
+        match self.list.iter_mut().find(|f| f.0 == name) {
+            Some(f) => f.3.push(sample),
+            None => self.list.push((name, kind, help, vec![sample])),
+        }
+    }
+
+    fn gauge(&mut self, name: &'static str, help: &'static str, labels: &[(&str, &str)], v: f64) {
+        self.add(name, Kind::Gauge, help, labels, v);
+    }
+
+    /// `name` without `_total`: the suffix is added to the samples.
+    fn counter(&mut self, name: &'static str, help: &'static str, labels: &[(&str, &str)], v: f64) {
+        self.add(name, Kind::Counter, help, labels, v);
+    }
+
+    fn finish(self) -> String {
+        let mut o = String::new();
+        for (name, kind, help, samples) in &self.list {
+            let (family, sample, kind) = match (kind, self.flavor) {
+                (Kind::Gauge, _) => (name.to_string(), name.to_string(), "gauge"),
+                (Kind::Counter, Flavor::Prometheus) => {
+                    (format!("{name}_total"), format!("{name}_total"), "counter")
+                }
+                (Kind::Counter, Flavor::OpenMetrics) => {
+                    (name.to_string(), format!("{name}_total"), "counter")
+                }
+            };
+            let _ = writeln!(o, "# HELP {family} {help}");
+            let _ = writeln!(o, "# TYPE {family} {kind}");
+            for s in samples {
+                let _ = writeln!(o, "{sample}{s}");
+            }
+        }
+        if self.flavor == Flavor::OpenMetrics {
+            o.push_str("# EOF\n");
+        }
+        o
+    }
+}
+
+/// A label value as the formats quote it.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn number(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+fn flag(b: bool) -> f64 {
+    if b {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The metrics of a running bus.
+pub fn render(doc: &StatusDoc, flavor: Flavor) -> String {
+    let mut f = Families {
+        flavor,
+        profile: doc.bus.profile.clone(),
+        list: vec![],
+    };
+    let (bus, src, log, store) = (&doc.bus, &doc.source, &doc.log, &doc.store);
+    f.gauge("dws_bus_up", "1 while the bus answers status.", &[], 1.0);
+    f.gauge(
+        "dws_bus_uptime_seconds",
+        "Seconds since the bus started.",
+        &[],
+        bus.uptime_ms as f64 / 1000.0,
+    );
+    f.gauge(
+        "dws_bus_connections",
+        "Client connections open now.",
+        &[],
+        bus.connections as f64,
+    );
+    let r = &bus.refused;
+    for (reason, n) in [
+        ("connections", r.connections),
+        ("input_budget", r.input_budget),
+        ("slow_clients", r.slow_clients),
+        ("bad_frames", r.bad_frames),
+        ("too_large_events", r.too_large_events),
+    ] {
+        f.counter(
+            "dws_bus_refused",
+            "Clients or requests the bus refused, by reason.",
+            &[("reason", reason)],
+            n as f64,
+        );
+    }
+    f.gauge(
+        "dws_source_connected",
+        "1 while the upstream source is connected.",
+        &[("kind", &src.kind)],
+        flag(src.state == "connected"),
+    );
+    f.gauge(
+        "dws_source_state",
+        "The upstream source's state (1 for the current one).",
+        &[("kind", &src.kind), ("state", &src.state)],
+        1.0,
+    );
+    f.counter(
+        "dws_source_reconnects",
+        "Times the upstream source reconnected.",
+        &[("kind", &src.kind)],
+        src.reconnects as f64,
+    );
+    f.gauge(
+        "dws_log_head_seq",
+        "Seq of the newest event.",
+        &[],
+        log.head_seq as f64,
+    );
+    f.gauge("dws_log_events", "Events retained.", &[], log.events as f64);
+    f.gauge(
+        "dws_log_bytes",
+        "Bytes of events retained.",
+        &[],
+        log.bytes as f64,
+    );
+    f.gauge(
+        "dws_log_max_bytes",
+        "Retention bound in bytes.",
+        &[],
+        log.max_bytes as f64,
+    );
+    f.gauge(
+        "dws_log_max_events",
+        "Retention bound in events.",
+        &[],
+        log.max_events as f64,
+    );
+    f.gauge(
+        "dws_store_bytes",
+        "Bytes the store holds on disk.",
+        &[("kind", &store.kind)],
+        store.bytes as f64,
+    );
+    f.gauge(
+        "dws_store_segments",
+        "Segment files of the store.",
+        &[("kind", &store.kind)],
+        store.segments as f64,
+    );
+    f.gauge(
+        "dws_store_damaged_ranges",
+        "Damaged seq ranges found in the store.",
+        &[("kind", &store.kind)],
+        store.damaged.len() as f64,
+    );
+    f.gauge(
+        "dws_store_failed",
+        "1 when the store reported an error (the bus stops accepting events).",
+        &[("kind", &store.kind)],
+        flag(store.last_error.is_some()),
+    );
+    for s in &doc.subscriptions {
+        let id = [("subscription", s.id.as_str())];
+        let g = |f: &mut Families, name, help, v: u64| f.gauge(name, help, &id, v as f64);
+        g(
+            &mut f,
+            "dws_subscription_lag",
+            "Events after the cursor not yet delivered.",
+            s.lag,
+        );
+        g(
+            &mut f,
+            "dws_subscription_pending",
+            "Events not yet acked.",
+            s.pending,
+        );
+        g(
+            &mut f,
+            "dws_subscription_in_flight",
+            "Events delivered and not yet acked.",
+            s.in_flight,
+        );
+        g(
+            &mut f,
+            "dws_subscription_parked",
+            "Poison events parked.",
+            s.parked,
+        );
+        g(
+            &mut f,
+            "dws_subscription_delayed",
+            "Events waiting for their backoff.",
+            s.delayed,
+        );
+        f.gauge(
+            "dws_subscription_halted",
+            "1 while the subscription is halted at a poison event.",
+            &id,
+            flag(s.state == "halted"),
+        );
+        f.gauge(
+            "dws_subscription_disabled",
+            "1 while the subscription is disabled.",
+            &id,
+            flag(s.state == "disabled"),
+        );
+        f.gauge(
+            "dws_subscription_attached",
+            "1 while a consumer is attached.",
+            &id,
+            flag(s.attached_pid.is_some()),
+        );
+        f.gauge(
+            "dws_subscription_oldest_unacked_age_seconds",
+            "Age of the oldest unacked delivery (0 when none).",
+            &id,
+            s.oldest_unacked_age_ms.unwrap_or(0).max(0) as f64 / 1000.0,
+        );
+        let c = |f: &mut Families, name, help, v: u64| f.counter(name, help, &id, v as f64);
+        c(
+            &mut f,
+            "dws_subscription_delivered",
+            "Deliveries, first or again.",
+            s.delivered,
+        );
+        c(&mut f, "dws_subscription_acked", "Events acked.", s.acked);
+        c(
+            &mut f,
+            "dws_subscription_redelivered",
+            "Events delivered again.",
+            s.redelivered,
+        );
+        c(
+            &mut f,
+            "dws_subscription_lost_to_retention",
+            "Events retention evicted before this subscription delivered them.",
+            s.lost_to_retention,
+        );
+        c(
+            &mut f,
+            "dws_subscription_parked_dropped",
+            "Parked events dropped.",
+            s.parked_dropped,
+        );
+    }
+    f.finish()
+}
+
+/// The metrics when no bus answers: only `dws_bus_up 0`.
+pub fn render_not_running(profile: &str, flavor: Flavor) -> String {
+    let mut f = Families {
+        flavor,
+        profile: profile.to_owned(),
+        list: vec![],
+    };
+    f.gauge("dws_bus_up", "1 while the bus answers status.", &[], 0.0);
+    f.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::status::SubscriptionStatus;
+
+    fn doc() -> StatusDoc {
+        let mut d = StatusDoc::default();
+        d.running = true;
+        d.bus.profile = "de\"v".into();
+        d.source.kind = "local".into();
+        d.source.state = "connected".into();
+        d.subscriptions.push(SubscriptionStatus {
+            id: "s1".into(),
+            lag: 7,
+            redelivered: 2,
+            state: "halted".into(),
+            ..Default::default()
+        });
+        d
+    }
+
+    #[test]
+    fn prometheus_names_counters_with_total_in_the_type_line() {
+        let t = render(&doc(), Flavor::Prometheus);
+        assert!(
+            t.contains("# TYPE dws_subscription_redelivered_total counter\n"),
+            "{t}"
+        );
+        assert!(t.contains(
+            "dws_subscription_redelivered_total{profile=\"de\\\"v\",subscription=\"s1\"} 2\n"
+        ));
+        assert!(t.contains("dws_subscription_lag{profile=\"de\\\"v\",subscription=\"s1\"} 7\n"));
+        assert!(t.contains("dws_subscription_halted{profile=\"de\\\"v\",subscription=\"s1\"} 1\n"));
+        assert!(!t.contains("# EOF"));
+        // One HELP and TYPE per family, before its samples.
+        assert_eq!(t.matches("# TYPE dws_subscription_lag gauge").count(), 1);
+    }
+
+    #[test]
+    fn openmetrics_names_the_counter_family_without_total_and_ends_with_eof() {
+        let t = render(&doc(), Flavor::OpenMetrics);
+        assert!(
+            t.contains("# TYPE dws_subscription_redelivered counter\n"),
+            "{t}"
+        );
+        assert!(t.contains("dws_subscription_redelivered_total{"));
+        assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn no_bus_is_bus_up_zero() {
+        let t = render_not_running("default", Flavor::Prometheus);
+        assert!(t.contains("dws_bus_up{profile=\"default\"} 0\n"), "{t}");
+    }
+}
