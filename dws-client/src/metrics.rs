@@ -319,8 +319,10 @@ mod tests {
     use proto::status::SubscriptionStatus;
 
     fn doc() -> StatusDoc {
-        let mut d = StatusDoc::default();
-        d.running = true;
+        let mut d = StatusDoc {
+            running: true,
+            ..Default::default()
+        };
         d.bus.profile = "de\"v".into();
         d.source.kind = "local".into();
         d.source.state = "connected".into();
