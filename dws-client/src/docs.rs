@@ -40,7 +40,9 @@ pub fn manpages(args: ManpagesArgs) -> Result<()> {
 /// (`dws-event-consume.1`); the `help` subcommands get none.
 pub fn write_manpages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
-    let mut cmd = Cli::command();
+    // No `help` subcommand: it would be listed as a `dws-help(1)` page that
+    // is never written.
+    let mut cmd = Cli::command().disable_help_subcommand(true);
     // Sets every subcommand's display name (`dws-event-consume`).
     cmd.build();
     let mut written = Vec::new();
@@ -52,7 +54,28 @@ fn write_tree(cmd: &clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> st
     let page = clap_mangen::Man::new(cmd.clone())
         .source(format!("dws {VERSION}"))
         .manual("dws event bus");
-    written.push(page.generate_to(dir)?);
+    let path = dir.join(page.get_filename());
+    let mut text = Vec::new();
+    page.render_title(&mut text)?;
+    page.render_name_section(&mut text)?;
+    page.render_synopsis_section(&mut text)?;
+    page.render_description_section(&mut text)?;
+    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        page.render_options_section(&mut text)?;
+    }
+    if cmd.has_subcommands() {
+        page.render_subcommands_section(&mut text)?;
+    }
+    let name = cmd.get_display_name().unwrap_or(cmd.get_name());
+    text.extend_from_slice(exit_status_section().as_bytes());
+    if let Some(examples) = examples(name) {
+        text.extend_from_slice(examples_section(examples).as_bytes());
+    }
+    if cmd.get_version().is_some() {
+        page.render_version_section(&mut text)?;
+    }
+    std::fs::write(&path, text)?;
+    written.push(path);
     for sub in cmd.get_subcommands() {
         if sub.is_hide_set() || sub.get_name() == "help" {
             continue;
@@ -60,6 +83,90 @@ fn write_tree(cmd: &clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> st
         write_tree(sub, dir, written)?;
     }
     Ok(())
+}
+
+/// Text as a roff line: backslashes, hyphens and a leading control
+/// character escaped.
+fn roff_text(t: &str) -> String {
+    let t = t.replace('\\', "\\e").replace('-', "\\-");
+    if t.starts_with('.') || t.starts_with('\'') {
+        format!("\\&{t}")
+    } else {
+        t
+    }
+}
+
+/// EXIT STATUS, the same table for every page (`exit.rs`).
+fn exit_status_section() -> String {
+    let mut s = String::from(".SH \"EXIT STATUS\"\n");
+    for (code, meaning) in crate::exit::TABLE {
+        s.push_str(&format!(".TP\n{code}\n{}\n", roff_text(meaning)));
+    }
+    s.push_str(&format!(
+        ".PP\n{}\n",
+        roff_text("Every failure prints exactly one line starting with Error: on stderr.")
+    ));
+    s
+}
+
+fn examples_section(examples: &[(&str, &str)]) -> String {
+    let mut s = String::from(".SH EXAMPLES\n");
+    for (what, cmd) in examples {
+        s.push_str(&format!(
+            ".PP\n{}\n.PP\n.RS 4\n.nf\n{}\n.fi\n.RE\n",
+            roff_text(what),
+            roff_text(cmd)
+        ));
+    }
+    s
+}
+
+/// The examples of a page, by its name.
+fn examples(page: &str) -> Option<&'static [(&'static str, &'static str)]> {
+    Some(match page {
+        "dws" | "dws-event" => &[
+            (
+                "Stream events as NDJSON until two have arrived:",
+                "dws event consume 'demo.*' --max-events 2",
+            ),
+            ("Publish one:", "dws event publish demo.hello '{\"n\":1}'"),
+            ("See the bus and its subscriptions:", "dws event status"),
+        ],
+        "dws-event-consume" => &[
+            (
+                "Every event of two types, one JSON line each, until interrupted:",
+                "dws event consume im.message approval.created",
+            ),
+            (
+                "A durable subscription that resumes where it stopped, acking on stdin:",
+                "dws event consume --subscribe-id agent --ack explicit --ack-wait 30s",
+            ),
+            (
+                "One event, then exit 0 with reason limit:",
+                "dws event consume 'demo.*' --max-events 1 --format raw",
+            ),
+        ],
+        "dws-event-publish" => &[
+            (
+                "Publish with an id, so a retry is not appended twice:",
+                "dws event publish demo.hello '{\"n\":1}' --id order-42",
+            ),
+            ("Payload from stdin:", "echo '{\"n\":2}' | dws event publish demo.hello -"),
+        ],
+        "dws-event-status" => &[
+            ("A table of the bus, its consumers and subscriptions:", "dws event status"),
+            (
+                "Metrics for node_exporter's textfile collector, every minute from cron:",
+                "dws event status --format prometheus > /var/lib/node_exporter/dws.prom.$$ && mv /var/lib/node_exporter/dws.prom.$$ /var/lib/node_exporter/dws.prom",
+            ),
+            ("Watch it refresh:", "dws event status --watch --interval 1s"),
+        ],
+        "dws-event-subscribe" => &[(
+            "A named subscription that keeps events while nobody is attached:",
+            "dws event subscribe 'im.*' --id agent --max-deliver 5 --on-poison park",
+        )],
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -95,6 +202,24 @@ mod tests {
             consume.contains("kill \\-9"),
             "the long help is the description"
         );
+        assert!(consume.contains(".SH \"EXIT STATUS\""), "{consume}");
+        assert!(consume.contains(".SH EXAMPLES"), "{consume}");
+        assert!(consume.contains("dws event consume \\-\\-subscribe\\-id agent"));
+        for page in &written {
+            let text = std::fs::read_to_string(page).unwrap();
+            assert!(!text.contains("dws\\-help"), "{}: {text}", page.display());
+            // Every page another page names exists.
+            for name in text.split(|c: char| c.is_whitespace() || c == ',') {
+                if let Some(base) = name.strip_suffix("(1)") {
+                    let file = format!("{}.1", base.replace("\\-", "-"));
+                    assert!(
+                        names.contains(&file),
+                        "{} names {file}, not written",
+                        page.display()
+                    );
+                }
+            }
+        }
     }
 
     #[test]

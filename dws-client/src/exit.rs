@@ -21,6 +21,24 @@ pub const RUNTIME: u8 = 1;
 pub const USAGE: u8 = 2;
 pub const PERMISSION: u8 = 3;
 
+/// Every exit code and what it means, in one sentence each (the man pages'
+/// EXIT STATUS; docs/consume-contract.md has the full table).
+pub const TABLE: [(u8, &str); 4] = [
+    (0, "success (for consume: the exited line was printed, whatever the reason)"),
+    (
+        RUNTIME,
+        "runtime failure: the bus is unreachable or failed, a protocol error, a subscription not found or attached elsewhere, an upstream error; retry with backoff",
+    ),
+    (
+        USAGE,
+        "usage or validation error: a bad flag or value, an invalid regex, a bad configuration value; fix the command, do not retry",
+    ),
+    (
+        PERMISSION,
+        "authentication or permission failure: a secret others can read, a refused directory or socket, credentials the upstream refused",
+    ),
+];
+
 /// The most characters of a printed `Error:` message (a backstop for
 /// messages from the bus, which may echo input too).
 pub const MESSAGE_CHARS: usize = 1000;
