@@ -62,6 +62,7 @@ pub enum EventCmd {
     Publish(PublishArgs),
     Status(StatusArgs),
     Stop(StopArgs),
+    Restart(RestartArgs),
     Subscribe(SubscribeArgs),
     Unsubscribe(UnsubscribeArgs),
     /// Operator verbs on one subscription: restart, skip, disable, enable,
@@ -414,6 +415,19 @@ pub struct StopArgs {
     pub dry_run: bool,
 
     /// text: one line; json: an object (schemas/stop.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+/// Stop the bus and start the installed one (after an upgrade).
+///
+/// The new bus restores the durable state (named subscriptions, their
+/// cursors, the retained log on the disk store); consumers of the old one
+/// exit with reason bus_shutdown and can attach again. With no bus running,
+/// starts one.
+#[derive(Debug, Args)]
+pub struct RestartArgs {
+    /// text: one line; json: {"old": {pid, version} or null, "new": {pid, version}}.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
     pub format: TextOrJson,
 }

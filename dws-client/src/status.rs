@@ -192,6 +192,27 @@ fn until(now_ms: i64, v: Option<i64>) -> String {
     }
 }
 
+/// What an operator should know after an upgrade: the running bus is not
+/// the installed build, or not this client's version.
+fn upgrade_warnings(bus: &proto::status::BusDoc) -> Vec<String> {
+    let mut w = vec![];
+    if bus.executable_replaced {
+        w.push(
+            "its executable was replaced on disk since it started (a new build is installed): \
+             `dws event restart` runs the installed one"
+                .to_owned(),
+        );
+    }
+    if !bus.version.is_empty() && bus.version != proto::BUILD {
+        w.push(format!(
+            "it runs version {}, this dws is {}: `dws event restart` after installing",
+            bus.version,
+            proto::BUILD
+        ));
+    }
+    w
+}
+
 /// A byte count as people read it: `512 B`, `4.0 KiB`, `64.0 MiB`.
 fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
@@ -245,6 +266,9 @@ pub fn render(doc: &StatusDoc) -> String {
         bus.version,
         bus.uptime_ms as f64 / 1000.0
     );
+    for warning in upgrade_warnings(bus) {
+        let _ = writeln!(o, "           ! {warning}");
+    }
     let idle = bus.idle_timeout_ms;
     let _ = writeln!(
         o,

@@ -104,6 +104,12 @@ pub struct BusDoc {
     /// Connections whose requests are not read now because their client
     /// leaves replies unread (README "Limits": it stalls only itself).
     pub paused_readers: u64,
+    /// The executable the bus runs (from `/proc/self/exe`).
+    pub executable: Option<PathBuf>,
+    /// The bus's executable was replaced or removed on disk since it
+    /// started (an install put a new build in place): `dws event restart`
+    /// runs the installed one.
+    pub executable_replaced: bool,
 }
 
 /// Clients refused because they hit a bound (README "Limits").

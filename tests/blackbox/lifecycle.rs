@@ -204,3 +204,94 @@ fn stdout_closed_while_idle_ends_the_run_without_waiting_for_an_event() {
     let doc: serde_json::Value = serde_json::from_str(&st.stdout).expect("status json");
     assert_eq!(doc["subscriptions"], serde_json::json!([]), "{doc:#}");
 }
+
+#[test]
+fn restart_after_an_install_runs_the_new_build_and_keeps_the_durable_state() {
+    // busd from a directory of our own, so the test can "install" over it.
+    let bin = tempfile::tempdir().expect("a temp dir");
+    let busd = bin.path().join("busd");
+    std::fs::copy(dws_tests::busd_bin(), &busd).expect("copy busd");
+    let env = TestEnv::with_env(&[("DWS_BUSD", &busd)]);
+    env.subscribe(&["up.*", "--id", "s1"]);
+    env.subscribe(&["up.*", "--id", "s2"]);
+    for i in 0..3 {
+        env.publish("up.k", &i.to_string(), &[]);
+    }
+    let old_pid = env.status()["bus"]["pid"].as_i64().expect("a pid");
+    assert_eq!(env.status()["bus"]["executable_replaced"], false);
+    let mut c = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "s1",
+            "--max-events",
+            "1",
+        ])
+        .spawn();
+    c.wait_ready();
+    c.wait_stdout_lines(1, EXIT_TIMEOUT);
+    c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("limit", 1);
+    let mut attached = env
+        .dws(["event", "consume", "--subscribe-id", "s2"])
+        .spawn();
+    attached.wait_ready();
+    attached.wait_stdout_lines(3, EXIT_TIMEOUT);
+    // The install: a new file in place (a new inode, as install(1) and cp
+    // to a fresh path do); the running bus still runs the old one.
+    std::fs::remove_file(&busd).expect("remove busd");
+    std::fs::copy(dws_tests::busd_bin(), &busd).expect("copy busd again");
+    let st = env.status();
+    assert_eq!(st["bus"]["executable_replaced"], true, "{st:#}");
+    let text = env.dws(["event", "status"]).run_with_timeout(EXIT_TIMEOUT);
+    assert!(
+        text.stdout.contains("dws event restart"),
+        "the text status says what to do\n{text}"
+    );
+    let out = env
+        .dws(["event", "restart", "--format", "json"])
+        .run_with_timeout(Duration::from_secs(90));
+    out.assert_code(0);
+    let doc: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(doc["old"]["pid"].as_i64(), Some(old_pid), "{out}");
+    let new_pid = doc["new"]["pid"].as_i64().expect("new pid");
+    assert_ne!(new_pid, old_pid, "{out}");
+    // The attached consumer was told to come back.
+    attached
+        .wait_exit(EXIT_TIMEOUT)
+        .assert_clean_exit("bus_shutdown", 3);
+    let st = env.status();
+    assert_eq!(st["bus"]["pid"].as_i64(), Some(new_pid), "{st:#}");
+    assert_eq!(st["bus"]["executable_replaced"], false, "{st:#}");
+    assert_eq!(env.busd_pids(), vec![new_pid as i32]);
+    // The subscription and its backlog survived: events 2 and 3 come next.
+    let out = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "s1",
+            "--max-events",
+            "2",
+        ])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_clean_exit("limit", 2);
+    let data: Vec<String> = out
+        .stdout_lines()
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["data"].to_string())
+        .collect();
+    assert_eq!(data, ["\"1\"", "\"2\""], "{out}");
+}
+
+#[test]
+fn restart_without_a_bus_starts_one() {
+    let env = TestEnv::new();
+    let out = env.dws(["event", "restart"]).run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    assert!(
+        out.stdout.starts_with("no bus was running; started pid "),
+        "{out}"
+    );
+    assert_eq!(env.busd_pids().len(), 1);
+}

@@ -217,6 +217,7 @@ impl Hub {
                 consumers_total: consumers_total as u64,
                 subscriptions_total: st.subs.len() as u64,
             });
+        let exe = executable();
         let doc = StatusDoc {
             cluster: st.cluster.clone(),
             running: true,
@@ -233,6 +234,8 @@ impl Hub {
                 connections: st.conns.len() as u64,
                 refused: refused_doc(st.refused),
                 paused_readers: self.paused_readers(),
+                executable: exe.0,
+                executable_replaced: exe.1,
             },
             source: SourceDoc {
                 kind: cfg.source_kind.clone(),
@@ -353,5 +356,17 @@ pub(super) struct SeekDoc<'a> {
 impl VerbDoc<'_> {
     pub(super) fn to_json(&self) -> serde_json::Value {
         to_json(self)
+    }
+}
+
+/// The executable this process runs, and whether it was replaced or removed
+/// on disk since (Linux shows the link of a deleted file as `… (deleted)`).
+fn executable() -> (Option<std::path::PathBuf>, bool) {
+    let Ok(link) = std::fs::read_link("/proc/self/exe") else {
+        return (None, false);
+    };
+    match link.to_string_lossy().strip_suffix(" (deleted)") {
+        Some(path) => (Some(path.into()), true),
+        None => (Some(link.clone()), false),
     }
 }
