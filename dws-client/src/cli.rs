@@ -362,7 +362,7 @@ pub enum JsonOnly {
 /// Show the bus, its source, consumers, subscriptions and counters. Never starts a bus.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// text: a readable table; json: the stable document described in the README.
+    /// text: a readable table; json: the stable document described in docs/guide.md ("Status").
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
     pub format: TextOrJson,
 
