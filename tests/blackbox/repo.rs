@@ -425,13 +425,13 @@ fn the_exit_code_table_lists_exactly_the_codes_exit_rs_defines() {
     let contract = exit_code_tables(&read("docs/consume-contract.md"));
     assert_eq!(
         contract,
-        [expected.clone()],
+        std::slice::from_ref(&expected),
         "docs/consume-contract.md must have one exit-code table listing exactly {expected:?}"
     );
     let readme = exit_code_tables(&read("README.md"));
     assert_eq!(
         readme,
-        [expected.clone()],
+        std::slice::from_ref(&expected),
         "README.md's exit-code summary must list exactly {expected:?}"
     );
     for table in exit_code_tables(&read("docs/guide.md")) {
