@@ -363,9 +363,10 @@ pub enum JsonOnly {
 /// Show the bus, its source, consumers, subscriptions and counters. Never starts a bus.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// text: a readable table; json: the stable document described in the
-    /// README; prometheus / openmetrics: metrics text (per-subscription lag,
-    /// pending, in flight, parked, halted, …) for a textfile collector.
+    /// text: a readable table; json: the stable document described in
+    /// docs/guide.md ("Status"); prometheus / openmetrics: metrics text
+    /// (per-subscription lag, pending, in flight, parked, halted, …) for a
+    /// textfile collector.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = StatusFormat::Text)]
     pub format: StatusFormat,
 

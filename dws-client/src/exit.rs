@@ -1,11 +1,8 @@
-//! The exit-code contract of `dws`, in one place.
-//!
-//! | code | meaning |
-//! |------|---------|
-//! | 0 | success (for `consume`: the `exited` line was printed) |
-//! | 1 | runtime failure: bus unreachable, protocol error, subscription not found or attached elsewhere, upstream error |
-//! | 2 | usage or validation error: bad flag or value, invalid regex, `--format json` without a bound |
-//! | 3 | authentication or permission failure |
+//! The exit-code contract of `dws`, in one place: 0 on success (for
+//! `consume`: the `exited` line was printed), [`RUNTIME`], [`USAGE`] or
+//! [`PERMISSION`] on a failure. What each code covers is the table in
+//! `docs/consume-contract.md` ("Exit codes"); a repository test checks
+//! that it lists exactly 0 and the codes defined here.
 //!
 //! Every failure prints exactly one `Error: <message>` line on stderr. A
 //! message repeats at most [`ECHO_CHARS`] characters of any one input

@@ -1,5 +1,5 @@
 //! `dws event status`: the bus's own status document (JSON, documented in
-//! the README) passed through, or rendered as a readable report. Never
+//! docs/guide.md) passed through, or rendered as a readable report. Never
 //! spawns a bus: with none running it says so and exits 0.
 
 use std::fmt::Write as _;

@@ -1,6 +1,6 @@
 //! The bounds both binaries enforce, in one place: the bus refuses what is
 //! over them with a clear error, and the client checks the same numbers
-//! before it sends anything. See README "Limits".
+//! before it sends anything. See docs/guide.md ("Limits").
 
 use crate::codec::MAX_FRAME_LEN;
 

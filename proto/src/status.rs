@@ -1,4 +1,4 @@
-//! The status document (`dws event status`, README "Status",
+//! The status document (`dws event status`, docs/guide.md "Status",
 //! `schemas/status.schema.json`) as typed `serde` structs: the bus fills and
 //! serializes them, `dws` deserializes them to render its text report.
 //!
@@ -102,7 +102,7 @@ pub struct BusDoc {
     pub connections: u64,
     pub refused: RefusedDoc,
     /// Connections whose requests are not read now because their client
-    /// leaves replies unread (README "Limits": it stalls only itself).
+    /// leaves replies unread (docs/guide.md "Limits": it stalls only itself).
     pub paused_readers: u64,
     /// The executable the bus runs (from `/proc/self/exe`).
     pub executable: Option<PathBuf>,
@@ -112,7 +112,7 @@ pub struct BusDoc {
     pub executable_replaced: bool,
 }
 
-/// Clients refused because they hit a bound (README "Limits").
+/// Clients refused because they hit a bound (docs/guide.md "Limits").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RefusedDoc {

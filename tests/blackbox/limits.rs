@@ -1,6 +1,6 @@
 //! Every resource a client can make the bus spend is bounded, and hitting a
 //! bound refuses only that client, with a clear error, while everyone else
-//! is served (README "Limits"). Each test attacks a real bus through raw
+//! is served (docs/guide.md "Limits"). Each test attacks a real bus through raw
 //! connections (`dws_tests::wire::Wire`) or the real `dws`, with a real
 //! consumer attached, and then checks that the consumer still receives.
 

@@ -38,7 +38,9 @@
 //!   [`cluster_shared`]: shared delivery across hosts; [`cluster_tls`]:
 //!   TLS to PostgreSQL (verify-full, require, refusals).
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
-//!   oversized product file without a reason.
+//!   oversized product file without a reason, busd's module boundaries, and
+//!   docs that hold together (links and anchors resolve, one exit-code
+//!   table, cited tests exist, nothing points outside the repository).
 //! - [`wire`]: the frame protocol against bad peers while a real consumer
 //!   keeps receiving.
 //! - [`limits`]: every bound a client can hit (connections, unread replies,

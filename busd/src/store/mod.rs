@@ -14,8 +14,8 @@
 //!   sharing one log in PostgreSQL; only the host holding the cluster's
 //!   upstream lease appends (see [`postgres`]).
 //!
-//! The durability contract the committer builds on these methods (see the
-//! README): `append` returns only once the batch is on disk (fsynced when
+//! The durability contract the committer builds on these methods (see
+//! docs/guide.md, "Durability"): `append` returns only once the batch is on disk (fsynced when
 //! `durability = "fsync"`; for postgres: once the transaction committed);
 //! only then are the events fanned out to consumers and acknowledged
 //! upstream or to the publisher.

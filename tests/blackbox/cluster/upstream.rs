@@ -40,7 +40,7 @@ pub(super) const TAKEOVER_BOUND: Duration = Duration::from_secs(10);
 const SUB: &str = "fo";
 
 /// One host of the cluster on `server`, its upstream the `dingtalk` source
-/// on `fake` (configured the same on every host, as the README says).
+/// on `fake` (configured the same on every host, as docs/cluster.md says).
 pub(super) fn dingtalk_host(server: &PgServer, fake: &FakeDingTalk, name: &str) -> TestEnv {
     let env = TestEnv::with_env(&[
         ("DWS_EVENT_BUS_STORE", "postgres"),

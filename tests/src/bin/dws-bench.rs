@@ -24,12 +24,13 @@
 //!   (the design's reference point: Redis pub/sub p99 ≈ 90 µs at 2k msg/s),
 //!   with CPU µs per delivery as above.
 //! - **Redis pub/sub in the same run** (`--peers`): right after the fan-out
-//!   table, `../shared/peers/redis_fanout.py` for the table's rows among
+//!   table, `redis_fanout.py` (in `--peers-dir`) for the table's rows among
 //!   N=4 and 16 at 256 B and N=4 at 4 KiB, and after the fixed-rate run
 //!   `redis_latency.py` at the same rate; their final JSON summary lines give
 //!   the medians printed next to ours (deliveries/s, CPU µs per delivery,
-//!   p50/p99), with the ratio. Needs python3, redis-server and
-//!   `$PEERS_BIN/redis_client`; without `--peers` one line says how.
+//!   p50/p99), with the ratio. Needs python3 and redis-server on PATH (the
+//!   distribution's packages) and the peer client `$PEERS_BIN/redis_client`
+//!   (docs/benchmark.md); without `--peers` one line says how.
 //! - **Memory with a stalled consumer**: one fast consumer plus one whose
 //!   stdout pipe is never read, 200 000 × 256 B events, retention 20 000
 //!   events. Reported: busd's peak RSS (VmHWM), that the fast consumer got
@@ -160,7 +161,7 @@ struct Opts {
     durable_runs: usize,
     durable_rate: u64,
     compare_consumers: usize,
-    /// `--peers`: compare with Redis pub/sub (../shared/peers).
+    /// `--peers`: compare with Redis pub/sub (the scripts in `peers_dir`).
     peers: bool,
     peers_dir: PathBuf,
     peers_msgs_small: u64,
@@ -271,13 +272,13 @@ fan-out on the disk store vs the memory store (256 B, flood, --runs each):
   --skip-store-compare       skip this comparison
   --only-store-compare       run only this comparison (combines with --only-durable)
 
-Redis pub/sub in the same run (the peer benchmarks, see DIR/README.md):
+Redis pub/sub in the same run (the peer benchmarks; see docs/benchmark.md):
   --peers                    after the fan-out table, run DIR/redis_fanout.py for N=4 and N=16 at 256 B
                              and N=4 at 4 KiB (those --consumers has, --runs runs each), after the
                              fixed-rate run DIR/redis_latency.py, and print ours vs Redis. Needs
-                             python3 and redis-server on PATH and $PEERS_BIN/redis_client (default
-                             DIR/bin): `make -C DIR BIN=$PEERS_BIN`
-  --peers-dir DIR            the peer benchmarks (default ../shared/peers, from the current dir)
+                             python3 and redis-server on PATH (apt-get install redis-server python3)
+                             and the compiled peer client $PEERS_BIN/redis_client (default DIR/bin)
+  --peers-dir DIR            the peer benchmarks (default bench/peers, from the current dir)
   --peers-msgs-256 M         messages per Redis 256 B run (default 200000)
   --peers-msgs-4k M          messages per Redis 4 KiB run (default 20000)
 
@@ -309,7 +310,7 @@ fn parse_opts() -> Res<Opts> {
         durable_rate: 1000,
         compare_consumers: 4,
         peers: false,
-        peers_dir: PathBuf::from("../shared/peers"),
+        peers_dir: PathBuf::from("bench/peers"),
         peers_msgs_small: 200_000,
         peers_msgs_large: 20_000,
     };
@@ -2063,8 +2064,8 @@ fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>) {
     if !opts.peers {
         println!();
         println!(
-            "Redis pub/sub comparison: not run; pass --peers (needs python3, redis-server and $PEERS_BIN/redis_client, \
-             see {}/README.md)",
+            "Redis pub/sub comparison: not run; pass --peers (needs python3, redis-server, the peer scripts in \
+             --peers-dir (default {}) and $PEERS_BIN/redis_client; see docs/benchmark.md)",
             opts.peers_dir.display()
         );
     } else if peers_ready && !INTERRUPTED.load(Ordering::Relaxed) {

@@ -1,9 +1,11 @@
 //! The PostgreSQL cluster store (issue 11): connecting ([`connect`],
-//! [`listen`]), the schema ([`schema`]), the upstream owner's lease
-//! ([`lease`]), the cluster's log ([`log`]), the inbox through which other
-//! hosts publish ([`inbox`]), what status shows of the cluster ([`hosts`]),
-//! the profile keys ([`settings`]) and the [`store::PgStore`] behind the
-//! storage boundary.
+//! [`listen`]), the schema ([`schema`]), the cluster's log ([`log`]) and
+//! the owner's appends to it ([`append`], fenced by [`fence`]), the named
+//! subscriptions' definitions ([`definitions`]), the profile keys
+//! ([`settings`]) and the [`store::PgStore`] behind the storage boundary.
+//! The cluster's coordination tables — the upstream owner's lease, the
+//! inbox through which other hosts publish, shared delivery's claims and the
+//! hosts status shows — are `crate::cluster::db`'s, never the store's.
 //!
 //! The cluster model (v1):
 //! - **One cluster, one log.** Several hosts, each running its own per-user
@@ -14,21 +16,21 @@
 //! - **One owner.** Exactly one host holds the cluster's upstream
 //!   connection and appends to the log: the holder of the lease row, a
 //!   time-bounded lease on the database's clock renewed from a dedicated
-//!   connection ([`lease`]). Each acquisition bumps the cluster's *epoch*;
+//!   connection (`cluster::db::lease`). Each acquisition bumps the cluster's *epoch*;
 //!   every append checks it and the lease's expiry inside its transaction
 //!   ([`log::append`]), so a host that lost its lease (or could not renew
 //!   it: frozen, stalled, cut off) cannot append, hence cannot ack upstream
 //!   what it did not store.
 //! - **Followers.** The other hosts never append: their log is fed from the
 //!   database ([`log::read_after`], woken by [`log::LOG_CHANNEL`]); their
-//!   publishes go through [`inbox`] to the owner.
+//!   publishes go through the inbox (`cluster::db::inbox`) to the owner.
 //! - **Subscriptions per host.** Each host keeps its own named
 //!   subscriptions (its `store::Snapshot`, in `dws_host_snapshot`); their
 //!   definitions are published cluster-wide (`dws_subscription`) and every
 //!   host's cursors too (`dws_cursor`), for status and so that a consumer on
 //!   another host can attach to a subscription created elsewhere. Shared
 //!   subscriptions' events go to one host incarnation at a time through
-//!   [`claims`] (`dws_claim`).
+//!   their claims (`dws_claim`, `cluster::db::claims`).
 //!
 //! Every session starts with `synchronous_commit=on` and is refused when
 //! `SHOW synchronous_commit` says `off` anyway ([`lossy_commit`]): a

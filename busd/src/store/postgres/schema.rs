@@ -36,7 +36,9 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6477_732d_7363_686d;
 /// How long a start waits for another host's migration.
 const LOCK_TIMEOUT: &str = "30s";
 
-/// Migration 1: the tables of the cluster store.
+/// Migration 1: the tables of the cluster store. (Its comment on
+/// `dws_claim` predates migration 3: claims are taken by insert, see
+/// `cluster::db::claims`; a released migration's text never changes.)
 const V1: &str = r#"
 -- One row per cluster: the log's head, and the upstream owner's lease.
 -- `epoch` is bumped by every acquisition of the lease (lease.rs); an append

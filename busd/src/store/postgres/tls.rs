@@ -3,7 +3,7 @@
 //! handed to `tokio-postgres` ([`MakeRustls`]) and what a failed handshake
 //! means ([`handshake_failure`]).
 //!
-//! The rules (README "Several hosts"):
+//! The rules (docs/cluster.md, "TLS"):
 //! - `sslmode=disable`, or no `sslmode` at all: no TLS, as before TLS was
 //!   supported. libpq's default `prefer` (and `allow`) is refused: it falls
 //!   back to plaintext without saying so, which protects against nobody who
