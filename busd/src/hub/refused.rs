@@ -1,4 +1,4 @@
-//! Clients refused because they hit a bound (README "Limits"): the
+//! Clients refused because they hit a bound (docs/guide.md "Limits"): the
 //! [`Refused`] counters shown by status, and the global bound on partially
 //! received input that all connections share ([`Hub::charge_input`]).
 
@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::Hub;
 
-/// Clients refused because they hit a bound (see README "Limits").
+/// Clients refused because they hit a bound (see docs/guide.md "Limits").
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Refused {
     /// Connections over [`crate::server::MAX_CONNECTIONS`].
