@@ -40,6 +40,11 @@ else
     root="${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}"
 fi
 
+if [ ${#debug[@]} -eq 0 ]; then
+    echo "install.sh: building busd and dws optimised; the first build takes about 5 minutes on 2 cores (--debug: about 2)" >&2
+else
+    echo "install.sh: building busd and dws without optimisations; the first build takes about 2 minutes on 2 cores" >&2
+fi
 for crate in busd dws-client; do
     echo "install.sh: cargo install --locked --path $crate ${root_args[*]} ${debug[*]}" >&2
     "$cargo" install --locked --path "$crate" "${root_args[@]}" "${debug[@]}"

@@ -628,3 +628,24 @@ fn dws_has_no_upstream_client() {
         .collect();
     assert!(found.is_empty(), "dws-client depends on {found:?}");
 }
+
+#[test]
+fn installed_binaries_carry_no_debug_info() {
+    // `cargo install` builds the release profile: with debug info busd was
+    // 74 MB and dws 30 MB.
+    let toml: toml::Table = std::fs::read_to_string(workspace().join("Cargo.toml"))
+        .expect("Cargo.toml")
+        .parse()
+        .expect("Cargo.toml parses");
+    let release = &toml["profile"]["release"];
+    let debug = release.get("debug").and_then(toml::Value::as_integer);
+    assert!(
+        debug.unwrap_or(0) == 0,
+        "[profile.release] must not set debug info: {release:?}"
+    );
+    assert_eq!(
+        release.get("strip").and_then(toml::Value::as_str),
+        Some("debuginfo"),
+        "[profile.release] strips the debug info of dependencies too"
+    );
+}
