@@ -408,7 +408,7 @@ fn consumers_with_overlapping_patterns_each_get_every_match_exactly_once() {
 // ------------------------------------------------------------------ takeover
 
 #[test]
-fn takeover_replaces_the_attached_consumer_which_exits_with_bus_shutdown() {
+fn takeover_replaces_the_attached_consumer_which_exits_with_taken_over() {
     let env = TestEnv::new();
     subscribe_ok(&env, &["tk.k", "--id", "X"], "X");
     let mut a = env
@@ -444,7 +444,7 @@ fn takeover_replaces_the_attached_consumer_which_exits_with_bus_shutdown() {
         .spawn();
     assert_eq!(b.wait_ready().subscribe_id, "X");
     let out_a = a.wait_exit(EXIT_TIMEOUT);
-    out_a.assert_clean_exit("bus_shutdown", 0);
+    out_a.assert_clean_exit("taken_over", 0);
     assert_eq!(
         listed(&env.status(), "X")["attached_pid"],
         b.pid(),

@@ -1209,13 +1209,14 @@ pub struct Exited {
 }
 
 /// The exit reasons of the contract.
-pub const REASONS: [&str; 6] = [
+pub const REASONS: [&str; 7] = [
     "limit",
     "timeout",
     "signal",
     "bus_shutdown",
     "source_lost",
     "halted",
+    "taken_over",
 ];
 
 impl Exited {

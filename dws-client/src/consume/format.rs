@@ -139,6 +139,7 @@ impl<'a> Formatter<'a> {
                 let reason = ByeReason::try_from(b.reason).unwrap_or(ByeReason::Unspecified);
                 return Ok(Some(match reason {
                     ByeReason::SourceLost => Reason::SourceLost,
+                    ByeReason::TakenOver => Reason::TakenOver,
                     ByeReason::Halted => {
                         stderr_line(self.plan.quiet, &b.message);
                         Reason::Halted
@@ -202,6 +203,10 @@ mod tests {
             Ok(Some(Reason::SourceLost))
         );
         assert_eq!(f.handle(bye(ByeReason::Halted)), Ok(Some(Reason::Halted)));
+        assert_eq!(
+            f.handle(bye(ByeReason::TakenOver)),
+            Ok(Some(Reason::TakenOver))
+        );
         assert_eq!(
             f.handle(bye(ByeReason::Shutdown)),
             Ok(Some(Reason::BusShutdown))

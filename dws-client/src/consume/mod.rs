@@ -46,6 +46,9 @@ pub enum Reason {
     SourceLost,
     /// The subscription stopped at a poison event.
     Halted,
+    /// Another consumer attached with `--takeover`: restarting this one
+    /// would take the subscription back, so do not.
+    TakenOver,
 }
 
 impl Reason {
@@ -57,6 +60,7 @@ impl Reason {
             Reason::BusShutdown => "bus_shutdown",
             Reason::SourceLost => "source_lost",
             Reason::Halted => "halted",
+            Reason::TakenOver => "taken_over",
         }
     }
 
@@ -64,7 +68,7 @@ impl Reason {
     fn bus_ended(self) -> bool {
         matches!(
             self,
-            Reason::BusShutdown | Reason::SourceLost | Reason::Halted
+            Reason::BusShutdown | Reason::SourceLost | Reason::Halted | Reason::TakenOver
         )
     }
 }
