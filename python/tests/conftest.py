@@ -2,13 +2,15 @@
 (as the Rust harness does), `dws` from env DWS_BIN or PATH, and the bus
 stopped at the end."""
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
@@ -41,8 +43,28 @@ def bus_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     try:
         yield cfg
     finally:
-        subprocess.run([os.environ["DWS_BIN"], "event", "stop"], capture_output=True, timeout=30)
+        stop = subprocess.run([os.environ["DWS_BIN"], "event", "stop", "--format", "json"],
+                              capture_output=True, text=True, timeout=30)
+        try:
+            wait_gone(json.loads(stop.stdout).get("bus_pid"))
+        except ValueError:
+            pass
         shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_gone(pid: Optional[int]) -> None:
+    """Waits (bounded) until process `pid` has exited."""
+    for _ in range(200):
+        if not pid:
+            return
+        try:
+            os.kill(pid, 0)
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    return  # exited; its new parent reaps it
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 @pytest.fixture
