@@ -427,6 +427,7 @@ export class Consumer {
   /** Resolves with how the run ended, once it exited. */
   async wait() {
     if (this.result) return this.result;
+    if (!this._exited) throw new DwsError("start() first");
     const code = await this._exited;
     this.child.stdin.end();
     this.result ??= new ExitResult(code, this.stderrLines);

@@ -4,7 +4,11 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
-import { BusError, BusShutdownError, HaltedError, UsageError, consume, consumeForever } from "../index.js";
+import { chmodSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import {
+  BusError, BusShutdownError, HaltedError, PermissionDeniedError, UsageError, consume, consumeForever,
+} from "../index.js";
 import { privateBus, sub } from "../testlib/bus.js";
 
 test("streams until the limit", async (t) => {
@@ -46,6 +50,19 @@ test("failures before ready are typed errors", async (t) => {
   });
   await assert.rejects(consume([], { env, subscribeId: "nosuch" }), (e) => e instanceof BusError && e.code === 1);
   await assert.rejects(consume("k", { env, dws: "/nonexistent/dws" }), BusError);
+});
+
+test("a secret others can read is PermissionDeniedError", async (t) => {
+  const { env, cfgDir } = privateBus(t);
+  const cfg = join(cfgDir, "config.toml");
+  writeFileSync(cfg, '[profiles.default]\nsource = "dingtalk"\nclient_id = "x"\nclient_secret = "y"\n');
+  chmodSync(cfg, 0o644);
+  await assert.rejects(consume("ex.*", { env }), (e) => {
+    assert.ok(e instanceof PermissionDeniedError, e.name);
+    assert.equal(e.code, 3);
+    assert.match(e.error, /chmod 600/);
+    return true;
+  });
 });
 
 test("bus_shutdown ends the run and check throws", async (t) => {

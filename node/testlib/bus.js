@@ -23,7 +23,7 @@ export function privateBus(t) {
     await gone(stopped.bus_pid);
     rmSync(root, { recursive: true, force: true, maxRetries: 5, retryDelay: 100 });
   });
-  return { env, dws };
+  return { env, dws, cfgDir: join(root, "cfg") };
 }
 
 /** Waits (bounded) until process pid has exited. */

@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from dws_bus import (BusError, BusShutdown, Dws, Halted, Ready, UsageError, consume,
+from dws_bus import (BusError, BusShutdown, Dws, Halted, PermissionDenied, Ready, UsageError, consume,
                      consume_forever)
 
 
@@ -141,3 +141,13 @@ def test_consume_forever_restarts_after_a_crashed_bus_and_resumes(dws: Dws) -> N
     assert all(g == ("run 1", True) for g in got[1:-1]), got
     assert readies[0].bus_pid != readies[1].bus_pid
     assert sub(dws, "s1")["attached_pid"] is None
+
+
+def test_a_secret_others_can_read_is_permission_denied(bus_env) -> None:  # type: ignore[no-untyped-def]
+    cfg = bus_env / "config.toml"
+    cfg.write_text('[profiles.default]\nsource = "dingtalk"\nclient_id = "x"\nclient_secret = "y"\n')
+    cfg.chmod(0o644)
+    with pytest.raises(PermissionDenied) as e:
+        consume(["ex.*"])
+    assert isinstance(e.value, PermissionError) and e.value.code == 3
+    assert "chmod 600" in (e.value.error or "")
