@@ -61,6 +61,8 @@ test("event lines keep known and unknown fields", () => {
     [2, "a.b", '{"n":2}', { n: 2 }, { h: "v" }, 2, true, 1]);
   assert.deepEqual(parseEvent(line, true).data, { n: 2 });
   assert.equal(parseEvent('{"seq":1,"event_type":"t","data":"text"}', true).data, "text");
+  // A dws that sends data as an object (e.g. a later `--data json`) works too.
+  assert.deepEqual(parseEvent('{"seq":1,"event_type":"t","data":{"a":1}}').json(), { a: 1 });
   assert.equal(parseEvent("not json"), null);
   assert.equal(parseEvent("[1]"), null);
   assert.throws(() => ev.ack(), DwsError);

@@ -63,6 +63,9 @@ def test_event_lines_keep_known_and_unknown_fields() -> None:
     assert ev.extra == {"later": 1}
     assert parse_event(line, decode_data=True).data == {"n": 2}
     assert parse_event('{"seq":1,"event_type":"t","data":"text"}', True).data == "text"
+    # A dws that sends data as an object (e.g. a later `--data json`) works too.
+    obj = parse_event('{"seq":1,"event_type":"t","data":{"a":1}}')
+    assert obj is not None and obj.data == {"a": 1} and obj.json() == {"a": 1}
     assert parse_event("not json") is None and parse_event("[1]") is None
     with pytest.raises(DwsError):
         ev.ack()  # not from a consumer
