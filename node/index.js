@@ -438,10 +438,12 @@ export class Consumer {
   async close() {
     if (this.child && this.child.exitCode === null && this.child.signalCode === null) {
       if (this.explicitAck) {
+        // The acks written so far reach dws before the EOF, which ends an
+        // unbounded run; a bounded one gets SIGTERM after.
         this.stop("stdin");
-        if (this.stdinEofExits) return this.wait();
+        const graceMs = this.stdinEofExits ? 10000 : 2000;
         let timer;
-        await Promise.race([this._exited.catch(() => {}), new Promise((r) => (timer = setTimeout(r, 2000)))]);
+        await Promise.race([this._exited.catch(() => {}), new Promise((r) => (timer = setTimeout(r, graceMs)))]);
         clearTimeout(timer);
       }
       this.stop("sigterm");

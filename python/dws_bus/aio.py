@@ -100,7 +100,7 @@ class AsyncConsumer:
                 self.stop("stdin")
                 try:
                     await asyncio.wait_for(asyncio.shield(self.proc.wait()),
-                                           None if self.stdin_eof_exits else 2)
+                                           10 if self.stdin_eof_exits else 2)
                 except asyncio.TimeoutError:
                     pass
             self.stop("sigterm")
@@ -249,7 +249,10 @@ async def consume_forever_async(keys: Sequence[str] = (), *, restarts: Optional[
                                 on_ready: Optional[Callable[[Ready], None]] = None,
                                 **kwargs: Any) -> AsyncIterator[Event]:
     """`consume_forever` for asyncio: runs again after `bus_shutdown`,
-    retries exit 1 with backoff, returns or raises on every other end."""
+    retries exit 1 with backoff, returns or raises on every other end.
+    Leaving an `async for` early does not close an async generator at once:
+    wrap it in `contextlib.aclosing(...)` (or call `aclose()`) so the
+    current child is stopped right away."""
     done = 0
     failures = 0
     while True:

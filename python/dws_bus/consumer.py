@@ -124,7 +124,7 @@ class Consumer:
                 # ends an unbounded run; a bounded one gets SIGTERM after.
                 self.stop("stdin")
                 try:
-                    self.proc.wait(None if self.stdin_eof_exits else 2)
+                    self.proc.wait(10 if self.stdin_eof_exits else 2)
                 except subprocess.TimeoutExpired:
                     pass
             self.stop("sigterm")

@@ -151,3 +151,17 @@ def test_a_secret_others_can_read_is_permission_denied(bus_env) -> None:  # type
         consume(["ex.*"])
     assert isinstance(e.value, PermissionError) and e.value.code == 3
     assert "chmod 600" in (e.value.error or "")
+
+
+def test_close_of_a_bounded_explicit_run_keeps_its_acks(dws: Dws) -> None:
+    # A bounded run does not end at stdin EOF: close() ends it with SIGTERM
+    # after the acks had their time to arrive.
+    dws.subscribe("b.*", id="s4")
+    with consume(subscribe_id="s4", ack="explicit", max_events=5, duration="1m") as c:
+        dws.publish("b.a", "1")
+        for ev in c:
+            ev.ack()
+            break
+    assert c.wait().reason == "signal"
+    s4 = sub(dws, "s4")
+    assert (s4["acked"], s4["pending"]) == (1, 0), s4
