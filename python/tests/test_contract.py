@@ -61,8 +61,10 @@ def test_event_lines_keep_known_and_unknown_fields() -> None:
     assert (ev.seq, ev.type, ev.data, ev.json(), ev.headers, ev.delivery, ev.redelivered) == (
         2, "a.b", '{"n":2}', {"n": 2}, {"h": "v"}, 2, True)
     assert ev.extra == {"later": 1}
-    assert parse_event(line, decode_data=True).data == {"n": 2}
-    assert parse_event('{"seq":1,"event_type":"t","data":"text"}', True).data == "text"
+    decoded = parse_event(line, decode_data=True)
+    assert decoded is not None and decoded.data == {"n": 2}
+    text = parse_event('{"seq":1,"event_type":"t","data":"text"}', True)
+    assert text is not None and text.data == "text"
     # A dws that sends data as an object (e.g. a later `--data json`) works too.
     obj = parse_event('{"seq":1,"event_type":"t","data":{"a":1}}')
     assert obj is not None and obj.data == {"a": 1} and obj.json() == {"a": 1}
