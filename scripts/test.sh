@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, clippy (warnings are errors), the
-# binaries the black-box tests drive, then the whole workspace's tests.
+# binaries the black-box tests drive, the whole workspace's tests, then the
+# client libraries' tests (python/ with pytest, node/ with node --test)
+# against the dws just built.
 # The cluster store's tests start a private PostgreSQL server
 # (tests/src/pg.rs); when its binaries are missing, this installs them
 # (as root with apt-get) or stops with how to get them.
@@ -30,3 +32,22 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo build --workspace --bins
 cargo test --workspace "$@"
+
+# The client libraries, each test against a private bus of the dws just built.
+export DWS_BIN="$PWD/target/debug/dws"
+if ! python3 -m pytest --version >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing pytest for the Python library's tests" >&2
+  python3 -m pip install --quiet pytest || {
+    echo "scripts/test.sh: could not install pytest; install it (python3 -m pip install pytest) and run again" >&2
+    exit 1
+  }
+fi
+python3 -m pytest -q python/tests
+if command -v node >/dev/null; then
+  node --test node/test
+elif [ -n "${CI:-}" ]; then
+  echo "scripts/test.sh: node is not on PATH, and CI must not skip the Node library's tests" >&2
+  exit 1
+else
+  echo "scripts/test.sh: node is not on PATH: skipping the Node library's tests (node/test)" >&2
+fi

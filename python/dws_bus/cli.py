@@ -1,0 +1,172 @@
+"""The other `dws event` verbs, each run once with `--format json` and its
+JSON reply returned as a dict: publish, subscribe, unsubscribe, status,
+stop and `subscription <verb>`. `Dws` runs them synchronously, `AsyncDws`
+with asyncio; both raise UsageError / BusError / PermissionDenied on exit
+2 / 1 / 3, with the `Error:` line as the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from typing import Any, Awaitable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
+
+from ._contract import Duration, ExitResult, duration_arg, parse_exit
+from .consumer import find_dws
+from .errors import BusError, DwsError, error_for_code
+
+R = TypeVar("R")
+Doc = Dict[str, Any]
+
+
+def reply(code: int, stdout: str, stderr: str) -> Doc:
+    """A verb's JSON reply, or the typed error of its exit."""
+    lines = stderr.splitlines()
+    if code != 0:
+        result = parse_exit(code, lines)
+        err = error_for_code(code, result.error or stderr.strip() or "exit %d" % code, result)
+        try:  # some verbs also print what they did (unsubscribe: removed / not_found)
+            partial = json.loads(stdout) if stdout.strip() else None
+        except ValueError:
+            partial = None
+        err.reply = partial if isinstance(partial, dict) else None
+        raise err
+    try:
+        doc = json.loads(stdout)
+    except ValueError as e:
+        raise DwsError("not a JSON reply: %r" % stdout[:200],
+                       ExitResult(code, None, None, None, None, False, None, tuple(lines))) from e
+    return doc if isinstance(doc, dict) else {"value": doc}
+
+
+def _flags(pairs: Sequence[Tuple[str, Any]]) -> List[str]:
+    out: List[str] = []
+    for flag, value in pairs:
+        if value is None or value is False:
+            continue
+        out += [flag] if value is True else [flag, str(value)]
+    return out
+
+
+class _Verbs(Generic[R]):
+    """The verbs, built once; `_call` runs them (sync or async)."""
+
+    def __init__(self, dws: Optional[str] = None, *, profile: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None, timeout: float = 60.0) -> None:
+        self.dws = find_dws(dws)
+        self.profile = profile
+        self.env = env
+        self.timeout = timeout
+
+    def _argv(self, args: Sequence[str]) -> List[str]:
+        prof = ["--profile", self.profile] if self.profile else []
+        return [self.dws, "event"] + list(args) + prof
+
+    def _call(self, args: Sequence[str], stdin: Optional[str] = None) -> R:
+        raise NotImplementedError
+
+    def publish(self, event_type: str, data: Any = "", *, id: Optional[str] = None) -> R:
+        """Publishes one event; `data` is sent as is when a string, else as
+        JSON. Returns {"seq", "event_id", "duplicate"}."""
+        text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+        return self._call(["publish", event_type, "-", "--format", "json"] + _flags([("--id", id)]),
+                          text)
+
+    def subscribe(self, keys: Union[str, Sequence[str]], *, id: Optional[str] = None,
+                  filter: Optional[str] = None, from_: Optional[Union[str, int]] = None,
+                  ttl: Optional[Duration] = None, max_deliver: Optional[int] = None,
+                  on_poison: Optional[str] = None, backoff: Optional[Sequence[Duration]] = None,
+                  extra_args: Sequence[str] = ()) -> R:
+        """Creates a durable subscription (a no-op when it exists with the
+        same spec). Returns its id and spec."""
+        ks = [keys] if isinstance(keys, str) else list(keys)
+        return self._call(["subscribe"] + ks + _flags([
+            ("--id", id), ("--filter", filter), ("--from", from_),
+            ("--ttl", None if ttl is None else duration_arg(ttl)),
+            ("--max-deliver", max_deliver), ("--on-poison", on_poison),
+            ("--backoff", ",".join(duration_arg(d) for d in backoff) if backoff else None),
+        ]) + list(extra_args) + ["--format", "json"])
+
+    def unsubscribe(self, *ids: str) -> R:
+        """Removes subscriptions: {"removed": [...], "not_found": [...]}."""
+        return self._call(["unsubscribe"] + list(ids) + ["--format", "json"])
+
+    def status(self) -> R:
+        """The status document (`"running": false` when no bus runs)."""
+        return self._call(["status", "--format", "json"])
+
+    def stop(self, *subscribe_ids: str, dry_run: bool = False) -> R:
+        """Stops the bus, or only the consumers of these subscriptions."""
+        ids: List[str] = []
+        for s in subscribe_ids:
+            ids += ["--subscribe-id", s]
+        return self._call(["stop"] + ids + _flags([("--dry-run", dry_run)]) + ["--format", "json"])
+
+    def subscription(self, verb: str, *args: str) -> R:
+        """`dws event subscription VERB ARGS... --format json` (any verb,
+        also ones newer than this library)."""
+        return self._call(["subscription", verb] + list(args) + ["--format", "json"])
+
+    def restart(self, id: str, *, dry_run: bool = False) -> R:
+        """A halted subscription tries the event it stopped at again."""
+        return self.subscription("restart", id, *_flags([("--dry-run", dry_run)]))
+
+    def skip(self, id: str, *, dry_run: bool = False) -> R:
+        """A halted subscription parks the event it stopped at and goes on."""
+        return self.subscription("skip", id, *_flags([("--dry-run", dry_run)]))
+
+    def disable(self, id: str) -> R:
+        return self.subscription("disable", id)
+
+    def enable(self, id: str) -> R:
+        return self.subscription("enable", id)
+
+    def seek(self, id: str, to: Union[str, int], *, dry_run: bool = False) -> R:
+        """Moves the cursor: earliest, latest, a seq or an RFC 3339 time."""
+        return self.subscription("seek", id, "--to", str(to), *_flags([("--dry-run", dry_run)]))
+
+    def parked(self, id: str) -> R:
+        return self.subscription("parked", id)
+
+    def replay_parked(self, id: str, *seqs: int) -> R:
+        return self.subscription("replay-parked", id, *[str(s) for s in seqs])
+
+
+class Dws(_Verbs[Doc]):
+    """The verbs, run synchronously: `Dws().publish("demo.hello", {"n": 1})`."""
+
+    def _call(self, args: Sequence[str], stdin: Optional[str] = None) -> Doc:
+        argv = self._argv(args)
+        try:
+            p = subprocess.run(argv, input=stdin or "", capture_output=True, text=True,
+                               encoding="utf-8", errors="replace", env=self.env,
+                               timeout=self.timeout)
+        except OSError as e:
+            raise BusError("cannot run %s: %s" % (self.dws, e)) from e
+        except subprocess.TimeoutExpired as e:
+            raise BusError("%s did not answer within %ss" % (" ".join(argv[1:4]), self.timeout)) from e
+        return reply(p.returncode, p.stdout, p.stderr)
+
+
+class AsyncDws(_Verbs[Awaitable[Doc]]):
+    """The verbs for asyncio: `await AsyncDws().status()`."""
+
+    def _call(self, args: Sequence[str], stdin: Optional[str] = None) -> Awaitable[Doc]:
+        return self._run(self._argv(args), stdin)
+
+    async def _run(self, argv: List[str], stdin: Optional[str]) -> Doc:
+        try:
+            p = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self.env)
+        except OSError as e:
+            raise BusError("cannot run %s: %s" % (self.dws, e)) from e
+        try:
+            out, err = await asyncio.wait_for(p.communicate((stdin or "").encode()), self.timeout)
+        except asyncio.TimeoutError as e:
+            p.kill()
+            await p.wait()
+            raise BusError("%s did not answer within %ss" % (" ".join(argv[1:4]), self.timeout)) from e
+        assert p.returncode is not None
+        return reply(p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
