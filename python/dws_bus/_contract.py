@@ -162,8 +162,13 @@ ACTIONS: Dict[str, Tuple[str, str]] = {
     "signal": ("stopped", "stopped by SIGTERM/SIGINT, stdin EOF or stdout closed"),
     "bus_shutdown": (
         "restart",
-        "the bus stopped (dws event stop, SIGTERM) or this consumer was taken over,"
+        "the bus stopped (dws event stop, SIGTERM) or this consumer was"
         " unsubscribed or stopped: run again (a durable --subscribe-id resumes)",
+    ),
+    "taken_over": (
+        "done",
+        "another consumer took the subscription over (--takeover): running again"
+        " would take it back",
     ),
     "source_lost": (
         "alert",

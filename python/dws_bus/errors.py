@@ -55,8 +55,8 @@ class ConsumerEnded(DwsError):
 
 
 class BusShutdown(ConsumerEnded):
-    """Reason `bus_shutdown`: the bus stopped or this consumer was taken
-    over, unsubscribed or stopped. Running again is right (a durable
+    """Reason `bus_shutdown`: the bus stopped or this consumer was
+    unsubscribed or stopped. Running again is right (a durable
     subscription resumes)."""
 
 
