@@ -16,6 +16,8 @@
 //! - [`shutdown`]: the one shutdown signal and its reason; [`clock`]: the
 //!   wall clock.
 //! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run.
+//! - [`regular`]: data files (`config.toml`, secrets, the store's files) opened
+//!   as regular files only, never blocking on a FIFO.
 
 pub mod clock;
 pub mod cluster;
