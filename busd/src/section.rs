@@ -162,7 +162,11 @@ pub(crate) fn check_private(path: &Path, what: &str) -> Result<(), ConfigError> 
 }
 
 /// [`check_private`] on metadata already taken (from the open descriptor).
-fn check_private_meta(meta: &std::fs::Metadata, path: &Path, what: &str) -> Result<(), ConfigError> {
+fn check_private_meta(
+    meta: &std::fs::Metadata,
+    path: &Path,
+    what: &str,
+) -> Result<(), ConfigError> {
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(ConfigError::Permission(format!(
@@ -292,9 +296,8 @@ pub(crate) fn read_secret_file(f: &Path, what: &str) -> Result<Secret, ConfigErr
     let (bytes, meta) = crate::regular::read(f, crate::regular::Follow::Yes)
         .map_err(|e| ConfigError::Permission(format!("cannot read {what} {}: {e}", f.display())))?;
     check_private_meta(&meta, f, what)?;
-    let s = String::from_utf8(bytes).map_err(|_| {
-        ConfigError::Invalid(format!("{what} {} is not UTF-8 text", f.display()))
-    })?;
+    let s = String::from_utf8(bytes)
+        .map_err(|_| ConfigError::Invalid(format!("{what} {} is not UTF-8 text", f.display())))?;
     Ok(Secret::new(s.trim().to_owned()))
 }
 

@@ -318,8 +318,7 @@ fn parse_from(s: &str) -> Result<From, String> {
 pub fn parse_ttl(s: &str) -> Result<Duration, String> {
     match s.trim() {
         "never" => Ok(Duration::MAX),
-        _ => parse_nonzero_duration(s)
-            .map_err(|e| format!("{e}; or never (lives until removed)")),
+        _ => parse_nonzero_duration(s).map_err(|e| format!("{e}; or never (lives until removed)")),
     }
 }
 
@@ -490,6 +489,19 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_ttl_is_a_bounded_duration_or_never() {
+        assert_eq!(parse_ttl("never"), Ok(Duration::MAX));
+        assert_eq!(parse_ttl("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_ttl("0").is_err());
+        let err = parse_ttl("500000000000years").unwrap_err();
+        assert!(err.contains("100 years") && err.contains("never"), "{err}");
+        assert_eq!(
+            proto::limits::ttl_to_ms(Duration::MAX),
+            proto::limits::TTL_NEVER_MS
+        );
     }
 
     #[test]

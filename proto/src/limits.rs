@@ -168,7 +168,10 @@ mod tests {
             Ok(super::MAX_DURATION)
         );
         let err = super::check_duration("--ttl", Duration::MAX).unwrap_err();
-        assert!(err.starts_with("--ttl is longer") && err.contains("100 years"), "{err}");
+        assert!(
+            err.starts_with("--ttl is longer") && err.contains("100 years"),
+            "{err}"
+        );
         assert!(std::time::Instant::now()
             .checked_add(super::MAX_DURATION)
             .is_some());

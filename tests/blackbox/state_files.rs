@@ -115,9 +115,17 @@ fn a_head_seq_no_seq_can_follow_refuses_to_start_and_the_file_is_kept() {
         assert_refused(
             &env,
             1,
-            &["subscriptions.json", "head_seq 18446744073709551615", "9223372036854775807"],
+            &[
+                "subscriptions.json",
+                "head_seq 18446744073709551615",
+                "9223372036854775807",
+            ],
         );
-        assert_eq!(std::fs::read(subs_file(&env)).unwrap(), bytes, "left as it is");
+        assert_eq!(
+            std::fs::read(subs_file(&env)).unwrap(),
+            bytes,
+            "left as it is"
+        );
     }
 }
 
@@ -125,9 +133,17 @@ fn a_head_seq_no_seq_can_follow_refuses_to_start_and_the_file_is_kept() {
 fn a_cursor_beyond_the_head_refuses_to_start_naming_the_subscription() {
     let env = stopped_store();
     let bytes = edit_subs(&env, |v| v["subscriptions"][0]["cursor"] = 1000.into());
-    let err = assert_refused(&env, 1, &["subscriptions.json", "subscription s1", "cursor 1000"]);
+    let err = assert_refused(
+        &env,
+        1,
+        &["subscriptions.json", "subscription s1", "cursor 1000"],
+    );
     assert!(err.contains("beyond head_seq 3"), "{err}");
-    assert_eq!(std::fs::read(subs_file(&env)).unwrap(), bytes, "left as it is");
+    assert_eq!(
+        std::fs::read(subs_file(&env)).unwrap(),
+        bytes,
+        "left as it is"
+    );
 }
 
 /// A subscription whose pattern this build refuses (as after a downgrade)
@@ -138,8 +154,16 @@ fn a_pattern_this_build_refuses_is_never_dropped_or_rewritten_away() {
     let bytes = edit_subs(&env, |v| {
         v["subscriptions"][0]["patterns"] = serde_json::json!(["st.*.k"])
     });
-    assert_refused(&env, 1, &["subscriptions.json", "subscription s1", "st.*.k"]);
-    assert_eq!(std::fs::read(subs_file(&env)).unwrap(), bytes, "left as it is");
+    assert_refused(
+        &env,
+        1,
+        &["subscriptions.json", "subscription s1", "st.*.k"],
+    );
+    assert_eq!(
+        std::fs::read(subs_file(&env)).unwrap(),
+        bytes,
+        "left as it is"
+    );
     let st = env
         .dws(["event", "status", "--format", "json"])
         .run_with_timeout(EXIT_TIMEOUT);
@@ -162,7 +186,10 @@ fn at_the_last_seq_a_publish_is_refused_and_no_seq_wraps() {
     });
     let (out, _) = publish(&env);
     let err = out.assert_error(1);
-    assert!(err.contains("every seq") && err.contains("9223372036854775807"), "{out}");
+    assert!(
+        err.contains("every seq") && err.contains("9223372036854775807"),
+        "{out}"
+    );
     let st = env.status();
     assert_eq!(listed(&st, "s1")["head_seq"], MAX_SEQ, "{st:#}");
     assert_eq!(st["log"]["head_seq"], MAX_SEQ, "{st:#}");
@@ -172,7 +199,11 @@ fn at_the_last_seq_a_publish_is_refused_and_no_seq_wraps() {
 
 #[test]
 fn a_fifo_as_a_store_file_is_refused_at_once() {
-    for name in ["subscriptions.json", "FORMAT", "log-00000000000000000001.seg"] {
+    for name in [
+        "subscriptions.json",
+        "FORMAT",
+        "log-00000000000000000001.seg",
+    ] {
         let env = stopped_store();
         let path = store_dir(&env).join(name);
         assert!(path.exists(), "{name} is in the store");
@@ -251,9 +282,11 @@ fn named_subscriptions_live_until_removed_unless_they_asked_for_a_ttl() {
     let owned = c.wait_ready().subscribe_id;
     c.signal(Sig::SIGKILL);
     let _ = c.wait_exit(EXIT_TIMEOUT);
-    let st = env.wait_status(Duration::from_secs(20), "both short TTLs to run out", |st| {
-        sub(st, "short").is_none() && sub(st, &owned).is_none()
-    });
+    let st = env.wait_status(
+        Duration::from_secs(20),
+        "both short TTLs to run out",
+        |st| sub(st, "short").is_none() && sub(st, &owned).is_none(),
+    );
     for id in ["kept", "never"] {
         let s = listed(&st, id);
         assert_eq!(s["ttl_ms"], Value::Null, "{id} lives until removed\n{st:#}");
@@ -263,14 +296,24 @@ fn named_subscriptions_live_until_removed_unless_they_asked_for_a_ttl() {
     let expired = &st["bus"]["expired"];
     assert_eq!(expired["total"], 2, "{st:#}");
     let recent = expired["recent"].as_array().expect("recent is a list");
-    let short = recent.iter().find(|e| e["id"] == "short").expect("short listed");
-    assert_eq!((short["owned"].clone(), short["ttl_ms"].clone()), (false.into(), 1000.into()));
+    let short = recent
+        .iter()
+        .find(|e| e["id"] == "short")
+        .expect("short listed");
+    assert_eq!(
+        (short["owned"].clone(), short["ttl_ms"].clone()),
+        (false.into(), 1000.into())
+    );
     assert_eq!(short["pending"], 1, "{st:#}");
-    let run = recent.iter().find(|e| e["id"] == owned.as_str()).expect("the run's listed");
+    let run = recent
+        .iter()
+        .find(|e| e["id"] == owned.as_str())
+        .expect("the run's listed");
     assert_eq!(run["owned"], true, "{st:#}");
     let log = env.bus_log_tail();
     assert!(
-        log.lines().any(|l| l.contains("subscription expired (ttl)") && l.contains("short")),
+        log.lines()
+            .any(|l| l.contains("subscription expired (ttl)") && l.contains("short")),
         "bus.log names the removal\n{log}"
     );
 }

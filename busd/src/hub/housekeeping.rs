@@ -163,7 +163,10 @@ mod tests {
         };
         assert_eq!(requested_ttl(&req(true, 0), ten), ten);
         assert_eq!(requested_ttl(&req(false, 0), ten), Duration::MAX);
-        assert_eq!(requested_ttl(&req(false, 2000), ten), Duration::from_secs(2));
+        assert_eq!(
+            requested_ttl(&req(false, 2000), ten),
+            Duration::from_secs(2)
+        );
         assert_eq!(requested_ttl(&req(true, u64::MAX), ten), Duration::MAX);
     }
 }

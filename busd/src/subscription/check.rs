@@ -122,10 +122,21 @@ fn check_record(rec: &SubRecord, head: u64) -> Result<(), String> {
         beyond("halted seq", h.seq)?;
     }
     let mut times = vec![("created_at_unix_ms", rec.created_at_unix_ms)];
-    times.extend(rec.detached_since_unix_ms.map(|t| ("detached_since_unix_ms", t)));
+    times.extend(
+        rec.detached_since_unix_ms
+            .map(|t| ("detached_since_unix_ms", t)),
+    );
     times.extend(rec.delayed.iter().map(|&(_, t)| ("delayed due time", t)));
-    times.extend(rec.parked.iter().map(|p| ("parked_at_unix_ms", p.parked_at_unix_ms)));
-    times.extend(rec.halt.iter().map(|h| ("halt since_unix_ms", h.since_unix_ms)));
+    times.extend(
+        rec.parked
+            .iter()
+            .map(|p| ("parked_at_unix_ms", p.parked_at_unix_ms)),
+    );
+    times.extend(
+        rec.halt
+            .iter()
+            .map(|h| ("halt since_unix_ms", h.since_unix_ms)),
+    );
     if let Some((what, t)) = times.into_iter().find(|&(_, t)| t < 0) {
         return Err(format!("{what} {t} is before 1970"));
     }
@@ -147,7 +158,10 @@ fn check_record(rec: &SubRecord, head: u64) -> Result<(), String> {
         return Err(format!("counter {what} {n} is beyond {MAX_SEQ}"));
     }
     if let Some(&(s, n)) = rec.deliveries.iter().find(|&&(_, n)| n > u32::MAX / 2) {
-        return Err(format!("delivery count {n} of seq {s} is beyond {}", u32::MAX / 2));
+        return Err(format!(
+            "delivery count {n} of seq {s} is beyond {}",
+            u32::MAX / 2
+        ));
     }
     if !matches!(rec.on_poison.as_str(), "halt" | "park") {
         return Err(format!(
@@ -221,7 +235,10 @@ mod tests {
 
     #[test]
     fn a_sound_snapshot_passes() {
-        assert_eq!(check_snapshot(&snapshot(10, vec![record("s1"), record("s2")])), Ok(()));
+        assert_eq!(
+            check_snapshot(&snapshot(10, vec![record("s1"), record("s2")])),
+            Ok(())
+        );
     }
 
     #[test]
@@ -231,10 +248,14 @@ mod tests {
         assert_eq!(check_snapshot(&snapshot(MAX_SEQ, vec![])), Ok(()));
         let mut r = record("s1");
         r.cursor = 11;
-        assert_eq!(why(snapshot(10, vec![r])), "subscription s1: cursor 11 is beyond head_seq 10");
+        assert_eq!(
+            why(snapshot(10, vec![r])),
+            "subscription s1: cursor 11 is beyond head_seq 10"
+        );
         let mut r = record("s1");
         r.patterns = vec!["a.*.b".into()];
-        assert!(why(snapshot(10, vec![r])).starts_with("subscription s1: this busd refuses its patterns"));
+        assert!(why(snapshot(10, vec![r]))
+            .starts_with("subscription s1: this busd refuses its patterns"));
         let mut r = record("s1");
         r.state = "paused".into();
         assert!(why(snapshot(10, vec![r])).contains("state \"paused\""));
