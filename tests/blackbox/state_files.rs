@@ -310,6 +310,7 @@ fn named_subscriptions_live_until_removed_unless_they_asked_for_a_ttl() {
         .find(|e| e["id"] == owned.as_str())
         .expect("the run's listed");
     assert_eq!(run["owned"], true, "{st:#}");
+    crate::ecosystem::assert_valid("status", &st);
     let log = env.bus_log_tail();
     assert!(
         log.lines()
