@@ -311,15 +311,16 @@ fn named_subscriptions_live_until_removed_unless_they_asked_for_a_ttl() {
         .expect("the run's listed");
     assert_eq!(run["owned"], true, "{st:#}");
     crate::ecosystem::assert_valid("status", &st);
-    let text = env
-        .dws(["event", "status"])
-        .run_with_timeout(EXIT_TIMEOUT);
+    let text = env.dws(["event", "status"]).run_with_timeout(EXIT_TIMEOUT);
     text.assert_code(0);
     assert!(
         text.stdout.contains("2 removed by their ttl (last "),
         "text status counts the removals\n{text}"
     );
-    let kept = text.stdout.lines().find(|l| l.trim_start().starts_with("kept "));
+    let kept = text
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("kept "));
     assert!(
         kept.is_some_and(|l| l.contains(" never ")),
         "text status shows `never` under EXPIRES\n{text}"
