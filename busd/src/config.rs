@@ -119,13 +119,15 @@ pub fn write_man_page(dir: &Path) -> std::io::Result<PathBuf> {
     clap_mangen::Man::new(Args::command()).generate_to(dir)
 }
 
-/// A humantime duration (`30s`, `5m`, `1h 30m`), or `0`.
+/// A humantime duration (`30s`, `5m`, `1h 30m`), or `0`; at most
+/// [`proto::limits::MAX_DURATION`] (100 years).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e} (expected a duration like 30s, 5m, 1h)"))
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e} (expected a duration like 30s, 5m, 1h)"))?;
+    proto::limits::check_duration(&proto::limits::quoted(s.trim()), d)
 }
 
 fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
@@ -160,6 +162,9 @@ mod tests {
         assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
         assert!(parse_duration("5x").is_err());
         assert!(parse_nonzero_duration("0").is_err());
+        assert!(parse_duration("100years").is_ok());
+        let err = parse_duration("500000000000years").unwrap_err();
+        assert!(err.contains("100 years"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //! - [`shutdown`]: the one shutdown signal and its reason; [`clock`]: the
 //!   wall clock.
 //! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run.
+//! - [`regular`]: data files (`config.toml`, secrets, the store's files) opened
+//!   as regular files only, never blocking on a FIFO.
 
 pub mod clock;
 pub mod cluster;
@@ -31,6 +33,7 @@ pub mod pattern;
 pub mod profile;
 pub mod ratelimit;
 pub mod ready;
+pub mod regular;
 pub mod section;
 pub mod server;
 pub mod shutdown;
@@ -253,6 +256,36 @@ fn write_meta(endpoint: &Endpoint) -> Result<(), StartError> {
         .map_err(|e| StartError::from_io(format!("cannot write {}: {e}", path.display()), &e))
 }
 
+/// The disk store's directory.
+fn store_dir_of(endpoint: &Endpoint) -> std::path::PathBuf {
+    endpoint.work_dir.join("store")
+}
+
+/// Refuses to start over a disk store's `subscriptions.json` this build
+/// cannot restore as it was saved ([`subscription::check_snapshot`]); the
+/// file is left as it is. (The cluster store's snapshot is this host's
+/// instance of definitions other hosts created: its cursors may run ahead
+/// of this host's head, so it is not held to the same check.)
+fn check_recovered(
+    config: &store::StoreConfig,
+    dir: &Path,
+    recovered: &store::Recovered,
+) -> Result<(), StartError> {
+    let (store::StoreKind::Disk, Some(snap)) = (config.kind, &recovered.snapshot) else {
+        return Ok(());
+    };
+    subscription::check_snapshot(snap).map_err(|e| {
+        format!(
+            "cannot open the store: {}: {e}; this busd ({}) cannot restore it as it was saved, \
+             so it refuses to start and leaves the file as it is (run the busd that wrote it, \
+             or move the file away to start without the stored subscriptions)",
+            dir.join("subscriptions.json").display(),
+            proto::BUILD
+        )
+        .into()
+    })
+}
+
 async fn serve(
     args: Args,
     endpoint: Endpoint,
@@ -275,7 +308,7 @@ async fn serve(
     if let Some(pg) = &profile.store.postgres {
         store::postgres::store::preflight(pg).await?;
     }
-    let store_dir = endpoint.work_dir.join("store");
+    let store_dir = store_dir_of(&endpoint);
     // The epoch this host appends to a cluster's log under (0: not the owner).
     let epoch = Arc::new(AtomicI64::new(0));
     let mut store = store::open(
@@ -287,6 +320,7 @@ async fn serve(
     let recovered = store
         .recover()
         .map_err(|e| format!("cannot open the store: {e}"))?;
+    check_recovered(&profile.store, &store_dir_of(&endpoint), &recovered)?;
 
     let source = source::from_config(&profile.source);
     let hub = Hub::new(

@@ -121,16 +121,7 @@ pub fn load_profile(
     env: &EnvOverrides,
 ) -> Result<Profile, ConfigError> {
     let path = config_root.join("config.toml");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(ConfigError::Permission(format!(
-                "cannot read {}: {e}",
-                path.display()
-            )))
-        }
-    };
+    let text = read_config_text(&path)?;
     let file: FileConfig = match &text {
         Some(t) => toml::from_str(t).map_err(|e| {
             invalid(format!(
@@ -151,6 +142,28 @@ pub fn load_profile(
     let store = store_config(&mut r)?;
     let source = load_source(config_root, profile, env, &path, r.section)?;
     Ok(Profile { source, store })
+}
+
+/// The text of `config.toml`, `None` when there is none. A FIFO or any
+/// other non-regular file is refused without blocking (exit 2), so is text
+/// that is not UTF-8; a file the bus may not read is exit 3.
+fn read_config_text(path: &Path) -> Result<Option<String>, ConfigError> {
+    use crate::regular::{self, OpenError};
+    match regular::read(path, regular::Follow::Yes) {
+        Ok((bytes, _)) => String::from_utf8(bytes).map(Some).map_err(|e| {
+            invalid(format!(
+                "{}: not UTF-8 text (invalid byte at offset {})",
+                path.display(),
+                e.utf8_error().valid_up_to()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e @ OpenError::NotRegular(_)) => Err(invalid(format!("{}: {e}", path.display()))),
+        Err(e) => Err(ConfigError::Permission(format!(
+            "cannot read {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 /// The source part of a profile section: which source, then that

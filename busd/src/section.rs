@@ -158,6 +158,15 @@ pub(crate) fn check_private(path: &Path, what: &str) -> Result<(), ConfigError> 
     let meta = std::fs::metadata(path).map_err(|e| {
         ConfigError::Permission(format!("cannot read {what} {}: {e}", path.display()))
     })?;
+    check_private_meta(&meta, path, what)
+}
+
+/// [`check_private`] on metadata already taken (from the open descriptor).
+fn check_private_meta(
+    meta: &std::fs::Metadata,
+    path: &Path,
+    what: &str,
+) -> Result<(), ConfigError> {
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(ConfigError::Permission(format!(
@@ -178,11 +187,10 @@ pub(crate) fn check_private(path: &Path, what: &str) -> Result<(), ConfigError> 
 fn duration(field: &str, v: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
     match v {
         None => Ok(default),
-        Some(s) => humantime::parse_duration(s).map_err(|e| {
-            invalid(format!(
-                "{field} = {s:?}: {e} (expected a duration like 30s, 5m)"
-            ))
-        }),
+        Some(s) => humantime::parse_duration(s)
+            .map_err(|e| format!("{e} (expected a duration like 30s, 5m)"))
+            .and_then(|d| proto::limits::check_duration("it", d))
+            .map_err(|e| invalid(format!("{field} = {s:?}: {e}"))),
     }
 }
 
@@ -281,11 +289,15 @@ impl<'a> SectionReader<'a> {
     }
 }
 
-/// Reads a secret file (refused unless 0600 and ours), trimmed.
+/// Reads a secret file (refused unless a regular file, 0600 and ours),
+/// trimmed. Opened without blocking, then checked on the open descriptor:
+/// a FIFO there is refused at once instead of hanging the bus.
 pub(crate) fn read_secret_file(f: &Path, what: &str) -> Result<Secret, ConfigError> {
-    check_private(f, what)?;
-    let s = std::fs::read_to_string(f)
+    let (bytes, meta) = crate::regular::read(f, crate::regular::Follow::Yes)
         .map_err(|e| ConfigError::Permission(format!("cannot read {what} {}: {e}", f.display())))?;
+    check_private_meta(&meta, f, what)?;
+    let s = String::from_utf8(bytes)
+        .map_err(|_| ConfigError::Invalid(format!("{what} {} is not UTF-8 text", f.display())))?;
     Ok(Secret::new(s.trim().to_owned()))
 }
 

@@ -49,7 +49,10 @@ pub fn parse(line: &str) -> Result<AckLine, String> {
             let delay = match words.next() {
                 None => Duration::ZERO,
                 Some("0") => Duration::ZERO,
-                Some(d) => humantime::parse_duration(d).map_err(|_| {
+                Some(d) => humantime::parse_duration(d)
+                    .ok()
+                    .filter(|&d| d <= proto::limits::MAX_DURATION)
+                    .ok_or_else(|| {
                     format!(
                         "{} is not a delay (expected e.g. 5s, 2m)",
                         crate::exit::quoted(d)

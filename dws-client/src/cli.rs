@@ -105,8 +105,9 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
     pub from: Option<From>,
 
-    /// How long a subscription this run creates outlives its consumer (default 10m).
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    /// How long a subscription this run creates outlives a run that could
+    /// not remove it (default 10m), or never.
+    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl)]
     pub ttl: Option<Duration>,
 
     /// Exit after N events (reason: limit).
@@ -313,11 +314,21 @@ fn parse_from(s: &str) -> Result<From, String> {
     }
 }
 
-/// A humantime duration (`30s`, `5m`, `1h 30m`), more than zero.
+/// A TTL: a duration (see [`parse_nonzero_duration`]) or `never`
+/// (`Duration::MAX`: the subscription lives until removed).
+pub fn parse_ttl(s: &str) -> Result<Duration, String> {
+    match s.trim() {
+        "never" => Ok(Duration::MAX),
+        _ => parse_nonzero_duration(s).map_err(|e| format!("{e}; or never (lives until removed)")),
+    }
+}
+
+/// A humantime duration (`30s`, `5m`, `1h 30m`), more than zero and at
+/// most 100 years (`proto::limits::MAX_DURATION`).
 pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s.trim()) {
         Ok(d) if d.is_zero() => Err("must be more than 0".into()),
-        Ok(d) => Ok(d),
+        Ok(d) => proto::limits::check_duration(&crate::exit::quoted(s.trim()), d),
         // humantime's message repeats the unit it did not know, whole.
         Err(humantime::DurationError::UnknownUnit { unit, .. }) if !unit.is_empty() => {
             Err(format!(
@@ -433,8 +444,8 @@ pub struct RestartArgs {
     pub format: TextOrJson,
 }
 
-/// Create a subscription without attaching (it collects events until its TTL
-/// runs out detached); prints its id.
+/// Create a subscription without attaching (it collects events until it is
+/// removed with unsubscribe, or until its --ttl runs out detached); prints its id.
 #[derive(Debug, Args)]
 pub struct SubscribeArgs {
     /// Event keys: exact (im.message), prefix (im.*) or all (*).
@@ -453,8 +464,9 @@ pub struct SubscribeArgs {
     #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
     pub from: Option<From>,
 
-    /// How long it lives without a consumer (default 10m).
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    /// How long it lives without a consumer: a duration, or never (the
+    /// default: it lives until removed with unsubscribe).
+    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl)]
     pub ttl: Option<Duration>,
 
     #[command(flatten)]
@@ -502,6 +514,19 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_ttl_is_a_bounded_duration_or_never() {
+        assert_eq!(parse_ttl("never"), Ok(Duration::MAX));
+        assert_eq!(parse_ttl("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_ttl("0").is_err());
+        let err = parse_ttl("500000000000years").unwrap_err();
+        assert!(err.contains("100 years") && err.contains("never"), "{err}");
+        assert_eq!(
+            proto::limits::ttl_to_ms(Duration::MAX),
+            proto::limits::TTL_NEVER_MS
+        );
     }
 
     #[test]

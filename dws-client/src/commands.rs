@@ -185,7 +185,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             filter: filter.clone(),
             start: start as i32,
             start_seq,
-            ttl_ms: args.ttl.map_or(0, |d| d.as_millis() as u64),
+            ttl_ms: args.ttl.map_or(0, proto::limits::ttl_to_ms),
             attach: false,
             takeover: false,
             must_exist: false,

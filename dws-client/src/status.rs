@@ -323,7 +323,17 @@ pub fn render(doc: &StatusDoc) -> String {
         );
     }
     let subs = &doc.subscriptions;
-    let _ = writeln!(o, "\nsubscriptions ({})", subs.len());
+    let expired = &doc.bus.expired;
+    let removed = match expired.recent.last() {
+        Some(last) if expired.total > 0 => format!(
+            "  {} removed by their ttl (last {} {})",
+            expired.total,
+            last.id,
+            ago(now, Some(last.expired_at_unix_ms))
+        ),
+        _ => String::new(),
+    };
+    let _ = writeln!(o, "\nsubscriptions ({}){removed}", subs.len());
     if !subs.is_empty() {
         let rows: Vec<Vec<String>> = subs
             .iter()
@@ -346,7 +356,10 @@ pub fn render(doc: &StatusDoc) -> String {
                     s(x.filter.as_deref()),
                     if x.owned { "yes" } else { "no" }.into(),
                     attached,
-                    until(now, x.expires_at_unix_ms),
+                    match (x.attached_pid, x.ttl_ms) {
+                        (None, None) => "never".into(),
+                        _ => until(now, x.expires_at_unix_ms),
+                    },
                     x.cursor.to_string(),
                     x.head_seq.to_string(),
                     x.lag.to_string(),

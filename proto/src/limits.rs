@@ -28,6 +28,45 @@ pub const MAX_BACKOFF_STEP_MS: u64 = 24 * 60 * 60 * 1000;
 /// Most characters of a `term` reason the bus keeps.
 pub const MAX_TERM_REASON_CHARS: usize = 256;
 
+/// The longest duration accepted anywhere a user gives one (flags, env,
+/// `config.toml`): 100 years. Longer ones are refused with a clear error,
+/// so no timer computes a deadline past what `Instant` can hold.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(100 * 31_557_600);
+
+/// `d` (the value of `what`), unless it is over [`MAX_DURATION`].
+pub fn check_duration(what: &str, d: std::time::Duration) -> Result<std::time::Duration, String> {
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{what} is longer than the longest duration accepted (100 years)"
+        ));
+    }
+    Ok(d)
+}
+
+/// `Subscribe.ttl_ms` meaning "lives until removed" (`--ttl never`).
+pub const TTL_NEVER_MS: u64 = u64::MAX;
+
+/// The TTL `Subscribe.ttl_ms` (or a stored record) asks for: `None` for 0
+/// (the bus decides), `Duration::MAX` for [`TTL_NEVER_MS`] (never expires).
+pub fn ttl_from_ms(ms: u64) -> Option<std::time::Duration> {
+    match ms {
+        0 => None,
+        TTL_NEVER_MS => Some(std::time::Duration::MAX),
+        ms => Some(std::time::Duration::from_millis(ms)),
+    }
+}
+
+/// The inverse of [`ttl_from_ms`]: `Duration::MAX` (or anything too long
+/// for a u64 of milliseconds) is [`TTL_NEVER_MS`].
+pub fn ttl_to_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(TTL_NEVER_MS)
+}
+
+/// The highest seq a bus ever assigns: 2^63 − 1, what a PostgreSQL
+/// `bigint` holds. A store whose head is beyond it is refused at start; at
+/// it, publishes are refused: a seq never wraps.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+
 /// The backoff rule: at most [`MAX_BACKOFF_STEPS`] steps, each at most
 /// [`MAX_BACKOFF_STEP_MS`] (a step of 0 is allowed: at once).
 pub fn check_backoff(steps_ms: &[u64]) -> Result<(), String> {
@@ -112,6 +151,32 @@ pub fn check_event_type(t: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_ttl_round_trips_through_milliseconds() {
+        use std::time::Duration;
+        assert_eq!(super::ttl_from_ms(0), None);
+        for d in [Duration::from_secs(600), Duration::MAX, super::MAX_DURATION] {
+            assert_eq!(super::ttl_from_ms(super::ttl_to_ms(d)), Some(d));
+        }
+    }
+
+    #[test]
+    fn durations_over_a_century_are_refused() {
+        use std::time::Duration;
+        assert_eq!(
+            super::check_duration("x", super::MAX_DURATION),
+            Ok(super::MAX_DURATION)
+        );
+        let err = super::check_duration("--ttl", Duration::MAX).unwrap_err();
+        assert!(
+            err.starts_with("--ttl is longer") && err.contains("100 years"),
+            "{err}"
+        );
+        assert!(std::time::Instant::now()
+            .checked_add(super::MAX_DURATION)
+            .is_some());
+    }
+
     use super::*;
 
     #[test]

@@ -110,6 +110,30 @@ pub struct BusDoc {
     /// started (an install put a new build in place): `dws event restart`
     /// runs the installed one.
     pub executable_replaced: bool,
+    /// Subscriptions removed because they stayed detached past their TTL.
+    pub expired: ExpiredDoc,
+}
+
+/// Subscriptions removed by their TTL since the bus started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExpiredDoc {
+    pub total: u64,
+    /// The most recent removals (at most 16), oldest first.
+    pub recent: Vec<ExpiredSubDoc>,
+}
+
+/// One subscription removed by its TTL.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExpiredSubDoc {
+    pub id: String,
+    /// Owned by a `consume` run (it lingered after the run), or named.
+    pub owned: bool,
+    pub ttl_ms: u64,
+    pub expired_at_unix_ms: i64,
+    /// Events it still held (unacked, in flight or delayed) when removed.
+    pub pending: u64,
 }
 
 /// Clients refused because they hit a bound (docs/guide.md "Limits").
@@ -171,8 +195,11 @@ pub struct SubscriptionStatus {
     pub upstream_subscription_id: Option<String>,
     pub attached_pid: Option<u32>,
     pub detached_since_unix_ms: Option<i64>,
+    /// `None` while attached, and for a subscription that never expires.
     pub expires_at_unix_ms: Option<i64>,
-    pub ttl_ms: u64,
+    /// `None`: it lives until removed (`--ttl never`, the default of a
+    /// subscription created by `subscribe`).
+    pub ttl_ms: Option<u64>,
     pub created_at_unix_ms: i64,
     pub cursor: u64,
     pub head_seq: u64,

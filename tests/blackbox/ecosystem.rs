@@ -110,7 +110,7 @@ fn strict(v: &Value) -> Value {
 }
 
 /// Asserts `instance` satisfies `schemas/<name>.schema.json`, strictly.
-fn assert_valid(name: &str, instance: &Value) {
+pub(crate) fn assert_valid(name: &str, instance: &Value) {
     let validator = jsonschema::validator_for(&strict(&schema(name)))
         .unwrap_or_else(|e| panic!("schema {name} does not compile: {e}"));
     let errors: Vec<String> = validator

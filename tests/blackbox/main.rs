@@ -25,6 +25,10 @@
 //!   refresh, frames in every spelling, the control plane.
 //! - [`spawn`]: on-demand daemon start: one daemon for many clients, stale
 //!   lock/socket recovery, socket permissions, `--dry-run`, `busd --foreground`.
+//! - [`state_files`]: durable state and settings not trusted blindly: a
+//!   `subscriptions.json` this build cannot restore is refused and kept,
+//!   FIFOs where files belong, over-long durations, a non-UTF-8
+//!   `config.toml`, named subscriptions without a TTL, TTL removals.
 //! - [`durability`]: the on-disk store: its files and status, restart after
 //!   `stop` and `kill -9`, torn tails, flipped bytes, format versions, a
 //!   failed write, and `kill -9` chaos (local publish and DingTalk).
@@ -76,6 +80,7 @@ mod repo;
 mod slow;
 mod sources;
 mod spawn;
+mod state_files;
 mod subscriptions;
 mod wire;
 mod workdir;

@@ -7,7 +7,7 @@
 //! different keys on one host (exit 2), and the winner's definition reaches
 //! every host through adoption.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use proto::v1::{self, ErrorCode};
 
@@ -107,17 +107,13 @@ fn definition_record(hub: &Hub, req: &v1::Subscribe, selector: &Selector) -> Sub
         v1::StartPosition::StartEarliest => 0,
         v1::StartPosition::StartSeq => req.start_seq.saturating_sub(1),
     };
-    let ttl = if req.ttl_ms == 0 {
-        hub.config().default_ttl
-    } else {
-        Duration::from_millis(req.ttl_ms)
-    };
+    let ttl = crate::hub::requested_ttl(req, hub.config().default_ttl);
     let now = now_ms();
     let spec = SubRecord {
         id: req.subscription_id.clone(),
         patterns: selector.pattern_strings(),
         filter: selector.filter_str().to_owned(),
-        ttl_ms: ttl.as_millis() as u64,
+        ttl_ms: proto::limits::ttl_to_ms(ttl),
         created_at_unix_ms: now,
         upstream_id: None,
         cursor: start_after,

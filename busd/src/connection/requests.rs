@@ -127,7 +127,10 @@ impl Connection {
                 // bus's default TTL is about detached *local* subscriptions,
                 // and an attached consumer must not lose its upstream at it.
                 // Without one, the last local release cancels it.
-                let ttl = Duration::from_millis(req.ttl_ms);
+                // `never` asks the upstream for no expiry; a TTL is at most 100 years.
+                let ttl = proto::limits::ttl_from_ms(req.ttl_ms)
+                    .filter(|&d| d != Duration::MAX)
+                    .map_or(Duration::ZERO, |d| d.min(proto::limits::MAX_DURATION));
                 match ctl.acquire(&req.patterns, spec, ttl).await {
                     Ok(id) => upstream_id = Some(id),
                     Err(r) => {

@@ -75,6 +75,17 @@ impl Hub {
             }
         }
         let seq = st.next_seq;
+        if seq > proto::limits::MAX_SEQ {
+            // A seq never wraps: past the last one, nothing is appended.
+            return Err(Refusal::new(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "the log has used every seq up to {} (the highest a bus assigns); nothing \
+                     more can be published to this store",
+                    proto::limits::MAX_SEQ
+                ),
+            ));
+        }
         let event_id = if ev.event_id.is_empty() {
             format!("{}-{seq}", self.shared.started_at_ms)
         } else {

@@ -1,14 +1,71 @@
 //! Housekeeping: the idle timer (the bus exits after `idle_timeout` with
 //! no connections and no subscriptions) and the TTL reaper (a detached
 //! subscription is removed when its TTL runs out, releasing its upstream
-//! binding). One task, sleeping until the next deadline or a change.
+//! binding; each removal is logged and counted for status in [`Expired`]).
+//! One task, sleeping until the next deadline or a change. Which TTL a new
+//! subscription gets is [`requested_ttl`]: a named one lives until removed
+//! unless it asked for a TTL.
 
-use std::time::Instant;
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
 
-use proto::v1::ByeReason;
+use proto::{
+    status::{ExpiredDoc, ExpiredSubDoc},
+    v1::{self, ByeReason},
+};
 
 use super::Hub;
-use crate::subscription::Subscription;
+use crate::{clock::now_ms, subscription::Subscription};
+
+/// How many TTL removals status lists (the total counts them all).
+pub const RECENT_EXPIRED: usize = 16;
+
+/// The TTL of the subscription `req` creates: the one it asked for
+/// (`--ttl`; `Duration::MAX` for `never`); else `default_ttl` when a
+/// `consume` run owns it (it lingers that long after a run that could not
+/// remove it), and never for a named one (`dws event subscribe`): it lives
+/// until removed.
+pub fn requested_ttl(req: &v1::Subscribe, default_ttl: Duration) -> Duration {
+    proto::limits::ttl_from_ms(req.ttl_ms).unwrap_or(if req.owned {
+        default_ttl
+    } else {
+        Duration::MAX
+    })
+}
+
+/// Subscriptions removed by their TTL since the bus started: a count and
+/// the most recent ones, for status.
+#[derive(Debug, Default)]
+pub struct Expired {
+    total: u64,
+    recent: VecDeque<ExpiredSubDoc>,
+}
+
+impl Expired {
+    fn record(&mut self, sub: &Subscription, at_unix_ms: i64) {
+        self.total += 1;
+        if self.recent.len() == RECENT_EXPIRED {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(ExpiredSubDoc {
+            id: sub.id.clone(),
+            owned: sub.owned,
+            ttl_ms: proto::limits::ttl_to_ms(sub.ttl),
+            expired_at_unix_ms: at_unix_ms,
+            pending: sub.pending_len() as u64,
+        });
+    }
+
+    /// The status document's part.
+    pub fn doc(&self) -> ExpiredDoc {
+        ExpiredDoc {
+            total: self.total,
+            recent: self.recent.iter().cloned().collect(),
+        }
+    }
+}
 
 impl Hub {
     /// Runs the idle timer and the TTL reaper until shutdown. Sleeps until the
@@ -29,8 +86,18 @@ impl Hub {
                     .map(|s| s.id.clone())
                     .collect();
                 for id in &expired {
-                    tracing::info!(subscription = %id, "subscription expired (ttl)");
-                    if let Some(up) = st.subs.remove(id).and_then(|s| s.upstream_id) {
+                    let Some(sub) = st.subs.remove(id) else {
+                        continue;
+                    };
+                    let pending = sub.pending_len();
+                    let ttl = humantime::format_duration(sub.ttl).to_string();
+                    if sub.owned {
+                        tracing::info!(subscription = %id, ttl, pending, "subscription expired (ttl): removed");
+                    } else {
+                        tracing::warn!(subscription = %id, ttl, pending, "subscription expired (ttl): removed with its backlog and parked list");
+                    }
+                    st.expired.record(&sub, now_ms());
+                    if let Some(up) = sub.upstream_id {
                         released.push(up);
                     }
                 }
@@ -55,13 +122,17 @@ impl Hub {
                     _ => now,
                 };
                 idle_since = Some((since, gen));
-                let idle_at = since + idle_timeout;
-                if idle_at <= now {
+                // An idle timeout too long for the clock is no timeout.
+                let idle_at = since.checked_add(idle_timeout);
+                if idle_at.is_some_and(|t| t <= now) {
                     tracing::info!(timeout = ?idle_timeout, "idle: no consumers and no subscriptions");
                     self.shared.shutdown.trigger(ByeReason::Idle);
                     return;
                 }
-                deadline = Some(deadline.map_or(idle_at, |d| d.min(idle_at)));
+                deadline = match (deadline, idle_at) {
+                    (Some(d), Some(i)) => Some(d.min(i)),
+                    (d, i) => d.or(i),
+                };
             }
             let sleep = async {
                 match deadline {
@@ -75,5 +146,27 @@ impl Hub {
                 _ = shutdown.recv() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_subscription_lives_until_removed_unless_it_asked_for_a_ttl() {
+        let ten = Duration::from_secs(600);
+        let req = |owned, ttl_ms| v1::Subscribe {
+            owned,
+            ttl_ms,
+            ..Default::default()
+        };
+        assert_eq!(requested_ttl(&req(true, 0), ten), ten);
+        assert_eq!(requested_ttl(&req(false, 0), ten), Duration::MAX);
+        assert_eq!(
+            requested_ttl(&req(false, 2000), ten),
+            Duration::from_secs(2)
+        );
+        assert_eq!(requested_ttl(&req(true, u64::MAX), ten), Duration::MAX);
     }
 }

@@ -38,6 +38,7 @@ mod control;
 mod dedup;
 mod delivery;
 mod housekeeping;
+pub use housekeeping::requested_ttl;
 mod refused;
 mod shared;
 mod source_state;
@@ -167,6 +168,8 @@ struct State {
     /// Shared subscriptions' events acked here, and those given back by a
     /// consumer that left: for the claims in the cluster (`shared`).
     shared_work: shared::SharedWork,
+    /// Subscriptions removed by their TTL, for status.
+    expired: housekeeping::Expired,
 }
 
 struct Shared {
@@ -279,7 +282,7 @@ impl Hub {
         }
         let state = State {
             log,
-            next_seq: head + 1,
+            next_seq: head.saturating_add(1),
             staged: vec![],
             dedup,
             subs,
@@ -306,6 +309,7 @@ impl Hub {
             refused: Refused::default(),
             cluster: None,
             shared_work,
+            expired: housekeeping::Expired::default(),
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,

@@ -181,10 +181,13 @@ impl Hub {
                     upstream_subscription_id: s.upstream_id.clone(),
                     attached_pid: s.consumer().and_then(|c| st.conns.get(&c)).map(|c| c.pid),
                     detached_since_unix_ms: s.detached_since_ms(),
-                    expires_at_unix_ms: s
-                        .detached_since_ms()
-                        .map(|ms| ms + s.ttl.as_millis() as i64),
-                    ttl_ms: s.ttl.as_millis() as u64,
+                    expires_at_unix_ms: s.detached_since_ms().and_then(|ms| {
+                        i64::try_from(s.ttl.as_millis())
+                            .ok()
+                            .and_then(|ttl| ms.checked_add(ttl))
+                    }),
+                    ttl_ms: Some(proto::limits::ttl_to_ms(s.ttl))
+                        .filter(|&ms| ms != proto::limits::TTL_NEVER_MS),
                     created_at_unix_ms: s.created_at_ms,
                     cursor,
                     head_seq: head,
@@ -236,6 +239,7 @@ impl Hub {
                 paused_readers: self.paused_readers(),
                 executable: exe.0,
                 executable_replaced: exe.1,
+                expired: st.expired.doc(),
             },
             source: SourceDoc {
                 kind: cfg.source_kind.clone(),

@@ -176,11 +176,7 @@ impl Hub {
                 v1::StartPosition::StartEarliest => 0,
                 v1::StartPosition::StartSeq => req.start_seq,
             };
-            let ttl = if req.ttl_ms == 0 {
-                cfg.default_ttl
-            } else {
-                Duration::from_millis(req.ttl_ms)
-            };
+            let ttl = super::requested_ttl(req, cfg.default_ttl);
             let mut sub = Subscription::new(
                 id.clone(),
                 selector,

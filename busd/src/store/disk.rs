@@ -51,7 +51,7 @@ pub struct DiskStore {
     damaged: Vec<Damage>,
 }
 
-fn io(what: &str, path: &Path, e: std::io::Error) -> StoreError {
+fn io(what: &str, path: &Path, e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(format!("{what} {}: {e}", path.display()))
 }
 
@@ -222,11 +222,10 @@ impl DiskStore {
     }
 }
 
-fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut f = open_options().read(true).open(path)?;
-    let mut v = vec![];
-    std::io::Read::read_to_end(&mut f, &mut v)?;
-    Ok(v)
+/// Reads a store file: a regular file only, opened without blocking and
+/// without following a symlink (`crate::regular`): a FIFO is refused.
+fn read_nofollow(path: &Path) -> Result<Vec<u8>, crate::regular::OpenError> {
+    crate::regular::read(path, crate::regular::Follow::No).map(|(bytes, _)| bytes)
 }
 
 fn placeholder(seq: u64) -> Arc<LoggedEvent> {

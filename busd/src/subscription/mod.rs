@@ -26,6 +26,7 @@
 //! in `slow`; unit tests in `tests` and `slow_tests`, the property test
 //! against a model in `model`.
 
+mod check;
 mod hole;
 #[cfg(test)]
 mod model;
@@ -40,6 +41,7 @@ mod tests;
 mod tests_shared;
 mod verbs;
 
+pub use check::{check_snapshot, SnapshotError};
 pub use slow::{wall_ms, MAX_DELAYED_PINNED};
 
 use std::{
@@ -552,7 +554,8 @@ impl Subscription {
 
     pub fn expires_at(&self) -> Option<Instant> {
         match (self.consumer, self.detached_at) {
-            (None, Some((at, _))) => Some(at + self.ttl),
+            // A TTL of `never` (Duration::MAX) overflows: no expiry.
+            (None, Some((at, _))) => at.checked_add(self.ttl),
             _ => None,
         }
     }

@@ -163,7 +163,7 @@ impl Plan {
                 From::Earliest => serde_json::json!("earliest"),
                 From::Seq(n) => serde_json::json!(n),
             },
-            "ttl_ms": self.ttl.map(|d| d.as_millis() as u64),
+            "ttl_ms": self.ttl.map(proto::limits::ttl_to_ms),
             "max_events": self.max_events,
             "duration_ms": self.duration.map(|d| d.as_millis() as u64),
             "format": format!("{:?}", self.format).to_lowercase(),

@@ -233,7 +233,7 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         filter: plan.filter.clone(),
         start: start as i32,
         start_seq,
-        ttl_ms: plan.ttl.map_or(0, |d| d.as_millis() as u64),
+        ttl_ms: plan.ttl.map_or(0, proto::limits::ttl_to_ms),
         attach: true,
         takeover: plan.takeover,
         must_exist: plan.subscribe_id.is_some(),

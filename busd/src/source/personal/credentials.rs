@@ -297,7 +297,9 @@ impl Credentials {
             st.refresh = held_refresh;
         }
         let ahead = REFRESH_AHEAD.min(grant.lifetime / 2);
-        st.refresh_at = Some(Instant::now() + grant.lifetime - ahead);
+        // A lifetime too long for the clock (the server's `expiresIn`) is
+        // never refreshed ahead.
+        st.refresh_at = Instant::now().checked_add(grant.lifetime - ahead);
     }
 
     pub fn scrub(&self) -> Scrub {

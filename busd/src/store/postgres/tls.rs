@@ -294,7 +294,10 @@ impl CaFile {
     /// without one, or with one rustls cannot use as a trust anchor.
     pub fn load(path: &Path) -> Result<CaFile, String> {
         let shown = path.display();
-        let pem = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        // A FIFO there is refused at once, never waited on.
+        let pem = crate::regular::read(path, crate::regular::Follow::Yes)
+            .map(|(bytes, _)| bytes)
+            .map_err(|e| format!("cannot read {shown}: {e}"))?;
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(&pem) {
             let cert = cert.map_err(|e| format!("{shown} is not a PEM certificate file: {e}"))?;
