@@ -18,6 +18,8 @@
 
 use std::collections::VecDeque;
 
+use super::{Slot, Subscription};
+
 /// A gap sent to the attached consumer that it has not read past yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Told {
@@ -105,6 +107,22 @@ impl Gaps {
     /// Forgets everything (a seek: what was lost before is not reported).
     pub(super) fn clear(&mut self) {
         *self = Gaps::default();
+    }
+}
+
+impl Subscription {
+    /// Where delivery resumes after a gap whose highest lost seq is
+    /// `through`: the first event still pending above it, else after the
+    /// head. Unknown (0): the first unsent event.
+    pub(super) fn resume_after(&self, through: u64, head: u64) -> u64 {
+        let next = if through > 0 {
+            self.pending
+                .iter()
+                .find(|e| e.event.seq > through && e.slot != Slot::Acked)
+        } else {
+            self.pending.iter().find(|e| e.slot == Slot::Unsent)
+        };
+        next.map_or(head.max(through) + 1, |e| e.event.seq)
     }
 }
 

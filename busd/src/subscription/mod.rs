@@ -578,20 +578,6 @@ impl Subscription {
                     .any(|e| e.slot == Slot::Unsent))
     }
 
-    /// Where delivery resumes after a gap whose highest lost seq is
-    /// `through`: the first event still pending above it, else after the
-    /// head. Unknown (0): the first unsent event.
-    fn resume_after(&self, through: u64, head: u64) -> u64 {
-        let next = if through > 0 {
-            self.pending
-                .iter()
-                .find(|e| e.event.seq > through && e.slot != Slot::Acked)
-        } else {
-            self.pending.iter().find(|e| e.slot == Slot::Unsent)
-        };
-        next.map_or(head.max(through) + 1, |e| e.event.seq)
-    }
-
     // ------------------------------------------------------------ reading
 
     pub fn expires_at(&self) -> Option<Instant> {
