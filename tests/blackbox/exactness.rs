@@ -316,8 +316,8 @@ fn successor_reports_the_loss(env: &TestEnv, first: &[u64], total: u64) {
     assert_eq!(g.last().map(|g| g.1), Some(last_lost + 1), "{out}");
 }
 
-/// Item 2 of the issue: A's stdout is never read while retention evicts;
-/// the gap goes into A's socket, A is killed, B must still be told.
+/// A's stdout is never read while retention evicts; the gap goes to A,
+/// which never gets past it on stdout; A is killed: B must be told.
 #[test]
 fn a_gap_sent_to_a_consumer_killed_with_its_stdout_unread_reaches_the_successor() {
     let env = TestEnv::with_env(&[
@@ -329,13 +329,26 @@ fn a_gap_sent_to_a_consumer_killed_with_its_stdout_unread_reaches_the_successor(
         .dws(["event", "consume", "--subscribe-id", "s1"])
         .spawn_stdout_unread();
     a.wait_ready();
-    // 4 KiB each: A's 64 KiB pipe is full long before retention evicts.
-    publish_many(&env, "k.e", "a", 300, 4096);
+    // 4 KiB each: 40 fill A's 64 KiB pipe and its window, before
+    // retention evicts anything.
+    publish_many(&env, "k.e", "a", 40, 4096);
+    let mut last = None;
+    let mut stable = 0;
+    env.wait_status(LONG, "A to stall", |st| {
+        let s = listed(st, "s1");
+        let now = (u64_of(s, "delivered"), u64_of(s, "acked"));
+        stable = if last == Some(now) { stable + 1 } else { 0 };
+        last = Some(now);
+        u64_of(s, "in_flight") > 0 && stable >= 3
+    });
+    publish_many(&env, "k.e", "b", 260, 64);
     let s = wait_losses_settled(&env);
     assert!(u64_of(&s, "in_flight") > 0, "A holds a window\n{s:#}");
     a.signal(Sig::SIGKILL);
     let out_a = a.wait_exit_then_read_stdout(LONG);
-    assert!(gaps(&out_a).is_empty(), "A never got to print a gap\n{out_a}");
+    // A may have printed the gap line on stderr (frames are read ahead of
+    // a stalled stdout), but it never got past it on stdout: the
+    // successor must be told too.
     let first: Vec<u64> = dws_tests::common::complete_events(&out_a)
         .iter()
         .map(|e| u64_of(e, "seq"))
