@@ -10,11 +10,7 @@
 //! - Bad explicit-ack lines with stderr unread never stop delivery.
 
 use std::{
-    collections::BTreeSet,
-    io::Read,
-    os::unix::fs::OpenOptionsExt,
-    path::Path,
-    time::Duration,
+    collections::BTreeSet, io::Read, os::unix::fs::OpenOptionsExt, path::Path, time::Duration,
 };
 
 use bytes::BytesMut;
@@ -25,8 +21,8 @@ use dws_tests::{
 };
 use proto::{
     v1::{
-        client_frame::Kind as C, server_frame::Kind as S, Ack, ClientFrame, Publish,
-        StatusRequest, Subscribe,
+        client_frame::Kind as C, server_frame::Kind as S, Ack, ClientFrame, Publish, StatusRequest,
+        Subscribe,
     },
     PROTOCOL_VERSION,
 };
@@ -109,8 +105,7 @@ fn with_event_1_parked(env: &TestEnv) {
 }
 
 fn seq_of(line: &str) -> u64 {
-    let v: Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
     u64_of(&v, "seq")
 }
 
@@ -129,7 +124,11 @@ fn a_parked_event_replayed_after_the_consumer_caught_up_is_acked_once_written() 
         .spawn();
     c.wait_ready();
     for i in 2..=4 {
-        env.publish("k.e", &format!("{{\"n\":{i}}}"), &["--id", &format!("e{i}")]);
+        env.publish(
+            "k.e",
+            &format!("{{\"n\":{i}}}"),
+            &["--id", &format!("e{i}")],
+        );
     }
     c.wait_stdout_lines(3, LONG);
     env.wait_status(LONG, "2..=4 acked", |st| {
@@ -169,7 +168,11 @@ fn a_cumulative_ack_settles_only_what_was_delivered_up_to_it() {
     let env = TestEnv::new();
     with_event_1_parked(&env);
     for i in 2..=3 {
-        env.publish("k.e", &format!("{{\"n\":{i}}}"), &["--id", &format!("e{i}")]);
+        env.publish(
+            "k.e",
+            &format!("{{\"n\":{i}}}"),
+            &["--id", &format!("e{i}")],
+        );
     }
     let socket = env.bus_meta_socket().expect("the bus socket");
     let mut w = greeted(&socket);
@@ -234,7 +237,11 @@ fn a_cumulative_ack_settles_only_what_was_delivered_up_to_it() {
         3,
     );
     assert_eq!(
-        (s["acked"].as_u64(), s["in_flight"].as_u64(), s["pending"].as_u64()),
+        (
+            s["acked"].as_u64(),
+            s["in_flight"].as_u64(),
+            s["pending"].as_u64()
+        ),
         (Some(3), Some(0), Some(0)),
         "{s:#}"
     );
@@ -397,8 +404,7 @@ fn bad_ack_lines_with_stderr_unread_never_stop_delivery() {
     let env = TestEnv::new();
     env.subscribe(&["k.*", "--id", "s1"]);
     let fifo = env.root().join("stderr.fifo");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-        .expect("mkfifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     // Opened for reading (so the writer's open does not wait), never read.
     let mut unread = std::fs::OpenOptions::new()
         .read(true)

@@ -136,7 +136,10 @@ fn a_gap_sent_to_a_consumer_that_died_before_reading_past_it_goes_to_the_next() 
     s.ack_one(7);
     s.detach(now());
     s.attach(3, 2, None);
-    assert!(s.pull(10, 7, Instant::now()).gap.is_none(), "reported once read");
+    assert!(
+        s.pull(10, 7, Instant::now()).gap.is_none(),
+        "reported once read"
+    );
     assert_eq!(s.record(7, 7, now()).gap_lost, 0);
 }
 
@@ -196,7 +199,10 @@ fn a_lost_delayed_event_names_the_seq_after_it() {
     }
     s.attach(1, n as usize + 1, None);
     let later = Instant::now() + Duration::from_secs(3600);
-    assert_eq!(s.pull(usize::MAX, n + 1, Instant::now()).events.len() as u64, n + 1);
+    assert_eq!(
+        s.pull(usize::MAX, n + 1, Instant::now()).events.len() as u64,
+        n + 1
+    );
     for i in 1..=n {
         assert!(s.nack(i, later));
     }

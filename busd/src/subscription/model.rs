@@ -203,7 +203,11 @@ fn ack_upto(
     settled.sort_unstable();
     let mut want: Vec<u64> = in_flight.drain(..k).map(|(s, _)| s).collect();
     want.sort_unstable();
-    prop_assert_eq!(settled, want.clone(), "a cumulative ack settles in delivery order");
+    prop_assert_eq!(
+        settled,
+        want.clone(),
+        "a cumulative ack settles in delivery order"
+    );
     acked.extend(want);
     read_past(told, n, gap_total);
     Ok(())

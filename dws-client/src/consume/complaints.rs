@@ -138,7 +138,9 @@ mod tests {
             c.summary().as_deref(),
             Some("[event] 100 more ignored stdin line(s) not shown")
         );
-        let line = c.decide(106, "worse", t0 + INTERVAL).expect("an interval later");
+        let line = c
+            .decide(106, "worse", t0 + INTERVAL)
+            .expect("an interval later");
         assert_eq!(
             line,
             "[event] stdin line 106 ignored: worse (100 more ignored line(s) not shown)"
@@ -155,6 +157,9 @@ mod tests {
         assert!(c.decide(1, "bad", t0).is_some());
         c.written(false, t0);
         let line = c.decide(2, "bad", t0).expect("still within the burst");
-        assert!(line.ends_with("(1 more ignored line(s) not shown)"), "{line}");
+        assert!(
+            line.ends_with("(1 more ignored line(s) not shown)"),
+            "{line}"
+        );
     }
 }
