@@ -13,7 +13,11 @@
 //! without acking; delayed ones are pinned too, up to
 //! [`MAX_DELAYED_PINNED`]. Everything else in `pending` is also in the log;
 //! when retention evicts it before it was sent, it is dropped and counted as
-//! lost, and the next consumer to read past it gets a gap.
+//! lost, and reported by a gap until a consumer read past it (`gap`).
+//!
+//! Deliveries are numbered (`Entry::sent`): a cumulative ack settles what
+//! was delivered up to the acked event's delivery, in delivery order, since
+//! a replayed or redelivered event goes out behind higher seqs.
 //!
 //! Every delivery of an event is counted. With `max_deliver`, an event about
 //! to be delivered again after that many deliveries is poison: the
@@ -23,8 +27,9 @@
 //! stored form (`record`, `restore`) is in `record`, the operator verbs in
 //! `verbs`, shared delivery's claimed events in `shared`, the words of slow
 //! consumers (progress, term, backoff, delayed events kept from retention)
-//! in `slow`; unit tests in `tests` and `slow_tests`, the property test
-//! against a model in `model`.
+//! in `slow`, unreported losses in `gap`; unit tests in `tests`,
+//! `slow_tests` and `exact_tests`, the property test against a model in
+//! `model`.
 
 #[cfg(test)]
 mod exact_tests;
