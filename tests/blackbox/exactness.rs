@@ -394,6 +394,47 @@ fn a_gap_behind_events_in_flight_names_the_seq_after_the_loss_for_the_successor(
     successor_reports_the_loss(&env, &first, 301);
 }
 
+/// 1,001 events nacked for an hour while still in the log: retention
+/// keeps 1,000 of them (the bound on delayed events) and loses the last,
+/// seq 1001. The gap line names the seq right after it (1002, delivered
+/// already), not the head's successor.
+#[test]
+fn the_gap_of_an_evicted_nacked_event_names_the_seq_after_it() {
+    const N: u64 = 1001;
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_RETENTION_EVENTS", "1010")]);
+    env.subscribe(&["k.*", "--id", "s1"]);
+    let mut c = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "s1",
+            "--ack",
+            "explicit",
+        ])
+        .stdin_pipe()
+        .spawn();
+    c.wait_ready();
+    publish_many(&env, "k.e", "a", N, 16);
+    c.wait_stdout_lines(N as usize, LONG);
+    let nacks: String = (1..=N).map(|i| format!("nack {i} 1h\n")).collect();
+    c.write_stdin(nacks.as_bytes());
+    env.wait_status(LONG, "every event nacked", |st| {
+        listed(st, "s1")["delayed"] == N
+    });
+    // 1,010 more: the log evicts 1..=1001, all delayed.
+    publish_many(&env, "k.e", "b", 1010, 16);
+    let line = c.wait_stderr_line("the gap line", LONG, |l| l.starts_with("[event] gap"));
+    assert_eq!(
+        line,
+        "[event] gap — lost 1 event(s) before seq 1002 (retention)"
+    );
+    let st = env.status();
+    assert_eq!(listed(&st, "s1")["lost_to_retention"], 1, "{st:#}");
+    c.signal(Sig::SIGTERM);
+    c.wait_exit(LONG).assert_code(0);
+}
+
 // ------------------------------------------------------------------ stderr
 
 /// `--ack explicit` with a stderr nobody reads: thousands of bad stdin
