@@ -29,11 +29,10 @@ use std::{
 
 use tokio::sync::{mpsc, watch};
 
-/// Events formatted for stdout, with the seq of the last one.
+/// Events formatted for stdout, and how many.
 #[derive(Debug, Default)]
 pub struct Chunk {
     pub bytes: Vec<u8>,
-    pub last_seq: u64,
     pub events: u64,
 }
 
@@ -57,9 +56,8 @@ pub enum WriteFailure {
 /// What the pump has done so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Progress {
-    /// Seq of the last event written and flushed: what may be acked.
-    pub written_seq: u64,
-    /// Events written and flushed.
+    /// Events written and flushed, in the order they were formatted: the
+    /// first `written` of them may be acked (by seq, see `consume::written`).
     pub written: u64,
     pub failed: Option<WriteFailure>,
     /// The pump has stopped (channel closed and drained, or a failure).
@@ -103,12 +101,7 @@ impl StdoutPump {
             while let Some(chunk) = rx.blocking_recv() {
                 let mut out = stdout.lock();
                 match out.write_all(&chunk.bytes).and_then(|()| out.flush()) {
-                    Ok(()) => {
-                        if chunk.events > 0 {
-                            p.written_seq = chunk.last_seq;
-                            p.written += chunk.events;
-                        }
-                    }
+                    Ok(()) => p.written += chunk.events,
                     Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
                         p.failed = Some(WriteFailure::BrokenPipe);
                     }
@@ -192,10 +185,7 @@ impl StdoutPump {
             }
         }
         if off == chunk.bytes.len() {
-            if chunk.events > 0 {
-                self.direct.written_seq = chunk.last_seq;
-                self.direct.written += chunk.events;
-            }
+            self.direct.written += chunk.events;
             chunk.bytes.clear();
             chunk.events = 0;
             return Direct::Written(chunk);
@@ -209,11 +199,10 @@ impl StdoutPump {
         ProgressWatch(self.progress.clone())
     }
 
-    /// Everything written so far, by the thread and directly. Direct
-    /// writes only happen while the thread is idle, so the later seq wins.
+    /// Everything written so far, by the thread and directly (direct
+    /// writes only happen while the thread is idle, so the order is kept).
     pub fn progress(&self) -> Progress {
         let mut p = self.progress.borrow().clone();
-        p.written_seq = p.written_seq.max(self.direct.written_seq);
         p.written += self.direct.written;
         if p.failed.is_none() && self.direct.failed.is_some() {
             p.failed = self.direct.failed.clone();

@@ -11,6 +11,10 @@
 //!   wait, delivery counts, poison (halt, park) and the subscription verbs;
 //!   [`slow`]: slow consumers (`progress`, `term`, `--backoff`, delayed
 //!   events across retention and `kill -9`).
+//! - [`exactness`]: acks name exactly what reached stdout (a parked event
+//!   replayed behind higher seqs, an older client's cumulative ack), gaps
+//!   reach the successor of a consumer that never read past them, bad ack
+//!   lines with stderr unread.
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
 //!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
@@ -72,6 +76,7 @@ mod cluster_tls;
 mod dingtalk;
 mod durability;
 mod ecosystem;
+mod exactness;
 mod lifecycle;
 mod limits;
 mod personal;

@@ -325,11 +325,17 @@ impl Hub {
         let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
             return;
         };
-        let mut shared_acked = Vec::new();
-        if sub.shared && ack.seq > 0 {
-            shared_acked = sub.in_flight_upto(ack.seq);
+        // A cumulative ack settles what was delivered up to that seq's
+        // delivery (delivery order); `seqs` name events one by one.
+        let mut shared_acked = if ack.seq > 0 {
+            sub.ack(ack.seq)
+        } else {
+            Vec::new()
+        };
+        let mut n = shared_acked.len() as u64;
+        if !sub.shared {
+            shared_acked.clear();
         }
-        let mut n = if ack.seq > 0 { sub.ack(ack.seq) } else { 0 };
         for &seq in &ack.seqs {
             let acked = sub.ack_one(seq);
             n += u64::from(acked);

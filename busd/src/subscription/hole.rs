@@ -17,7 +17,7 @@ impl Subscription {
             return 0;
         }
         let n = to - start + 1;
-        self.gap_lost += n;
+        self.gaps.lost(n, Some(to));
         self.counters.lost += n;
         self.acked_through = to;
         n

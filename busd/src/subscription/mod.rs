@@ -13,7 +13,11 @@
 //! without acking; delayed ones are pinned too, up to
 //! [`MAX_DELAYED_PINNED`]. Everything else in `pending` is also in the log;
 //! when retention evicts it before it was sent, it is dropped and counted as
-//! lost, and the next consumer to read past it gets a gap.
+//! lost, and reported by a gap until a consumer read past it (`gap`).
+//!
+//! Deliveries are numbered (`Entry::sent`): a cumulative ack settles what
+//! was delivered up to the acked event's delivery, in delivery order, since
+//! a replayed or redelivered event goes out behind higher seqs.
 //!
 //! Every delivery of an event is counted. With `max_deliver`, an event about
 //! to be delivered again after that many deliveries is poison: the
@@ -23,10 +27,14 @@
 //! stored form (`record`, `restore`) is in `record`, the operator verbs in
 //! `verbs`, shared delivery's claimed events in `shared`, the words of slow
 //! consumers (progress, term, backoff, delayed events kept from retention)
-//! in `slow`; unit tests in `tests` and `slow_tests`, the property test
-//! against a model in `model`.
+//! in `slow`, unreported losses in `gap`; unit tests in `tests`,
+//! `slow_tests` and `exact_tests`, the property test against a model in
+//! `model`.
 
 mod check;
+#[cfg(test)]
+mod exact_tests;
+mod gap;
 mod hole;
 #[cfg(test)]
 mod model;
@@ -52,6 +60,7 @@ use std::{
 
 use proto::v1::{self, PoisonPolicy};
 
+use self::gap::Gaps;
 use crate::{
     eventlog::LoggedEvent,
     pattern::Selector,
@@ -84,6 +93,10 @@ struct Entry {
     event: Arc<LoggedEvent>,
     slot: Slot,
     deliveries: u32,
+    /// Which delivery of the subscription sent it last (its `sends` then):
+    /// orders deliveries, which seqs do not (a replayed or nacked event
+    /// goes out behind higher seqs).
+    sent: u64,
 }
 
 /// An event on the parked (dead-letter) list.
@@ -162,8 +175,10 @@ pub struct Subscription {
     /// When it was last left without a consumer (for the TTL; wall clock for
     /// status and the store).
     detached_at: Option<(Instant, i64)>,
-    /// Unsent events evicted by retention since the last gap was reported.
-    gap_lost: u64,
+    /// Losses not yet reported to a consumer that read past them.
+    gaps: Gaps,
+    /// Deliveries so far (numbers [`Entry::sent`]).
+    sends: u64,
     /// The attached consumer was told that the subscription is halted.
     halt_told: bool,
     pub counters: SubCounters,
@@ -228,7 +243,8 @@ impl Subscription {
             window: window.max(1),
             explicit: None,
             detached_at: Some(now),
-            gap_lost: 0,
+            gaps: Gaps::default(),
+            sends: 0,
             halt_told: false,
             counters: SubCounters::default(),
         }
@@ -258,6 +274,7 @@ impl Subscription {
             event: e.clone(),
             slot: Slot::Unsent,
             deliveries: 0,
+            sent: 0,
         });
         self.counters.matched += 1;
         true
@@ -274,7 +291,7 @@ impl Subscription {
                 Slot::Unsent | Slot::Delayed { .. } => {
                     self.pending.remove(i);
                     self.removed_at(i);
-                    self.gap_lost += 1;
+                    self.gaps.lost(1, Some(seq));
                     self.counters.lost += 1;
                     self.acked_through = self.acked_through.max(seq);
                 }
@@ -295,6 +312,7 @@ impl Subscription {
         self.window = window.max(1);
         self.explicit = explicit;
         self.halt_told = false;
+        self.gaps.retell();
         self.unsend_in_flight(|_| true);
     }
 
@@ -304,6 +322,7 @@ impl Subscription {
         self.consumer = None;
         self.explicit = None;
         self.unsend_in_flight(|_| true);
+        self.gaps.retell();
         self.detached_at = Some(now);
     }
 
@@ -344,18 +363,12 @@ impl Subscription {
     /// Up to `max` events within the window, and a gap first if one is due.
     pub fn pull(&mut self, max: usize, head: u64, now: Instant) -> Pulled {
         let mut out = Pulled::default();
-        if self.gap_lost > 0 {
-            let resume_seq = self
-                .pending
-                .iter()
-                .find(|e| e.slot == Slot::Unsent)
-                .map_or(head + 1, |e| e.event.seq);
+        if let Some((lost, through)) = self.gaps.take(self.sends) {
             out.gap = Some(v1::Gap {
                 subscription_id: self.id.clone(),
-                lost: self.gap_lost,
-                resume_seq,
+                lost,
+                resume_seq: self.resume_after(through, head),
             });
-            self.gap_lost = 0;
         }
         // A consumer attaching to a halted subscription is told so (and ends
         // with reason `halted`) instead of waiting for nothing.
@@ -437,6 +450,8 @@ impl Subscription {
             let entry = &mut self.pending[i];
             entry.slot = Slot::InFlight { since: now };
             entry.deliveries += 1;
+            self.sends += 1;
+            entry.sent = self.sends;
             let redelivered = entry.event.seq <= self.max_sent_seq || entry.deliveries > 1;
             if redelivered {
                 self.counters.redelivered += 1;
@@ -495,23 +510,42 @@ impl Subscription {
             self.pending[i].slot = Slot::Acked;
             self.in_flight -= 1;
             self.acked_in_queue += 1;
+            self.gaps.read_past(self.pending[i].sent);
             true
         } else {
             false
         }
     }
 
-    /// Cumulative ack: every in-flight event with seq <= `seq` is done.
-    /// Returns how many were acked.
-    pub fn ack(&mut self, seq: u64) -> u64 {
-        let mut n = 0;
-        for i in 0..self.pending.len() {
-            if self.pending[i].event.seq > seq {
-                break;
+    /// Cumulative ack (`Ack.seq`): the consumer wrote every event delivered
+    /// up to and including the delivery of `seq` now in flight. Settles
+    /// those, in delivery order, not seq order: an event replayed or
+    /// redelivered behind higher seqs is not settled by an ack of a higher
+    /// seq sent before it. A seq not in flight settles nothing. Returns the
+    /// seqs acked.
+    pub fn ack(&mut self, seq: u64) -> Vec<u64> {
+        let mut acked = Vec::new();
+        let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
+            return acked;
+        };
+        let Slot::InFlight { .. } = self.pending[i].slot else {
+            return acked;
+        };
+        let upto = self.pending[i].sent;
+        // In-flight events are at most a window: stop after the last one.
+        let mut left = self.in_flight;
+        let mut j = 0;
+        while left > 0 && j < self.pending.len() {
+            if let Slot::InFlight { .. } = self.pending[j].slot {
+                left -= 1;
+                if self.pending[j].sent <= upto && self.ack_entry(j) {
+                    acked.push(self.pending[j].event.seq);
+                }
             }
-            n += u64::from(self.ack_entry(i));
+            j += 1;
         }
-        self.settle(n)
+        self.settle(acked.len() as u64);
+        acked
     }
 
     /// Acks one in-flight event (explicit acks). Returns whether it was one.
@@ -532,6 +566,7 @@ impl Subscription {
         if let Slot::InFlight { .. } = self.pending[i].slot {
             self.pending[i].slot = Slot::Delayed { until };
             self.in_flight -= 1;
+            self.gaps.read_past(self.pending[i].sent);
             self.reopen(i);
             true
         } else {
@@ -541,7 +576,7 @@ impl Subscription {
 
     /// Whether there is something to send now (or a gap to report).
     pub fn has_unsent(&self) -> bool {
-        self.gap_lost > 0
+        self.gaps.is_due()
             || (self.state == State::Active
                 && self.in_flight < self.window
                 && self

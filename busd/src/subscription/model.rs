@@ -1,11 +1,14 @@
 //! Property test of the state machine against a simple model: random
-//! sequences of publish, attach, detach, pull, ack, eviction, takeover,
-//! term, progress and nacks with a long delay. Whatever happens: nothing
+//! sequences of publish, attach, detach, pull, cumulative and exact acks,
+//! eviction, takeover, term, progress, nacks with a long delay and nacks due
+//! at once (delivered again behind higher seqs). Whatever happens: nothing
 //! acked or termed is delivered again; nothing is delivered twice without
-//! the redelivered mark; every matched event is acked, pending, parked, or
-//! counted lost (and a gap reported); in flight never exceeds the window; a
-//! detached backlog stays within retention plus one window plus what waits
-//! out a delay.
+//! the redelivered mark; a cumulative ack settles exactly what was
+//! delivered up to it, in delivery order; every matched event is acked,
+//! pending, parked, or counted lost (and a gap reported, counting once a
+//! consumer read past it); in flight never exceeds the window; a detached
+//! backlog stays within retention plus one window plus what waits out a
+//! delay.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -22,6 +25,8 @@ enum Op {
     Pull(usize),
     AckAll,
     AckSome(usize),
+    AckOne(usize),
+    NackNow(usize),
     Term(usize),
     Progress(usize),
     NackLater(usize),
@@ -36,6 +41,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (1usize..8).prop_map(Op::Pull),
         2 => Just(Op::AckAll),
         2 => (0usize..4).prop_map(Op::AckSome),
+        2 => (1usize..4).prop_map(Op::AckOne),
+        1 => (1usize..4).prop_map(Op::NackNow),
         1 => (1usize..4).prop_map(Op::Term),
         1 => (1usize..4).prop_map(Op::Progress),
         1 => (1usize..4).prop_map(Op::NackLater),
@@ -58,7 +65,12 @@ proptest! {
         let mut conn = 0u64;
         let mut acked: BTreeSet<u64> = BTreeSet::new();
         let mut delivered: HashMap<u64, u32> = HashMap::new();
-        let mut in_flight: Vec<u64> = vec![];
+        // In delivery order, with each delivery's number.
+        let mut in_flight: Vec<(u64, u64)> = vec![];
+        let mut sends = 0u64;
+        // Gaps told to the consumer, with the number of deliveries before
+        // each; and the losses a consumer read past.
+        let mut told: Vec<(u64, u64)> = vec![];
         let mut gap_total = 0u64;
         let mut termed: BTreeSet<u64> = BTreeSet::new();
         let hour = Duration::from_secs(3600);
@@ -84,52 +96,69 @@ proptest! {
                     conn += 1;
                     s.attach(conn, window, None);
                     in_flight.clear();
+                    told.clear();
                 }
                 Op::Takeover => {
                     s.detach(now);
                     conn += 1;
                     s.attach(conn, window, None);
                     in_flight.clear();
+                    told.clear();
                 }
                 Op::Detach if s.consumer().is_some() => {
                     s.detach(now);
                     in_flight.clear();
+                    told.clear();
                 }
                 Op::Pull(n) if s.consumer().is_some() => {
                     let head = next - 1;
                     let p = s.pull(n, head, Instant::now());
-                    if let Some(g) = p.gap { gap_total += g.lost; }
+                    if let Some(g) = p.gap { told.push((sends, g.lost)); }
                     for (e, redelivered, _) in p.events {
                         prop_assert!(!acked.contains(&e.seq), "acked seq {} delivered again", e.seq);
                     prop_assert!(!termed.contains(&e.seq), "termed seq {} delivered again", e.seq);
                         let times = delivered.entry(e.seq).or_default();
                         prop_assert!(*times == 0 || redelivered, "seq {} delivered twice unmarked", e.seq);
                         *times += 1;
-                        in_flight.push(e.seq);
+                        sends += 1;
+                        in_flight.push((e.seq, sends));
                     }
                     prop_assert!(s.in_flight() <= window);
                 }
-                Op::AckAll if s.consumer().is_some() => {
-                    if let Some(&last) = in_flight.last() {
-                        s.ack(last);
-                        acked.extend(in_flight.drain(..));
-                    }
+                Op::AckAll if s.consumer().is_some() && !in_flight.is_empty() => {
+                    let k = in_flight.len();
+                    ack_upto(&mut s, &mut in_flight, k, &mut acked, &mut told, &mut gap_total)?;
                 }
                 Op::AckSome(k) if s.consumer().is_some() && k > 0 && k <= in_flight.len() => {
-                    s.ack(in_flight[k - 1]);
-                    acked.extend(in_flight.drain(..k));
+                    ack_upto(&mut s, &mut in_flight, k, &mut acked, &mut told, &mut gap_total)?;
+                }
+                Op::AckOne(k) if s.consumer().is_some() && k <= in_flight.len() => {
+                    let (seq, n) = in_flight.remove(k - 1);
+                    prop_assert!(s.ack_one(seq));
+                    acked.insert(seq);
+                    read_past(&mut told, n, &mut gap_total);
                 }
                 Op::Term(k) if s.consumer().is_some() && k <= in_flight.len() => {
-                    let seq = in_flight.remove(k - 1);
+                    let (seq, n) = in_flight.remove(k - 1);
                     prop_assert!(s.term(seq, "no"));
                     termed.insert(seq);
+                    read_past(&mut told, n, &mut gap_total);
                 }
                 Op::Progress(k) if s.consumer().is_some() && k <= in_flight.len() => {
-                    prop_assert!(s.progress(in_flight[k - 1], Instant::now()));
+                    let (seq, n) = in_flight[k - 1];
+                    prop_assert!(s.progress(seq, Instant::now()));
+                    read_past(&mut told, n, &mut gap_total);
                 }
                 Op::NackLater(k) if s.consumer().is_some() && k <= in_flight.len() => {
-                    let seq = in_flight.remove(k - 1);
+                    let (seq, n) = in_flight.remove(k - 1);
                     prop_assert!(s.nack_after(seq, hour, Instant::now()));
+                    read_past(&mut told, n, &mut gap_total);
+                }
+                Op::NackNow(k) if s.consumer().is_some() && k <= in_flight.len() => {
+                    // Due at once: the next pull sends it behind the others.
+                    let (seq, n) = in_flight.remove(k - 1);
+                    prop_assert!(s.nack(seq, Instant::now()));
+                    read_past(&mut told, n, &mut gap_total);
                 }
                 _ => {}
             }
@@ -138,18 +167,59 @@ proptest! {
             prop_assert_eq!(c.acked, acked.len() as u64);
             prop_assert!(s.pending_len() <= retention + window + s.delayed().0);
             prop_assert_eq!(c.parked, termed.len() as u64);
-            prop_assert!(gap_total <= c.lost);
+            let told_sum: u64 = told.iter().map(|t| t.1).sum();
+            prop_assert!(gap_total + told_sum <= c.lost);
         }
         // Attach and drain: every loss is reported by a gap by the end.
         s.detach(now);
         s.attach(conn + 1, window, None);
+        let mut last_told = 0;
         for _ in 0..1000 {
             let p = s.pull(usize::MAX, next - 1, Instant::now() + 2 * hour);
-            if let Some(g) = p.gap { gap_total += g.lost; }
+            if let Some(g) = p.gap { last_told += g.lost; }
             let Some((last, _, _)) = p.events.last() else { break };
+            // Acking what came after a gap reads past it.
+            gap_total += std::mem::take(&mut last_told);
             s.ack(last.seq);
         }
-        prop_assert_eq!(gap_total, s.counters.lost);
+        prop_assert_eq!(gap_total + last_told, s.counters.lost);
         prop_assert_eq!(s.pending_len(), 0);
     }
+}
+
+/// A cumulative ack of the `k`-th event in flight (delivery order): it
+/// settles exactly the first `k`, and reads past every gap told before the
+/// `k`-th delivery.
+fn ack_upto(
+    s: &mut Subscription,
+    in_flight: &mut Vec<(u64, u64)>,
+    k: usize,
+    acked: &mut BTreeSet<u64>,
+    told: &mut Vec<(u64, u64)>,
+    gap_total: &mut u64,
+) -> Result<(), TestCaseError> {
+    let (seq, n) = in_flight[k - 1];
+    let mut settled = s.ack(seq);
+    settled.sort_unstable();
+    let mut want: Vec<u64> = in_flight.drain(..k).map(|(s, _)| s).collect();
+    want.sort_unstable();
+    prop_assert_eq!(
+        settled,
+        want.clone(),
+        "a cumulative ack settles in delivery order"
+    );
+    acked.extend(want);
+    read_past(told, n, gap_total);
+    Ok(())
+}
+
+/// The consumer spoke about delivery `n`: every gap told before it is read.
+fn read_past(told: &mut Vec<(u64, u64)>, n: u64, gap_total: &mut u64) {
+    told.retain(|&(after, lost)| {
+        let read = after < n;
+        if read {
+            *gap_total += lost;
+        }
+        !read
+    });
 }

@@ -52,7 +52,7 @@ impl Subscription {
         );
         sub.created_at_ms = rec.created_at_unix_ms;
         sub.max_sent_seq = rec.max_sent_seq;
-        sub.gap_lost = rec.gap_lost;
+        sub.gaps = super::gap::Gaps::restored(rec.gap_lost);
         sub.counters = rec.counters;
         sub.max_deliver = rec.max_deliver;
         sub.shared = rec.shared;
@@ -115,6 +115,7 @@ impl Subscription {
                     event: e.clone(),
                     slot,
                     deliveries,
+                    sent: 0,
                 });
                 if e.seq > snap_head {
                     sub.counters.matched += 1;
@@ -153,7 +154,7 @@ impl Subscription {
                 .take_while(|&s| s < log_floor)
                 .collect(),
             max_sent_seq: self.max_sent_seq,
-            gap_lost: self.gap_lost,
+            gap_lost: self.gaps.unreported(),
             detached_since_unix_ms: if self.consumer.is_some() {
                 None
             } else {

@@ -27,6 +27,7 @@ impl Subscription {
                 event,
                 slot: Slot::Unsent,
                 deliveries: deliveries.saturating_sub(1),
+                sent: 0,
             },
         );
         self.counters.matched += 1;
@@ -39,17 +40,6 @@ impl Subscription {
         self.pending
             .binary_search_by_key(&seq, |e| e.event.seq)
             .is_ok_and(|i| self.pending[i].slot != Slot::Acked)
-    }
-
-    /// The in-flight events at or below `seq` (what a cumulative ack of
-    /// `seq` acks).
-    pub fn in_flight_upto(&self, seq: u64) -> Vec<u64> {
-        self.pending
-            .iter()
-            .take_while(|e| e.event.seq <= seq)
-            .filter(|e| matches!(e.slot, Slot::InFlight { .. }))
-            .map(|e| e.event.seq)
-            .collect()
     }
 
     /// Shared delivery, the consumer left: everything not acked is given
@@ -111,7 +101,7 @@ impl Subscription {
     /// before retention took them; reported to the next consumer here by a
     /// gap, and counted lost.
     pub fn lost_shared(&mut self, n: u64) {
-        self.gap_lost += n;
+        self.gaps.lost(n, None);
         self.counters.lost += n;
     }
 }

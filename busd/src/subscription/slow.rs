@@ -79,9 +79,11 @@ impl Subscription {
         let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
             return false;
         };
+        let sent = self.pending[i].sent;
         match &mut self.pending[i].slot {
             Slot::InFlight { since } => {
                 *since = now;
+                self.gaps.read_past(sent);
                 true
             }
             _ => false,
@@ -100,6 +102,7 @@ impl Subscription {
         if e.slot == Slot::Acked || e.deliveries == 0 {
             return false;
         }
+        self.gaps.read_past(e.sent);
         let reason = proto::limits::clip_to(reason.trim(), proto::limits::MAX_TERM_REASON_CHARS);
         self.park_at(i, (!reason.is_empty()).then_some(reason));
         true

@@ -70,9 +70,9 @@ fn attach_pull_ack_within_the_window() {
         s.pull(100, 3, Instant::now()).events.is_empty(),
         "window full"
     );
-    assert_eq!(s.ack(1), 1);
+    assert_eq!(s.ack(1), [1]);
     assert_eq!(seqs(&s.pull(100, 3, Instant::now())), vec![(3, false)]);
-    assert_eq!(s.ack(3), 2);
+    assert_eq!(s.ack(3), [2, 3]);
     assert_eq!(s.cursor(3), 3);
     assert_eq!(s.counters.acked, 3);
 }

@@ -74,7 +74,7 @@ impl Subscription {
         self.rescan();
         self.in_flight = 0;
         self.acked_in_queue = 0;
-        self.gap_lost = 0;
+        self.gaps.clear();
         self.acked_through = start_after;
         self.shared_from = start_after;
     }
@@ -107,6 +107,7 @@ impl Subscription {
                     event: event.clone(),
                     slot: Slot::Unsent,
                     deliveries: 0,
+                    sent: 0,
                 },
             );
             self.reopen(at);

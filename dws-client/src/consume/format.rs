@@ -28,7 +28,8 @@ pub(super) struct Formatter<'a> {
     pub(super) chunk: Chunk,
     /// Events taken from the bus (for `--max-events`).
     received: u64,
-    /// Seqs formatted since the last [`Formatter::take_seqs`] (explicit acks).
+    /// Seqs formatted since the last [`Formatter::take_seqs`], in delivery
+    /// order (what explicit acks settle against, what write acks name).
     seqs: Vec<u64>,
 }
 
@@ -77,19 +78,16 @@ impl<'a> Formatter<'a> {
             return None;
         }
         self.chunk.bytes.extend_from_slice(&b.lines[..end]);
-        self.chunk.last_seq = b.seqs[take - 1];
         self.chunk.events += take as u64;
         self.received += take as u64;
-        if self.plan.explicit_ack.is_some() {
-            self.seqs.extend_from_slice(&b.seqs[..take]);
-        }
+        self.seqs.extend_from_slice(&b.seqs[..take]);
         self.plan
             .max_events
             .is_some_and(|max| self.received >= max)
             .then_some(Reason::Limit)
     }
 
-    /// The seqs formatted since the last call, for explicit acks.
+    /// The seqs formatted since the last call, in delivery order.
     pub(super) fn take_seqs(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.seqs)
     }
@@ -107,11 +105,8 @@ impl<'a> Formatter<'a> {
                 if let Err(err) = self.writer.event(&mut self.chunk.bytes, &e) {
                     return Err(CliError::runtime(format!("cannot format an event: {err}")));
                 }
-                self.chunk.last_seq = e.seq;
                 self.chunk.events += 1;
-                if self.plan.explicit_ack.is_some() {
-                    self.seqs.push(e.seq);
-                }
+                self.seqs.push(e.seq);
                 self.received += 1;
                 if self.plan.max_events.is_some_and(|max| self.received >= max) {
                     return Ok(Some(Reason::Limit));
@@ -183,7 +178,7 @@ mod tests {
         assert_eq!(f.handle(Some(lines(&[4, 5]))), Ok(None));
         assert_eq!(f.handle(Some(lines(&[6, 7, 8]))), Ok(Some(Reason::Limit)));
         assert_eq!(f.chunk.bytes, b"{\"seq\":4}\n{\"seq\":5}\n{\"seq\":6}\n");
-        assert_eq!((f.chunk.last_seq, f.chunk.events), (6, 3));
+        assert_eq!(f.chunk.events, 3);
         assert_eq!(f.take_seqs(), [4, 5, 6]);
         assert!(f.take_seqs().is_empty());
     }

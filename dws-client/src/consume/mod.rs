@@ -11,8 +11,9 @@
 //! for that thread the socket is not read, so a stalled stdout reader only
 //! fills the bus's credit window; signals, the `--duration` deadline, the end
 //! of stdin (when armed) and a vanished stdout reader (`watch`) still end
-//! the run at once. With `--ack write` the cumulative Ack follows what the writer
-//! reports written, so only what reached stdout is ever acked; with `--ack
+//! the run at once. With `--ack write` the Ack names exactly the events the
+//! writer reports written (`written`), so only what reached stdout is ever
+//! acked, whatever the order of their seqs; with `--ack
 //! explicit` acks are the lines read from stdin, settled against the events
 //! this run delivered.
 //!
@@ -23,12 +24,15 @@
 //!
 //! Files: `plan` (validation), `watch` (signals, stdin, stdout, explicit-ack
 //! lines), `run` (the loop and the clean exit), `format` (frames into stdout
-//! chunks and stderr lines).
+//! chunks and stderr lines), `written` (write acks), `complaints` (the
+//! bounded, never-blocking complaints about bad explicit-ack lines).
 
+mod complaints;
 mod format;
 mod plan;
 mod run;
 mod watch;
+mod written;
 
 use std::io::{self, Write};
 

@@ -15,11 +15,13 @@ use proto::{
 use tokio::time::Instant;
 
 use super::{
+    complaints::{write_stderr_nowait, Complaints},
     format::Formatter,
     stderr_line,
     watch::{
         recv_line, recv_opt, settle, stdout_closed, watch_stdin_eof, watch_stdout_close, Signals,
     },
+    written::WriteAcks,
     Plan, Reason,
 };
 use crate::{
@@ -82,8 +84,10 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     // A chunk the pump could not take yet: while one waits, the socket is
     // not read (the bus's credit window bounds what is in flight).
     let mut waiting: Option<Chunk> = None;
-    let mut acked_seq: u64 = 0;
-    let mut acked_count: u64 = 0;
+    // `--ack write`: the seqs formatted, acked by name once written.
+    let mut write_acks = WriteAcks::default();
+    // Bad ack lines: reported within bounds, never waited for.
+    let mut complaints = Complaints::default();
     // Acks are coalesced: at most one per ACK_DELAY unless ACK_EAGER
     // events are waiting, so a trickle of events costs the bus one wake-up
     // per few milliseconds, not one per event.
@@ -97,13 +101,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                     Direct::Written(empty) => {
                         out.chunk = empty;
                         let p = pump.progress();
-                        schedule_ack(
-                            &p,
-                            plan.explicit_ack.is_none(),
-                            acked_seq,
-                            acked_count,
-                            &mut ack_due,
-                        );
+                        schedule_ack(&p, &write_acks, &mut ack_due);
                     }
                     Direct::Rest(rest) => waiting = Some(rest),
                     Direct::Failed => {
@@ -124,12 +122,11 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             _ = stdout_closed(stdout_watch.as_ref()) => break Ok(Reason::Signal),
             line = recv_line(&mut ack_lines) => match line {
                 Some(Input::Line(n, text)) => {
-                    delivered_seqs.extend(out.take_seqs());
                     match settle(&text, &mut delivered_seqs) {
                         Ok(ack) => {
                             let _ = bus.send(C::Ack(ack)).await;
                         }
-                        Err(why) => stderr_line(plan.quiet, &format!("[event] stdin line {n} ignored: {why}")),
+                        Err(why) => complaints.complain(plan.quiet, n, &why),
                     }
                 }
                 Some(Input::Eof) | None => {
@@ -141,16 +138,8 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             },
             _ = sleep_until_opt(ack_due) => {
                 ack_due = None;
-                let p = pump.progress();
-                if p.written_seq > acked_seq {
-                    acked_seq = p.written_seq;
-                    acked_count = p.written;
-                    let _ = bus
-                        .send(C::Ack(v1::Ack {
-                            seq: acked_seq,
-                            ..v1::Ack::default()
-                        }))
-                        .await;
+                for ack in write_acks.take(pump.progress().written) {
+                    let _ = bus.send(C::Ack(ack)).await;
                 }
             }
             _ = progress.changed() => {
@@ -158,7 +147,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                 if let Some(r) = failure_reason(&p) {
                     break r;
                 }
-                schedule_ack(&p, plan.explicit_ack.is_none(), acked_seq, acked_count, &mut ack_due);
+                schedule_ack(&p, &write_acks, &mut ack_due);
             }
             permit = pump.reserve(), if waiting.is_some() => match permit {
                 Some(permit) => {
@@ -181,6 +170,13 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         Err(e) => ended = Some(Err(e)),
                     }
                 }
+                // Explicit acks settle against what this run delivered;
+                // write acks name what the writer wrote.
+                if plan.explicit_ack.is_some() {
+                    delivered_seqs.extend(out.take_seqs());
+                } else {
+                    write_acks.formatted(out.take_seqs());
+                }
                 if let Some(r) = ended {
                     break r;
                 }
@@ -198,18 +194,16 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     }
     let progress = drain(rest, &mut pump, &mut progress, &mut signals, reason).await;
     if !reason.bus_ended() {
-        if plan.explicit_ack.is_none() && progress.written_seq > acked_seq {
-            let _ = bus
-                .send(C::Ack(v1::Ack {
-                    seq: progress.written_seq,
-                    ..v1::Ack::default()
-                }))
-                .await;
+        for ack in write_acks.take(progress.written) {
+            let _ = bus.send(C::Ack(ack)).await;
         }
         if plan.owned() {
             unsubscribe(&mut bus, &plan, &sub.subscription_id).await;
         }
         bus.bye().await;
+    }
+    if let Some(line) = complaints.summary().filter(|_| !plan.quiet) {
+        write_stderr_nowait(&line);
     }
     let secs = started.elapsed().as_secs_f64();
     stderr_line(
@@ -310,19 +304,15 @@ async fn unsubscribe(bus: &mut BusConn, plan: &Plan, id: &str) {
     }
 }
 
-/// After stdout took more events: with automatic acks, an ack is due at
-/// once when [`ACK_EAGER`] events wait for one, else within [`ACK_DELAY`].
-fn schedule_ack(
-    p: &Progress,
-    automatic: bool,
-    acked_seq: u64,
-    acked_count: u64,
-    ack_due: &mut Option<Instant>,
-) {
-    if !automatic || p.written_seq <= acked_seq {
+/// After stdout took more events: with write acks, an ack is due at once
+/// when [`ACK_EAGER`] written events wait for one, else within
+/// [`ACK_DELAY`]. (With explicit acks nothing is queued: none is due.)
+fn schedule_ack(p: &Progress, write_acks: &WriteAcks, ack_due: &mut Option<Instant>) {
+    let waiting = write_acks.waiting(p.written);
+    if waiting == 0 {
         return;
     }
-    if p.written - acked_count >= ACK_EAGER {
+    if waiting >= ACK_EAGER {
         *ack_due = Some(Instant::now());
     } else {
         ack_due.get_or_insert_with(|| Instant::now() + ACK_DELAY);
