@@ -276,8 +276,14 @@ fn named_subscriptions_live_until_removed_unless_they_asked_for_a_ttl() {
     let env = TestEnv::with_env(&[("DWS_EVENT_BUS_DEFAULT_TTL", "1s")]);
     subscribe_ok(&env, &["ttl.k", "--id", "kept"], "kept");
     subscribe_ok(&env, &["ttl.k", "--id", "never", "--ttl", "never"], "never");
-    subscribe_ok(&env, &["ttl.k", "--id", "short", "--ttl", "1s"], "short");
     env.publish("ttl.k", "{}", &[]);
+    // Created after the event, from the start of the log: it holds the
+    // event from its first moment, however slow this machine is.
+    subscribe_ok(
+        &env,
+        &["ttl.k", "--id", "short", "--ttl", "1s", "--from", "earliest"],
+        "short",
+    );
     let mut c = env.dws(["event", "consume", "ttl.k"]).spawn();
     let owned = c.wait_ready().subscribe_id;
     c.signal(Sig::SIGKILL);
