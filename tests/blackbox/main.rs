@@ -11,6 +11,9 @@
 //!   wait, delivery counts, poison (halt, park) and the subscription verbs;
 //!   [`slow`]: slow consumers (`progress`, `term`, `--backoff`, delayed
 //!   events across retention and `kill -9`).
+//! - [`bounds`]: every resource bounded under floods: requests pipelined
+//!   without reading, disk use against retention and the dedup window,
+//!   saves under a publish flood, the memory of rendered lines.
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
 //!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
@@ -56,6 +59,7 @@
 //!   `status --watch`, `bus.log` as JSON.
 
 mod acks;
+mod bounds;
 mod cli_contract;
 mod client_abuse;
 mod cluster;
