@@ -216,8 +216,10 @@ fn a_client_pipelining_thousands_of_requests_without_reading_costs_one_output_bo
     assert!(rss > 0, "busd is still running");
 }
 
-/// Publishes as fast as the bus answers, from `threads` raw connections,
-/// until `stop`; counts the answered publishes in `done`.
+/// Publishes without pause from `threads` raw connections until `stop`:
+/// each has a writer that keeps up to 2,048 publishes unanswered (well below
+/// the bus's per-connection bound, so it never pauses the connection) and a
+/// reader counting the answers in `done`: the bus always has a batch staged.
 fn flood(
     socket: &Path,
     threads: usize,
@@ -225,41 +227,51 @@ fn flood(
     stop: &Arc<AtomicBool>,
     done: &Arc<AtomicU64>,
 ) -> Vec<thread::JoinHandle<()>> {
-    (0..threads)
-        .map(|t| {
-            let socket = socket.to_path_buf();
-            let (stop, done, data) = (stop.clone(), done.clone(), data.clone());
-            thread::spawn(move || {
-                let mut w = greeted(&socket);
-                let mut id = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // 64 publishes in flight per connection, then their acks.
-                    let frames: Vec<_> = (0..64)
-                        .map(|_| {
-                            id += 1;
-                            frame(C::Publish(Publish {
-                                request_id: id,
-                                event_type: "f.e".into(),
-                                event_id: format!("f{t}-{id}"),
-                                data: data.clone(),
-                                ..Publish::default()
-                            }))
-                        })
-                        .collect();
-                    let sent = w.send_in_background(encode(&frames));
-                    for _ in 0..64 {
-                        match w.try_read_frame(LONG).and_then(|f| f.kind) {
-                            Some(S::PublishAck(_)) => {
-                                done.fetch_add(1, Ordering::Relaxed);
-                            }
-                            _ => return,
-                        }
-                    }
-                    let _ = sent.join();
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let mut w = greeted(socket);
+        let mut s = w.s.try_clone().expect("clone the socket");
+        let acked = Arc::new(AtomicU64::new(0));
+        let (stop_w, data, acked_w) = (stop.clone(), data.clone(), acked.clone());
+        handles.push(thread::spawn(move || {
+            let mut id = 0u64;
+            while !stop_w.load(Ordering::Relaxed) {
+                if id - acked_w.load(Ordering::Relaxed) >= 2048 {
+                    thread::sleep(Duration::from_millis(1));
+                    continue;
                 }
-            })
-        })
-        .collect()
+                let frames: Vec<_> = (0..64)
+                    .map(|_| {
+                        id += 1;
+                        frame(C::Publish(Publish {
+                            request_id: id,
+                            event_type: "f.e".into(),
+                            event_id: format!("f{t}-{id}"),
+                            data: data.clone(),
+                            ..Publish::default()
+                        }))
+                    })
+                    .collect();
+                if s.write_all(&encode(&frames)).is_err() {
+                    return;
+                }
+            }
+        }));
+        let (stop_r, done) = (stop.clone(), done.clone());
+        handles.push(thread::spawn(move || {
+            while !stop_r.load(Ordering::Relaxed) {
+                match w.try_read_frame(Duration::from_millis(500)).map(|f| f.kind) {
+                    Some(Some(S::PublishAck(_))) => {
+                        acked.fetch_add(1, Ordering::Relaxed);
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(_) => return,
+                    None => {}
+                }
+            }
+        }));
+    }
+    handles
 }
 
 /// Item 9: under a sustained flood from several publishers, `subscribe` (a
@@ -269,13 +281,11 @@ fn flood(
 #[test]
 fn saves_and_segment_release_keep_running_under_a_sustained_publish_flood() {
     let env = TestEnv::with_env(&[("DWS_EVENT_BUS_RETENTION_BYTES", "1048576")]);
-    env.dws(["event", "status"])
-        .run_with_timeout(LONG)
-        .assert_code(0);
+    env.subscribe(&["w.*", "--id", "warm-up"]);
     let socket = env.bus_meta_socket().expect("socket");
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let publishers = flood(&socket, 4, "x".repeat(4000), &stop, &done);
+    let publishers = flood(&socket, 4, "x".repeat(1000), &stop, &done);
     let started = Instant::now();
     env.wait_until(LONG, "the flood to be under way", || {
         done.load(Ordering::Relaxed) >= 2000
@@ -286,10 +296,11 @@ fn saves_and_segment_release_keep_running_under_a_sustained_publish_flood() {
         .run_with_timeout(LONG);
     let answered_during = !stop.load(Ordering::Relaxed);
     // Segments are released while it goes on: the store stays near
-    // retention (1 MiB) plus a segment or two, though far more was
-    // published (4 KiB events; 4 MiB segments).
-    env.wait_until(Duration::from_secs(120), "more than 24 MB published", || {
-        done.load(Ordering::Relaxed) >= 6000
+    // retention (1 MiB) plus a few segments (4 MiB each) of what arrived
+    // between two saves, though far more was published.
+    let from = done.load(Ordering::Relaxed);
+    env.wait_until(Duration::from_secs(120), "64 MB more published", || {
+        done.load(Ordering::Relaxed) >= from + 64_000
     });
     let st = env.status();
     stop.store(true, Ordering::Relaxed);
@@ -301,9 +312,100 @@ fn saves_and_segment_release_keep_running_under_a_sustained_publish_flood() {
     let published = done.load(Ordering::Relaxed);
     let store_bytes = st["store"]["bytes"].as_u64().unwrap_or(u64::MAX);
     assert!(
-        store_bytes <= 12 << 20,
-        "{published} events of 4 kB published in {:?}: the store holds {store_bytes} bytes \
+        store_bytes <= 24 << 20,
+        "{published} events of 1 kB published in {:?}: the store holds {store_bytes} bytes \
          (retention 1 MiB); segments were not released during the flood\n{st:#}",
         started.elapsed()
+    );
+}
+
+/// Bytes of the regular files in `dir` (the store: segments, subscriptions,
+/// dedup ids).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Publishes `n` events of `size` bytes with ids `{prefix}{i}` over one raw
+/// connection; returns their seqs.
+fn publish_big(socket: &Path, prefix: &str, n: u64, size: usize) -> Vec<u64> {
+    let mut w = greeted(socket);
+    let mut s = w.s.try_clone().expect("clone the socket");
+    let prefix_w = prefix.to_owned();
+    // Written one frame at a time from a thread, read here meanwhile.
+    let sent = thread::spawn(move || {
+        let data = "y".repeat(size);
+        for i in 1..=n {
+            let f = frame(C::Publish(Publish {
+                request_id: i,
+                event_type: "big.e".into(),
+                event_id: format!("{prefix_w}{i}"),
+                data: data.clone(),
+                ..Publish::default()
+            }));
+            if s.write_all(&encode(&[f])).is_err() {
+                return;
+            }
+        }
+    });
+    let seqs = (1..=n)
+        .map(|_| match w.read_frame(LONG).kind {
+            Some(S::PublishAck(a)) => a.seq,
+            other => panic!("expected PublishAck, got {other:?}"),
+        })
+        .collect();
+    sent.join().expect("the writer thread");
+    seqs
+}
+
+/// Item 8: with 16 MiB of retention, 200 events of 1 MiB leave about
+/// retention on disk, not the dedup window's 65,536 seqs of payloads
+/// (201 MiB before); an old id is still deduplicated, also after a restart.
+#[test]
+fn disk_use_is_bounded_by_retention_and_the_dedup_window_keeps_only_ids() {
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_RETENTION_BYTES", "16777216")]);
+    env.subscribe(&["w.*", "--id", "warm-up"]);
+    let socket = env.bus_meta_socket().expect("socket");
+    let seqs = publish_big(&socket, "big-", 200, 1 << 20);
+    assert_eq!(seqs.len(), 200);
+    let st = env.status();
+    let store = PathBuf::from(st["store"]["path"].as_str().expect("the store's path"));
+    // Retention (16 MiB) plus the segments (4 MiB each) it straddles, and
+    // the dedup ids: under 32 MiB.
+    let bound = 32u64 << 20;
+    env.wait_until(LONG, "old segments to be released", || {
+        dir_bytes(&store) <= bound
+    });
+    let st = env.status();
+    assert!(
+        st["store"]["bytes"].as_u64().unwrap_or(u64::MAX) <= bound,
+        "{st:#}"
+    );
+    // The first id's event left the disk long ago; its id did not.
+    let again = env.publish("big.e", "small", &["--id", "big-1"]);
+    assert_eq!(again["duplicate"], true, "{again}");
+    assert_eq!(again["seq"], seqs[0], "{again}");
+    env.dws(["event", "stop"])
+        .run_with_timeout(LONG)
+        .assert_code(0);
+    env.wait_no_busd(LONG, "the bus to stop");
+    for (i, seq) in [(2usize, seqs[1]), (150, seqs[149]), (200, seqs[199])] {
+        let again = env.publish("big.e", "small", &["--id", &format!("big-{i}")]);
+        assert_eq!(again["duplicate"], true, "big-{i} after a restart: {again}");
+        assert_eq!(again["seq"], seq, "{again}");
+    }
+    let fresh = env.publish("big.e", "small", &["--id", "big-201"]);
+    assert_eq!(fresh["duplicate"], false, "{fresh}");
+    assert!(
+        dir_bytes(&store) <= bound,
+        "the store holds {} bytes after a restart",
+        dir_bytes(&store)
     );
 }
