@@ -291,10 +291,30 @@ fn saves_and_segment_release_keep_running_under_a_sustained_publish_flood() {
         done.load(Ordering::Relaxed) >= 2000
     });
     // A reply that waits for a save, asked in the middle of the flood.
+    let asked = Instant::now();
     let out = env
         .dws(["event", "subscribe", "f.*", "--id", "during-flood"])
         .run_with_timeout(LONG);
+    eprintln!("subscribe answered after {:?} of flood", asked.elapsed());
     let answered_during = !stop.load(Ordering::Relaxed);
+    // Saves keep coming while the flood goes on: the stored snapshot's
+    // `saved_at_unix_ms` moves (a save is due every 200 ms; over 3 s at
+    // least 3 distinct ones is a generous liveness bound).
+    let st = env.status();
+    let snapshot = PathBuf::from(st["store"]["path"].as_str().expect("the store's path"))
+        .join("subscriptions.json");
+    let mut saves = std::collections::BTreeSet::new();
+    let sampled = Instant::now();
+    while sampled.elapsed() < Duration::from_secs(3) {
+        if let Ok(bytes) = std::fs::read(&snapshot) {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                saves.insert(v["saved_at_unix_ms"].as_i64().unwrap_or(0));
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("{} distinct saves seen in 3 s of flood", saves.len());
+    let flooding = !stop.load(Ordering::Relaxed);
     // Segments are released while it goes on: the store stays near
     // retention (1 MiB) plus a few segments (4 MiB each) of what arrived
     // between two saves, though far more was published.
@@ -309,8 +329,10 @@ fn saves_and_segment_release_keep_running_under_a_sustained_publish_flood() {
     }
     out.assert_code(0);
     assert!(answered_during, "subscribe was answered only after the flood");
+    assert!(flooding && saves.len() >= 3, "{} distinct saves in 3 s of flood", saves.len());
     let published = done.load(Ordering::Relaxed);
     let store_bytes = st["store"]["bytes"].as_u64().unwrap_or(u64::MAX);
+    eprintln!("{published} published; the store holds {store_bytes} bytes");
     assert!(
         store_bytes <= 24 << 20,
         "{published} events of 1 kB published in {:?}: the store holds {store_bytes} bytes \
