@@ -276,7 +276,9 @@ mod tests {
         assert!(head.len() + tail.len() >= 600_000);
         assert!(line_bytes() >= before + 600_000);
         // Over the bound now: the oldest goes, and with it its line.
-        let gone = log.evict_one().expect("over the bound with the rendered line");
+        let gone = log
+            .evict_one()
+            .expect("over the bound with the rendered line");
         assert_eq!(gone.seq, 1);
         drop((gone, e));
         assert!(line_bytes() < before + 600_000);

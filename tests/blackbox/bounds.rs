@@ -328,8 +328,15 @@ fn saves_and_segment_release_keep_running_under_a_sustained_publish_flood() {
         let _ = p.join();
     }
     out.assert_code(0);
-    assert!(answered_during, "subscribe was answered only after the flood");
-    assert!(flooding && saves.len() >= 3, "{} distinct saves in 3 s of flood", saves.len());
+    assert!(
+        answered_during,
+        "subscribe was answered only after the flood"
+    );
+    assert!(
+        flooding && saves.len() >= 3,
+        "{} distinct saves in 3 s of flood",
+        saves.len()
+    );
     let published = done.load(Ordering::Relaxed);
     let store_bytes = st["store"]["bytes"].as_u64().unwrap_or(u64::MAX);
     eprintln!("{published} published; the store holds {store_bytes} bytes");

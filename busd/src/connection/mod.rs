@@ -337,7 +337,13 @@ mod tests {
         assert!(may_decode(0, 0));
         assert!(may_decode(OUT_READ_PAUSE - 1, MAX_AWAITING - 1));
         assert!(!may_decode(OUT_READ_PAUSE, 0), "unread output");
-        assert!(!may_decode(0, MAX_AWAITING), "replies waiting for the store");
-        assert!(!may_decode(OUT_READ_PAUSE + (4 << 20), 0), "one large reply over it");
+        assert!(
+            !may_decode(0, MAX_AWAITING),
+            "replies waiting for the store"
+        );
+        assert!(
+            !may_decode(OUT_READ_PAUSE + (4 << 20), 0),
+            "one large reply over it"
+        );
     }
 }

@@ -130,7 +130,11 @@ mod tests {
     fn older_ids_are_seeded_behind_the_recovered_ones_while_there_is_room() {
         let mut d = Dedup::new(3, false);
         d.put(k("c"), 10);
-        let older = [(1, "local".into(), "z".into()), (2, "local".into(), "a".into()), (3, "local".into(), "b".into())];
+        let older = [
+            (1, "local".into(), "z".into()),
+            (2, "local".into(), "a".into()),
+            (3, "local".into(), "b".into()),
+        ];
         d.seed_older(&older);
         // Room for two: the newest two of the older ones.
         assert_eq!(d.get(&k("b")), Some(3));

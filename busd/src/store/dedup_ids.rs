@@ -280,7 +280,10 @@ mod tests {
         assert_eq!(
             parse(&buf),
             (
-                vec![(1, "local".into(), "x".into()), (3, "local".into(), "a\"b\n".into())],
+                vec![
+                    (1, "local".into(), "x".into()),
+                    (3, "local".into(), "a\"b\n".into())
+                ],
                 0
             )
         );
@@ -306,7 +309,11 @@ mod tests {
         d.before_release(5).expect("write");
         assert_eq!(load(dir.path()).expect("load").0.len(), 2);
         // Many more: the file is rewritten with the window only.
-        d.appended(&(7..=20).map(|s| ev(s, &format!("e{s}"))).collect::<Vec<_>>());
+        d.appended(
+            &(7..=20)
+                .map(|s| ev(s, &format!("e{s}")))
+                .collect::<Vec<_>>(),
+        );
         d.before_release(21).expect("write");
         let (loaded, skipped) = load(dir.path()).expect("load");
         assert_eq!(skipped, 0);
@@ -321,8 +328,7 @@ mod tests {
     #[test]
     fn a_fifo_in_its_place_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
-        nix::unistd::mkfifo(&dir.path().join(FILE), nix::sys::stat::Mode::S_IRWXU)
-            .expect("mkfifo");
+        nix::unistd::mkfifo(&dir.path().join(FILE), nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
         assert!(matches!(load(dir.path()), Err(StoreError::Refused(_))));
     }
 }
