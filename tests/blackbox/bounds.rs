@@ -433,6 +433,18 @@ fn disk_use_is_bounded_by_retention_and_the_dedup_window_keeps_only_ids() {
     }
     let fresh = env.publish("big.e", "small", &["--id", "big-201"]);
     assert_eq!(fresh["duplicate"], false, "{fresh}");
+    // And after kill -9: the ids written before their segments went are
+    // durable on their own.
+    for pid in env.busd_pids() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    env.wait_no_busd(LONG, "the bus to die");
+    let again = env.publish("big.e", "small", &["--id", "big-3"]);
+    assert_eq!(again["duplicate"], true, "big-3 after kill -9: {again}");
+    assert_eq!(again["seq"], seqs[2], "{again}");
     assert!(
         dir_bytes(&store) <= bound,
         "the store holds {} bytes after a restart",
