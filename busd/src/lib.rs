@@ -297,8 +297,9 @@ async fn serve(
             if skipped > 0 {
                 tracing::warn!(
                     skipped,
-                    "store recovery: {} had damaged or torn lines; their event ids are no \
-                     longer deduplicated",
+                    "store recovery: {} had lines torn by a crash (their ids are still in \
+                     the log) or failing their checksum (an id only there may be accepted \
+                     once more); skipped",
                     store::dedup_ids::FILE
                 );
             }

@@ -9,10 +9,12 @@
 //! and then from the segments. So the window keeps ids, not payloads.
 //!
 //! A line is `CRC32 [seq,"scope","id"]\n` (the checksum, 8 hex digits, is of
-//! the JSON). A torn last line or a line that fails its checksum is skipped
-//! (its id could then be published again once; the start logs how many).
-//! The file is rewritten atomically with only the window's ids once it holds
-//! twice the window, so it stays within about twice the window's ids.
+//! the JSON). A torn last line (a crash mid-append: its segments were not
+//! released yet, so its ids are still in them) or a line that fails its
+//! checksum (an id only there could be published again once) is skipped;
+//! the start logs how many. The first write of a run and every write that
+//! would pass twice the window rewrite the file atomically with only the
+//! window's ids, so it stays within about twice the window's ids.
 
 use std::{
     collections::VecDeque,
@@ -190,7 +192,9 @@ impl DedupIds {
             return Ok(());
         }
         self.persisted.extend(moved.iter().cloned());
-        if self.lines + moved.len() > 2 * self.capacity as usize {
+        // The first write of a run replaces the file: a torn last line a
+        // crash left must not swallow the next one.
+        if self.file.is_none() || self.lines + moved.len() > 2 * self.capacity as usize {
             return self.rewrite();
         }
         let mut buf = Vec::with_capacity(moved.len() * 64);
@@ -199,16 +203,8 @@ impl DedupIds {
         }
         let path = self.dir.join(FILE);
         let fsync = self.fsync;
-        let file = match self.file.as_mut() {
-            Some(f) => f,
-            None => {
-                let f = options()
-                    .append(true)
-                    .create(true)
-                    .open(&path)
-                    .map_err(|e| io_err("cannot open", &path, e))?;
-                self.file.insert(f)
-            }
+        let Some(file) = self.file.as_mut() else {
+            return self.rewrite();
         };
         file.write_all(&buf)
             .map_err(|e| io_err("cannot write", &path, e))?;
@@ -216,15 +212,12 @@ impl DedupIds {
             file.sync_data()
                 .map_err(|e| io_err("cannot fsync", &path, e))?;
         }
-        if self.lines == 0 {
-            self.sync_dir()?;
-        }
         self.lines += moved.len();
         Ok(())
     }
 
-    /// Replaces the file with the window's persisted ids: temp file, fsync,
-    /// rename, directory fsync.
+    /// Replaces the file with the window's persisted ids (temp file, fsync,
+    /// rename, directory fsync) and keeps it open for the next appends.
     fn rewrite(&mut self) -> Result<(), StoreError> {
         let path = self.dir.join(FILE);
         let tmp = self.dir.join(format!("{FILE}.tmp"));
@@ -244,9 +237,11 @@ impl DedupIds {
             f.sync_all().map_err(|e| io_err("cannot fsync", &tmp, e))?;
         }
         fs::rename(&tmp, &path).map_err(|e| io_err("cannot rename", &tmp, e))?;
-        self.file = None;
         self.lines = self.persisted.len();
-        self.sync_dir()
+        self.sync_dir()?;
+        // The renamed file is the one appended to from now on.
+        self.file = Some(f);
+        Ok(())
     }
 
     fn sync_dir(&self) -> Result<(), StoreError> {
@@ -323,6 +318,28 @@ mod tests {
         let again = DedupIds::new(dir.path().into(), false, 4, loaded, &[ev(21, "e21")]);
         assert_eq!(again.persisted_below, 21);
         assert_eq!(again.recent.len(), 1);
+    }
+
+    #[test]
+    fn a_torn_last_line_does_not_swallow_the_next_runs_first_write() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut buf = vec![];
+        encode_line(&(1, "local".into(), "a".into()), &mut buf);
+        buf.extend_from_slice(b"1234abcd [2,\"lo");
+        fs::write(dir.path().join(FILE), &buf).expect("write");
+        let (loaded, skipped) = load(dir.path()).expect("load");
+        assert_eq!((loaded.len(), skipped), (1, 1));
+        let mut d = DedupIds::new(dir.path().into(), false, 100, loaded, &[]);
+        d.appended(&[ev(2, "b"), ev(3, "c")]);
+        d.before_release(3).expect("write");
+        d.appended(&[ev(4, "d")]);
+        d.before_release(5).expect("write");
+        let (loaded, skipped) = load(dir.path()).expect("load");
+        assert_eq!(skipped, 0);
+        assert_eq!(
+            loaded.iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
     }
 
     #[test]
