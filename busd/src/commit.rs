@@ -2,9 +2,11 @@
 //! event the hub staged as one batch, makes it durable (one write, one
 //! `fdatasync`), and hands it back to the hub for fan-out; meanwhile the next
 //! batch forms (group commit). Between batches it saves the named
-//! subscriptions — at once when a reply waits for it, else at most every
-//! [`crate::hub::SAVE_INTERVAL`] — and then releases the log space nobody
-//! needs. A failed write or fsync is fatal and never retried.
+//! subscriptions — at once when a reply waits for it and nothing is staged,
+//! else every [`crate::hub::SAVE_INTERVAL`], even under a flood that always
+//! has a batch staged — and then releases the log space nobody needs (on
+//! the disk store after writing the dedup window's ids of what goes,
+//! `store::dedup_ids`). A failed write or fsync is fatal and never retried.
 //!
 //! It is a plain thread, not a task: every call here blocks on the disk, and
 //! the hub wakes it with a condvar.
@@ -13,23 +15,34 @@ use std::{thread, time::Instant};
 
 use crate::{
     hub::{CommitWork, Hub},
-    store::Store,
+    store::{dedup_ids::DedupIds, Store},
 };
 
 /// Starts the committer. It returns after [`Hub::close_store`] (having
 /// flushed everything and saved a clean snapshot) or after a store failure.
-pub fn spawn(hub: Hub, store: Box<dyn Store>) -> std::io::Result<thread::JoinHandle<()>> {
+/// `dedup` (the disk store): where the dedup window's ids go before their
+/// segments are released.
+pub fn spawn(
+    hub: Hub,
+    store: Box<dyn Store>,
+    dedup: Option<DedupIds>,
+) -> std::io::Result<thread::JoinHandle<()>> {
     thread::Builder::new()
         .name("committer".into())
-        .spawn(move || run(&hub, store))
+        .spawn(move || run(&hub, store, dedup))
 }
 
-fn run(hub: &Hub, mut store: Box<dyn Store>) {
+fn run(hub: &Hub, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
     let mut last_save = Instant::now();
     loop {
         match hub.next_commit_work(last_save) {
             CommitWork::Append(batch) => match store.append(&batch) {
-                Ok(()) => hub.committed(batch, store.info()),
+                Ok(()) => {
+                    if let Some(d) = dedup.as_mut() {
+                        d.appended(&batch);
+                    }
+                    hub.committed(batch, store.info())
+                }
                 Err(e) => return hub.store_failed(e.to_string()),
             },
             CommitWork::Save {
@@ -41,6 +54,10 @@ fn run(hub: &Hub, mut store: Box<dyn Store>) {
                     return hub.store_failed(e.to_string());
                 }
                 last_save = Instant::now();
+                // The window's ids of what is released are durable first.
+                if let Some(Err(e)) = dedup.as_mut().map(|d| d.before_release(keep_from)) {
+                    return hub.store_failed(e.to_string());
+                }
                 // Losing an unlink only costs space; the next save retries.
                 if let Err(e) = store.release_below(keep_from) {
                     tracing::warn!(cause = %e, "cannot release old log segments");

@@ -4,10 +4,19 @@
 //! This is the in-memory view of the retained log: what consumers read.
 //! The durable copy is the store's (`crate::store`); only events the store
 //! has made durable are appended here.
+//!
+//! The byte bound counts what the log makes the bus hold: each event's
+//! encoded form and, once a consumer that takes NDJSON lines needed them,
+//! its rendered line parts ([`LineParts`], counted process-wide while they
+//! live, also for events held in flight past retention). So the log's
+//! memory stays within about one `retention_bytes`, not two.
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    sync::{Arc, OnceLock},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, OnceLock,
+    },
 };
 
 use bytes::Bytes;
@@ -55,7 +64,37 @@ pub struct LoggedEvent {
     /// The event's NDJSON line without its per-delivery fields
     /// (`proto::ndjson::parts`), rendered once, on first need, for every
     /// consumer that takes lines.
-    pub line_parts: OnceLock<(Bytes, Bytes)>,
+    pub line_parts: OnceLock<LineParts>,
+}
+
+/// Bytes of every [`LineParts`] alive in this process.
+static LINE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// An event's rendered NDJSON line parts; their bytes count against the
+/// log's byte bound while they live ([`line_bytes`]).
+#[derive(Debug)]
+pub struct LineParts((Bytes, Bytes));
+
+impl LineParts {
+    pub fn new(head: Bytes, tail: Bytes) -> LineParts {
+        LINE_BYTES.fetch_add(head.len() + tail.len(), Ordering::Relaxed);
+        LineParts((head, tail))
+    }
+
+    pub fn parts(&self) -> &(Bytes, Bytes) {
+        &self.0
+    }
+}
+
+impl Drop for LineParts {
+    fn drop(&mut self) {
+        LINE_BYTES.fetch_sub(self.0 .0.len() + self.0 .1.len(), Ordering::Relaxed);
+    }
+}
+
+/// Bytes of the NDJSON line parts rendered and still held.
+pub fn line_bytes() -> usize {
+    LINE_BYTES.load(Ordering::Relaxed)
 }
 
 impl LoggedEvent {
@@ -66,12 +105,14 @@ impl LoggedEvent {
 
     /// [`LoggedEvent::line_parts`], rendered now if it was not yet.
     pub fn line_parts(&self) -> &(Bytes, Bytes) {
-        self.line_parts.get_or_init(|| {
-            use prost::Message;
-            let e = proto::v1::Event::decode(self.encoded.clone()).unwrap_or_default();
-            let (head, tail) = proto::ndjson::parts(&e);
-            (Bytes::from(head), Bytes::from(tail))
-        })
+        self.line_parts
+            .get_or_init(|| {
+                use prost::Message;
+                let e = proto::v1::Event::decode(self.encoded.clone()).unwrap_or_default();
+                let (head, tail) = proto::ndjson::parts(&e);
+                LineParts::new(Bytes::from(head), Bytes::from(tail))
+            })
+            .parts()
     }
 
     /// Whether a subscription bound to `upstream_id` receives this event:
@@ -147,8 +188,9 @@ impl EventLog {
         self.events.is_empty()
     }
 
+    /// Bytes the log holds: its events' sizes plus the rendered line parts.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.bytes.saturating_add(line_bytes())
     }
 
     pub fn retention(&self) -> Retention {
@@ -171,8 +213,8 @@ impl EventLog {
     /// Removes and returns the oldest event while the log is over a bound.
     /// The newest event is always kept, even if it alone exceeds the bounds.
     pub fn evict_one(&mut self) -> Option<Arc<LoggedEvent>> {
-        let over =
-            self.events.len() > self.retention.max_events || self.bytes > self.retention.max_bytes;
+        let over = self.events.len() > self.retention.max_events
+            || self.bytes() > self.retention.max_bytes;
         if !over || self.events.len() <= 1 {
             return None;
         }
@@ -202,6 +244,44 @@ mod tests {
             encoded: Bytes::from(vec![0; size]),
             ..LoggedEvent::default()
         })
+    }
+
+    #[test]
+    fn rendered_lines_count_against_the_byte_bound_while_they_live() {
+        let mut log = EventLog::new(Retention {
+            max_events: 100,
+            max_bytes: 2_000_000,
+        });
+        let e = Arc::new(LoggedEvent {
+            seq: 1,
+            event_type: "t".into(),
+            encoded: {
+                use prost::Message;
+                let ev = proto::v1::Event {
+                    seq: 1,
+                    event_type: "t".into(),
+                    data: "y".repeat(600_000),
+                    ..Default::default()
+                };
+                Bytes::from(ev.encode_to_vec())
+            },
+            ..LoggedEvent::default()
+        });
+        log.append(e.clone());
+        log.append(ev(2, 600_000));
+        log.append(ev(3, 600_000));
+        assert!(log.evict_one().is_none(), "1.8 MB of events fit");
+        let before = line_bytes();
+        let (head, tail) = e.line_parts();
+        assert!(head.len() + tail.len() >= 600_000);
+        assert!(line_bytes() >= before + 600_000);
+        // Over the bound now: the oldest goes, and with it its line.
+        let gone = log
+            .evict_one()
+            .expect("over the bound with the rendered line");
+        assert_eq!(gone.seq, 1);
+        drop((gone, e));
+        assert!(line_bytes() < before + 600_000);
     }
 
     #[test]

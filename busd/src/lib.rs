@@ -309,6 +309,7 @@ async fn serve(
         store::postgres::store::preflight(pg).await?;
     }
     let store_dir = store_dir_of(&endpoint);
+    let ids_dir = store_dir.clone();
     // The epoch this host appends to a cluster's log under (0: not the owner).
     let epoch = Arc::new(AtomicI64::new(0));
     let mut store = store::open(
@@ -321,6 +322,32 @@ async fn serve(
         .recover()
         .map_err(|e| format!("cannot open the store: {e}"))?;
     check_recovered(&profile.store, &store_dir_of(&endpoint), &recovered)?;
+    // The disk store keeps the dedup window's ids of released segments
+    // apart from them (`store::dedup_ids`), so retention alone bounds it.
+    let dedup_ids = match profile.store.kind {
+        store::StoreKind::Disk => {
+            let (loaded, skipped) = store::dedup_ids::load(&ids_dir)
+                .map_err(|e| format!("cannot open the store: {e}"))?;
+            if skipped > 0 {
+                tracing::warn!(
+                    skipped,
+                    "store recovery: {} had lines torn by a crash (their ids are still in \
+                     the log) or failing their checksum (an id only there may be accepted \
+                     once more); skipped",
+                    store::dedup_ids::FILE
+                );
+            }
+            let ids = store::dedup_ids::DedupIds::new(
+                ids_dir,
+                profile.store.durability == store::Durability::Fsync,
+                args.dedup_capacity,
+                loaded.clone(),
+                &recovered.events,
+            );
+            Some((ids, loaded))
+        }
+        _ => None,
+    };
 
     let source = source::from_config(&profile.source);
     let hub = Hub::new(
@@ -354,12 +381,16 @@ async fn serve(
         recovered,
         store.info(),
     );
+    let dedup_ids = dedup_ids.map(|(ids, loaded)| {
+        hub.seed_dedup(&loaded);
+        ids
+    });
     // Mark the store in use: until the clean snapshot at exit, a restart
     // treats every pending event as possibly delivered.
     store
         .save(&hub.startup_snapshot())
         .map_err(|e| format!("cannot write the store: {e}"))?;
-    let committer = commit::spawn(hub.clone(), store)
+    let committer = commit::spawn(hub.clone(), store, dedup_ids)
         .map_err(|e| format!("cannot start the committer thread: {e}"))?;
     tracing::info!(
         pid = std::process::id(),

@@ -11,6 +11,9 @@
 //!   wait, delivery counts, poison (halt, park) and the subscription verbs;
 //!   [`slow`]: slow consumers (`progress`, `term`, `--backoff`, delayed
 //!   events across retention and `kill -9`).
+//! - [`bounds`]: every resource bounded under floods: requests pipelined
+//!   without reading, disk use against retention and the dedup window,
+//!   saves under a publish flood, the memory of rendered lines.
 //! - [`exactness`]: acks name exactly what reached stdout (a parked event
 //!   replayed behind higher seqs, an older client's cumulative ack), gaps
 //!   reach the successor of a consumer that never read past them, bad ack
@@ -66,6 +69,7 @@
 //!   `status --watch`, `bus.log` as JSON.
 
 mod acks;
+mod bounds;
 mod cli_contract;
 mod client_abuse;
 mod cluster;

@@ -33,6 +33,17 @@ impl Wire {
         }
     }
 
+    /// A raw client over a socket connected elsewhere (a test that wrote
+    /// requests without reading starts reading them here).
+    pub fn from_stream(s: UnixStream) -> Wire {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("read timeout");
+        Wire {
+            s,
+            buf: BytesMut::new(),
+        }
+    }
+
     pub fn send(&mut self, frame: &ClientFrame) {
         let mut b = BytesMut::new();
         proto::codec::encode_frame(frame, &mut b).expect("encode frame");

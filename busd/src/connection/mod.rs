@@ -22,8 +22,10 @@
 //! closed. Nothing a peer sends can take down the bus or another connection.
 //!
 //! Every resource a client can make a connection spend is bounded: requests
-//! are not read while [`OUT_READ_PAUSE`] bytes of replies wait unread (a
-//! client that never reads stalls itself); input is buffered as it arrives,
+//! are neither read nor decoded while [`OUT_READ_PAUSE`] bytes of replies
+//! wait unread — checked before every frame, so requests pipelined in one
+//! read stop there too and wait in the input buffer (a client that never
+//! reads stalls itself); input is buffered as it arrives,
 //! never by the length a frame announces, and what all connections hold
 //! beyond their first 64 KiB is charged to one global bound; a client must
 //! say Hello within [`HELLO_DEADLINE`] and finish a started frame within
@@ -151,6 +153,8 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
     let mut charged = 0;
     let mut frame_started: Option<Instant> = None;
     let mut paused = false;
+    // Complete frames wait in `input`, undecoded, because a bound was reached.
+    let mut held = false;
     let hello_deadline = Instant::now() + HELLO_DEADLINE;
     let mut drain_deadline = conn.closing.then(|| Instant::now() + DRAIN_TIMEOUT);
 
@@ -179,8 +183,15 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
                 break;
             }
         }
-        let backed_up = conn.out.len() >= OUT_READ_PAUSE || conn.awaiting.len() >= MAX_AWAITING;
-        let can_read = !conn.closing && !backed_up;
+        // Frames read but left undecoded at a bound are taken up again as
+        // soon as the client has read enough of its replies.
+        if held && !conn.closing && may_decode(conn.out.len(), conn.awaiting.len()) {
+            held = conn
+                .decode_input(&mut codec, &mut input, &mut frame_started)
+                .await;
+        }
+        let backed_up = !may_decode(conn.out.len(), conn.awaiting.len());
+        let can_read = !conn.closing && !backed_up && !held;
         let pause = backed_up && !conn.closing;
         if pause != paused {
             hub.reader_paused(pause);
@@ -211,27 +222,9 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
                     conn.closing = true;
                 }
                 Ok(_) => {
-                    let mut decoded = false;
-                    while !conn.closing {
-                        match codec.decode(&mut input) {
-                            Ok(Some(frame)) => {
-                                decoded = true;
-                                conn.handle(frame).await;
-                            }
-                            Ok(None) => break,
-                            Err(e) => conn.bad_frame(&e),
-                        }
-                    }
-                    frame_started = match (input.is_empty(), frame_started) {
-                        (true, _) => None,
-                        (false, Some(t)) if !decoded => Some(t),
-                        (false, _) => Some(Instant::now()),
-                    };
-                    if input.is_empty() && input.capacity() > READ_CAPACITY {
-                        input = BytesMut::with_capacity(READ_CAPACITY);
-                    } else if input.capacity() - input.len() < READ_CAPACITY / 4 {
-                        input.reserve(READ_CAPACITY);
-                    }
+                    held = conn
+                        .decode_input(&mut codec, &mut input, &mut frame_started)
+                        .await;
                     let over = input.capacity().saturating_sub(READ_CAPACITY);
                     if !hub.charge_input(&mut charged, over) {
                         warn_limited!(CLIENT_WARNINGS, conn = id, "input bound reached; client refused");
@@ -282,4 +275,75 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
     }
     drop(wr);
     hub.unregister_conn(id);
+}
+
+/// The decode-stop rule: the next frame already read is decoded (and
+/// answered) only while the client has less than [`OUT_READ_PAUSE`] bytes of
+/// output unread and fewer than [`MAX_AWAITING`] replies wait for the store.
+/// Checked before every frame, not once per read: one read can hold
+/// thousands of small requests whose replies are each far larger.
+fn may_decode(out_len: usize, awaiting: usize) -> bool {
+    out_len < OUT_READ_PAUSE && awaiting < MAX_AWAITING
+}
+
+impl Connection {
+    /// Decodes and handles the frames in `input` until it holds no complete
+    /// frame, the connection closes, or [`may_decode`] says stop. Whether
+    /// complete frames were left undecoded (held until the client reads).
+    async fn decode_input(
+        &mut self,
+        codec: &mut ServerCodec,
+        input: &mut BytesMut,
+        frame_started: &mut Option<Instant>,
+    ) -> bool {
+        let mut decoded = false;
+        let mut held = false;
+        while !self.closing {
+            if !may_decode(self.out.len(), self.awaiting.len()) {
+                held = !input.is_empty();
+                break;
+            }
+            match codec.decode(input) {
+                Ok(Some(frame)) => {
+                    decoded = true;
+                    self.handle(frame).await;
+                }
+                Ok(None) => break,
+                Err(e) => self.bad_frame(&e),
+            }
+        }
+        // The frame deadline is for a client that started a frame and did
+        // not finish it, never for one whose frames wait for it to read.
+        *frame_started = match (input.is_empty() || held, *frame_started) {
+            (true, _) => None,
+            (false, Some(t)) if !decoded => Some(t),
+            (false, _) => Some(Instant::now()),
+        };
+        if input.is_empty() && input.capacity() > READ_CAPACITY {
+            *input = BytesMut::with_capacity(READ_CAPACITY);
+        } else if !held && input.capacity() - input.len() < READ_CAPACITY / 4 {
+            input.reserve(READ_CAPACITY);
+        }
+        held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{may_decode, MAX_AWAITING, OUT_READ_PAUSE};
+
+    #[test]
+    fn decoding_stops_at_either_bound_and_resumes_below_both() {
+        assert!(may_decode(0, 0));
+        assert!(may_decode(OUT_READ_PAUSE - 1, MAX_AWAITING - 1));
+        assert!(!may_decode(OUT_READ_PAUSE, 0), "unread output");
+        assert!(
+            !may_decode(0, MAX_AWAITING),
+            "replies waiting for the store"
+        );
+        assert!(
+            !may_decode(OUT_READ_PAUSE + (4 << 20), 0),
+            "one large reply over it"
+        );
+    }
 }

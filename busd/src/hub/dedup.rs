@@ -59,6 +59,23 @@ impl Dedup {
         }
     }
 
+    /// Adds ids older than every id present (seq order) behind them, as
+    /// long as the window has room: the newest of them first, each put at
+    /// the least recently used end.
+    pub(super) fn seed_older(&mut self, older: &[(u64, String, String)]) {
+        for (seq, scope, id) in older.iter().rev() {
+            if self.lru.len() >= self.lru.cap().get() {
+                break;
+            }
+            let key = (scope.clone(), id.clone());
+            if self.lru.contains(&key) {
+                continue;
+            }
+            self.lru.push(key.clone(), *seq);
+            self.lru.demote(&key);
+        }
+    }
+
     /// The store holds nothing below `floor` any more: keys of older events
     /// leave the overflow.
     pub(super) fn retained_from(&mut self, floor: u64) {
@@ -107,6 +124,30 @@ mod tests {
         // Updating a present key evicts nothing.
         d.put(k("f"), 6);
         assert_eq!(d.overflow_len(), 0);
+    }
+
+    #[test]
+    fn older_ids_are_seeded_behind_the_recovered_ones_while_there_is_room() {
+        let mut d = Dedup::new(3, false);
+        d.put(k("c"), 10);
+        let older = [
+            (1, "local".into(), "z".into()),
+            (2, "local".into(), "a".into()),
+            (3, "local".into(), "b".into()),
+        ];
+        d.seed_older(&older);
+        // Room for two: the newest two of the older ones.
+        assert_eq!(d.get(&k("b")), Some(3));
+        assert_eq!(d.get(&k("a")), Some(2));
+        assert_eq!(d.get(&k("z")), None);
+        // The next put evicts the oldest: "a" (seq 2), not "c".
+        let mut d = Dedup::new(3, false);
+        d.put(k("c"), 10);
+        d.seed_older(&older);
+        d.put(k("d"), 11);
+        assert_eq!(d.get(&k("a")), None);
+        assert_eq!(d.get(&k("c")), Some(10));
+        assert_eq!(d.get(&k("b")), Some(3));
     }
 
     #[test]

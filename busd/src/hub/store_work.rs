@@ -54,8 +54,76 @@ pub enum CommitWork {
     Stop,
 }
 
-/// Subscription state is saved at most this often while only cursors move.
+/// Subscription state is saved at most this often while only cursors
+/// move, and at least this often while anything changed, whatever the
+/// publish load (see [`pick_work`]).
 pub const SAVE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A batch holds at most this many bytes of events (or one event): the disk
+/// store starts a new segment only between batches, and retention releases
+/// whole segments, so a burst of large pipelined publishes in one batch
+/// would make one segment, and the disk it holds, as large as the burst.
+pub const MAX_BATCH_BYTES: usize = 4 << 20;
+
+/// How many of the staged events (their sizes, in order) the next batch
+/// takes: as many as fit [`MAX_BATCH_BYTES`], and at least one.
+fn batch_len(sizes: impl Iterator<Item = usize>) -> usize {
+    let mut total = 0usize;
+    let mut n = 0;
+    for size in sizes {
+        total = total.saturating_add(size);
+        if n > 0 && total > MAX_BATCH_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// What the committer could do now (see [`pick_work`]).
+#[derive(Debug, Clone, Copy)]
+struct Wants {
+    /// Events are staged.
+    staged: bool,
+    /// The named subscriptions changed since the last save.
+    dirty: bool,
+    /// A reply waits for that save.
+    urgent: bool,
+    /// [`SAVE_INTERVAL`] has passed since the last save.
+    save_due: bool,
+    /// The bus is closing.
+    closing: bool,
+}
+
+/// The committer's choice for its next round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    Append,
+    Save,
+    Final,
+    Wait,
+}
+
+/// The committer's choice: staged events first (the next batch forms while
+/// one is synced), except that a save whose interval has passed goes first —
+/// so under a publish flood that always has a batch staged, cursors are
+/// still saved, segments released and subscribe/verb replies answered at
+/// least every [`SAVE_INTERVAL`] (before, a save waited for the flood to
+/// end). With nothing staged, a save a reply waits for goes at once; the
+/// final snapshot comes after everything staged.
+fn pick_work(w: Wants) -> Pick {
+    if w.staged && !(w.dirty && w.save_due) {
+        Pick::Append
+    } else if w.closing && !w.staged {
+        Pick::Final
+    } else if w.dirty && (w.urgent || w.save_due) {
+        Pick::Save
+    } else if w.staged {
+        Pick::Append
+    } else {
+        Pick::Wait
+    }
+}
 
 impl Hub {
     /// The committer's next round: blocks (on a condvar, in the committer's
@@ -67,22 +135,35 @@ impl Hub {
             if st.store_error.is_some() {
                 return CommitWork::Stop;
             }
-            if !st.staged.is_empty() {
-                return CommitWork::Append(std::mem::take(&mut st.staged));
-            }
-            let urgent = st.subs_gen > st.subs_saved_gen;
-            if st.closing {
-                return CommitWork::Final(self.snapshot_locked(&st, true).0);
-            }
             let due = last_save + SAVE_INTERVAL;
-            if st.subs_dirty && (urgent || Instant::now() >= due) {
-                st.subs_dirty = false;
-                let (snapshot, keep_from) = self.snapshot_locked(&st, false);
-                return CommitWork::Save {
-                    snapshot,
-                    keep_from,
-                    gen: st.subs_gen,
-                };
+            let pick = pick_work(Wants {
+                staged: !st.staged.is_empty(),
+                dirty: st.subs_dirty,
+                urgent: st.subs_gen > st.subs_saved_gen,
+                save_due: Instant::now() >= due,
+                closing: st.closing,
+            });
+            match pick {
+                Pick::Append => {
+                    let n = batch_len(st.staged.iter().map(|e| e.encoded.len()));
+                    let batch = if n == st.staged.len() {
+                        std::mem::take(&mut st.staged)
+                    } else {
+                        st.staged.drain(..n).collect()
+                    };
+                    return CommitWork::Append(batch);
+                }
+                Pick::Final => return CommitWork::Final(self.snapshot_locked(&st, true).0),
+                Pick::Save => {
+                    st.subs_dirty = false;
+                    let (snapshot, keep_from) = self.snapshot_locked(&st, false);
+                    return CommitWork::Save {
+                        snapshot,
+                        keep_from,
+                        gen: st.subs_gen,
+                    };
+                }
+                Pick::Wait => {}
             }
             st = if st.subs_dirty {
                 let wait = due.saturating_duration_since(Instant::now());
@@ -101,8 +182,10 @@ impl Hub {
     }
 
     /// The subscriptions as they are now, and the lowest seq the store must
-    /// keep: the log's oldest retained event, the events pinned in flight,
-    /// and the dedup window.
+    /// keep: the log's oldest retained event and the events pinned in flight
+    /// or parked; on the cluster store also the dedup window (its unique
+    /// index). The disk store keeps the window's ids, not its payloads, in
+    /// `store::dedup_ids`, so retention alone bounds its segments.
     fn snapshot_locked(&self, st: &State, clean: bool) -> (Snapshot, u64) {
         let head = st.log.head_seq();
         let log_floor = st.log.oldest_seq().unwrap_or(head + 1);
@@ -121,7 +204,11 @@ impl Hub {
             .filter_map(Subscription::oldest_kept)
             .min()
             .unwrap_or(u64::MAX);
-        let dedup_floor = (head + 1).saturating_sub(self.shared.config.dedup_capacity as u64);
+        let dedup_floor = if self.shared.config.dedup_keeps_retained {
+            (head + 1).saturating_sub(self.shared.config.dedup_capacity as u64)
+        } else {
+            u64::MAX
+        };
         let keep_from = log_floor.min(pinned_floor).min(dedup_floor);
         let snapshot = Snapshot {
             format: SNAPSHOT_FORMAT,
@@ -155,6 +242,13 @@ impl Hub {
     /// stops keeping their ids (see `dedup`).
     pub fn store_retains_from(&self, floor: u64) {
         self.state().dedup.retained_from(floor);
+    }
+
+    /// Ids of the dedup window whose events the store released (read back
+    /// from `store::dedup_ids` at start): they join the window behind the
+    /// ids recovered from the log, oldest last.
+    pub fn seed_dedup(&self, older: &[crate::store::dedup_ids::Entry]) {
+        self.state().dedup.seed_older(older);
     }
 
     /// The subscriptions of generation `gen` are saved.
@@ -212,5 +306,57 @@ impl Hub {
     /// Why the store failed, once it did.
     pub fn store_error(&self) -> Option<Arc<str>> {
         self.state().store_error.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{batch_len, pick_work, Pick, Wants, MAX_BATCH_BYTES};
+
+    #[test]
+    fn a_batch_stops_at_its_byte_bound_but_always_takes_one_event() {
+        assert_eq!(batch_len([].into_iter()), 0);
+        assert_eq!(batch_len([10, 20, 30].into_iter()), 3);
+        assert_eq!(batch_len([MAX_BATCH_BYTES * 2, 1].into_iter()), 1);
+        let mib = 1 << 20;
+        assert_eq!(batch_len([mib; 10].into_iter()), 4);
+        assert_eq!(batch_len([mib, mib, mib, mib + 1].into_iter()), 3);
+    }
+
+    fn wants(staged: bool, dirty: bool, urgent: bool, save_due: bool) -> Wants {
+        Wants {
+            staged,
+            dirty,
+            urgent,
+            save_due,
+            closing: false,
+        }
+    }
+
+    #[test]
+    fn a_due_save_goes_before_staged_events_and_staged_events_before_an_early_one() {
+        // Under a flood something is always staged: the save still runs once due.
+        assert_eq!(pick_work(wants(true, true, false, true)), Pick::Save);
+        assert_eq!(pick_work(wants(true, true, true, true)), Pick::Save);
+        // Not yet due: the batch first, even when a reply waits for the save.
+        assert_eq!(pick_work(wants(true, true, true, false)), Pick::Append);
+        assert_eq!(pick_work(wants(true, false, false, true)), Pick::Append);
+        // Nothing staged: a save a reply waits for goes at once, a lazy one when due.
+        assert_eq!(pick_work(wants(false, true, true, false)), Pick::Save);
+        assert_eq!(pick_work(wants(false, true, false, false)), Pick::Wait);
+        assert_eq!(pick_work(wants(false, true, false, true)), Pick::Save);
+        assert_eq!(pick_work(wants(false, false, false, true)), Pick::Wait);
+    }
+
+    #[test]
+    fn closing_flushes_what_is_staged_then_saves_the_final_snapshot() {
+        let mut w = wants(true, true, true, true);
+        w.closing = true;
+        // A due save may still go first; the final snapshot never before a batch.
+        assert_ne!(pick_work(w), Pick::Final);
+        w.staged = false;
+        assert_eq!(pick_work(w), Pick::Final);
+        w.dirty = false;
+        assert_eq!(pick_work(w), Pick::Final);
     }
 }

@@ -20,6 +20,7 @@
 //! only then are the events fanned out to consumers and acknowledged
 //! upstream or to the publisher.
 
+pub mod dedup_ids;
 pub mod disk;
 pub mod memory;
 pub mod postgres;
