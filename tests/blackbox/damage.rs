@@ -1,0 +1,245 @@
+//! Acknowledged events missing at either end of the disk store's log are
+//! reported, never lost silently: 20 acked publishes to a named
+//! subscription, a clean stop, then the newest segment emptied, truncated,
+//! zero-filled, removed or overwritten with random bytes, or the first of
+//! two segments deleted. After the restart every missing seq up to the
+//! saved head is listed under `status.store.damaged`, the subscription
+//! counts it lost (`lost_to_retention`) and its consumer gets a gap line
+//! for it; delivered + lost covers every published seq; `bus.log` never
+//! calls an acknowledged batch "never acknowledged"; and the loss is
+//! reported once (a second restart is quiet).
+
+use std::path::{Path, PathBuf};
+
+use dws_tests::common::*;
+use dws_tests::{Output, TestEnv, EXIT_TIMEOUT};
+use serde_json::Value;
+
+/// How the store is damaged while the bus is down.
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    Emptied,
+    Truncated,
+    ZeroFilled,
+    Removed,
+    RandomBytes,
+}
+
+fn store_dir(env: &TestEnv) -> PathBuf {
+    env.work_dir().join("store")
+}
+
+fn segments(store: &Path) -> Vec<PathBuf> {
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(store)
+        .unwrap_or_else(|e| panic!("read {}: {e}", store.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segs.sort();
+    segs
+}
+
+fn stop_bus(env: &TestEnv) {
+    env.dws(["event", "stop"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+    env.wait_no_busd(EXIT_TIMEOUT, "busd to exit after `dws event stop`");
+}
+
+fn consume(env: &TestEnv, args: &[&str]) -> Output {
+    let mut a = vec!["event", "consume"];
+    a.extend_from_slice(args);
+    env.dws(&a).run_with_timeout(EXIT_TIMEOUT)
+}
+
+/// Publishes `n` events of `len` bytes to `dm.k`, one at a time (each
+/// acknowledged); returns their seqs.
+fn publish(env: &TestEnv, n: usize, len: usize) -> Vec<u64> {
+    (0..n)
+        .map(|i| {
+            let mut data = format!("DM-{i:04}");
+            while data.len() < len {
+                data.push('.');
+            }
+            let p = env.publish("dm.k", &data, &["--id", &format!("dm-{i}")]);
+            u64_of(&p, "seq")
+        })
+        .collect()
+}
+
+fn xorshift_bytes(n: usize, mut x: u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn damage(seg: &Path, how: Damage) {
+    let len = std::fs::metadata(seg).expect("segment").len() as usize;
+    match how {
+        Damage::Emptied => std::fs::write(seg, b"").expect("empty"),
+        Damage::Truncated => {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(seg)
+                .expect("open");
+            f.set_len((len / 2) as u64).expect("truncate");
+        }
+        Damage::ZeroFilled => std::fs::write(seg, vec![0u8; len]).expect("zero"),
+        Damage::Removed => std::fs::remove_file(seg).expect("remove"),
+        Damage::RandomBytes => {
+            std::fs::write(seg, xorshift_bytes(len, 0x9E37_79B9_7F4A_7C15)).expect("random")
+        }
+    }
+}
+
+/// Lines of `bus.log` written since `from` bytes.
+fn log_since(env: &TestEnv, from: usize) -> String {
+    let log = std::fs::read(env.bus_log_path()).unwrap_or_default();
+    String::from_utf8_lossy(&log[from.min(log.len())..]).into_owned()
+}
+
+fn log_len(env: &TestEnv) -> usize {
+    std::fs::metadata(env.bus_log_path()).map_or(0, |m| m.len() as usize)
+}
+
+/// The gap lines of a consume run: the sum of their `lost` counts.
+fn gap_lost(out: &Output) -> u64 {
+    out.stderr_lines()
+        .iter()
+        .filter_map(|l| l.strip_prefix("[event] gap — lost "))
+        .filter_map(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Restarts the bus over the damaged store (a publish starts it: seq
+/// `head + 1`), then checks that every seq of `published` is delivered to
+/// s1 or reported lost: in `store.damaged`, in s1's `lost_to_retention`,
+/// in a gap line.
+fn check_reported(env: &TestEnv, published: &[u64], what: &str) {
+    let head = *published.last().expect("published");
+    let from = log_len(env);
+    let after = env.publish("dm.k", "after", &["--id", "dm-after"]);
+    assert_eq!(
+        u64_of(&after, "seq"),
+        head + 1,
+        "{what}: seqs are not reused"
+    );
+    let st = env.status();
+    let damaged: Vec<Value> = st["store"]["damaged"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let pending = u64_of(listed(&st, "s1"), "pending");
+    let lost = u64_of(listed(&st, "s1"), "lost_to_retention");
+    let log = log_since(env, from);
+    let out = consume(
+        env,
+        &["--subscribe-id", "s1", "--max-events", &pending.to_string()],
+    );
+    out.assert_clean_exit("limit", pending);
+    let got: Vec<u64> = out.json_lines().iter().map(|e| u64_of(e, "seq")).collect();
+    assert_eq!(
+        got.last(),
+        Some(&(head + 1)),
+        "{what}: the new event comes\n{out}"
+    );
+    let missing: Vec<u64> = published
+        .iter()
+        .copied()
+        .filter(|s| !got.contains(s))
+        .collect();
+    assert!(
+        !missing.is_empty(),
+        "{what}: the damage lost something\n{out}"
+    );
+    for s in &missing {
+        assert!(
+            damaged
+                .iter()
+                .any(|d| u64_of(d, "from_seq") <= *s && *s <= u64_of(d, "to_seq")),
+            "{what}: lost seq {s} is listed under store.damaged\n{st:#}\n{log}"
+        );
+    }
+    assert_eq!(
+        lost,
+        missing.len() as u64,
+        "{what}: s1 counts every missing seq lost\n{st:#}\n{log}"
+    );
+    assert_eq!(
+        gap_lost(&out),
+        missing.len() as u64,
+        "{what}: the consumer gets a gap line for every missing seq\n{out}\n{log}"
+    );
+    assert!(
+        !log.contains("never acknowledged"),
+        "{what}: acknowledged events are not called never acknowledged\n{log}"
+    );
+    // Reported once: after another restart nothing new is lost.
+    stop_bus(env);
+    env.publish("dm.k", "again", &["--id", "dm-again"]);
+    let st = env.status();
+    assert_eq!(
+        u64_of(listed(&st, "s1"), "lost_to_retention"),
+        lost,
+        "{what}: the loss is not counted twice\n{st:#}"
+    );
+    let out = consume(env, &["--subscribe-id", "s1", "--max-events", "1"]);
+    out.assert_clean_exit("limit", 1);
+    assert_eq!(gap_lost(&out), 0, "{what}: no second gap\n{out}");
+    assert_eq!(out.json_lines()[0]["event_id"], "dm-again", "{what}\n{out}");
+}
+
+fn newest_segment_damaged(how: Damage) {
+    let env = TestEnv::new();
+    subscribe_ok(&env, &["dm.k", "--id", "s1"], "s1");
+    let seqs = publish(&env, 20, 64);
+    stop_bus(&env);
+    let segs = segments(&store_dir(&env));
+    damage(segs.last().expect("a segment"), how);
+    check_reported(&env, &seqs, &format!("{how:?}"));
+}
+
+#[test]
+fn a_emptied_newest_segment_is_reported() {
+    newest_segment_damaged(Damage::Emptied);
+}
+
+#[test]
+fn a_truncated_newest_segment_is_reported() {
+    newest_segment_damaged(Damage::Truncated);
+}
+
+#[test]
+fn a_zero_filled_newest_segment_is_reported() {
+    newest_segment_damaged(Damage::ZeroFilled);
+}
+
+#[test]
+fn a_removed_newest_segment_is_reported() {
+    newest_segment_damaged(Damage::Removed);
+}
+
+#[test]
+fn random_bytes_in_the_newest_segment_are_reported() {
+    newest_segment_damaged(Damage::RandomBytes);
+}
+
+/// Two segments (4 MiB each), the first deleted: its seqs are lost, and
+/// reported, not skipped by a cursor jumping forward.
+#[test]
+fn a_deleted_first_segment_is_reported() {
+    let env = TestEnv::new();
+    subscribe_ok(&env, &["dm.k", "--id", "s1"], "s1");
+    let seqs = publish(&env, 46, 100 * 1024);
+    stop_bus(&env);
+    let segs = segments(&store_dir(&env));
+    assert!(segs.len() >= 2, "two segments: {segs:?}");
+    damage(&segs[0], Damage::Removed);
+    check_reported(&env, &seqs, "first segment removed");
+}
