@@ -385,4 +385,8 @@ impl<F: FileOps> Store for DiskStore<F> {
 }
 
 #[cfg(test)]
+mod powercut;
+#[cfg(test)]
+mod simfs;
+#[cfg(test)]
 mod tests;

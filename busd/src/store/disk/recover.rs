@@ -189,8 +189,11 @@ pub(super) fn recover<F: FileOps>(s: &mut DiskStore<F>) -> Result<Recovered, Sto
                 "events seq {a}..={b} were found lost by an earlier start (marked in {file})"
             ));
         }
-        lowest.get_or_insert(first_seq);
-        let mut expect = prev.map_or(first_seq, |p| p + 1);
+        // Seqs are consecutive across the whole log, from the first
+        // segment's name on: a hole anywhere (an emptied older segment
+        // included) is damage.
+        let start = *lowest.get_or_insert(first_seq);
+        let mut expect = prev.map_or(start, |p| p + 1);
         let mut last_seq = scanned.lost_marks.iter().map(|m| m.1).max().unwrap_or(0);
         for e in scanned.events {
             if prev.is_some_and(|p| e.seq <= p) {
