@@ -4,7 +4,8 @@
 //! Power cut: any sequence of appends, saves and releases (small segments,
 //! so they roll), the power going after any file operation (a write cut
 //! short keeps a prefix), a crash that keeps the durable state plus, maybe,
-//! a random subset of unsynced pages — then, maybe, an operator's damage
+//! a random subset of unsynced pages, or a `kill -9` that keeps the page
+//! cache (a later power cut may still drop what nobody synced) — then, maybe, an operator's damage
 //! (the newest segment truncated or removed, the oldest removed). Recovery
 //! must yield every acknowledged event (content and seq) and the last
 //! acknowledged save (cursors), serve only what it made durable (a second
@@ -134,7 +135,8 @@ struct Model {
 
 fn run_ops(fs: &SimFs, ops: &[Op], crash_after: Option<u64>) -> Model {
     let mut m = Model::default();
-    let mut s = DiskStore::with_fs(fs.clone(), dir(), Durability::Fsync).with_segment_bytes(SEGMENT);
+    let mut s =
+        DiskStore::with_fs(fs.clone(), dir(), Durability::Fsync).with_segment_bytes(SEGMENT);
     s.recover().expect("a fresh store recovers");
     if let Some(n) = crash_after {
         fs.fail_after(n);
@@ -189,7 +191,11 @@ fn apply(fs: &SimFs, harm: Harm) {
     match (harm, segs.first(), segs.last()) {
         (Harm::TruncateNewest(k), _, Some(p)) => {
             let b = &files[p];
-            let cut = if b.is_empty() { 0 } else { k as usize % b.len() };
+            let cut = if b.is_empty() {
+                0
+            } else {
+                k as usize % b.len()
+            };
             fs.put(p, Some(b[..cut].to_vec()));
         }
         (Harm::RemoveNewest, _, Some(p)) => fs.put(p, None),
@@ -245,7 +251,10 @@ fn check(m: &Model, r: &Recovered, harmed: bool) -> Result<(), TestCaseError> {
                 );
             }
         } else {
-            prop_assert!(got.contains_key(&seq), "acknowledged seq {seq} lost\n{notes}");
+            prop_assert!(
+                got.contains_key(&seq),
+                "acknowledged seq {seq} lost\n{notes}"
+            );
         }
     }
     if !harmed {
@@ -263,12 +272,14 @@ proptest! {
         ops in prop::collection::vec(op(), 1..40),
         crash_after in prop::option::weighted(0.8, 0u64..200),
         keep_pages in any::<bool>(),
+        killed in prop::bool::weighted(0.3),
         harm in harm(),
         seed in any::<u64>(),
     ) {
         let fs = SimFs::new(seed);
         let m = run_ops(&fs, &ops, crash_after);
-        let after = fs.crash(keep_pages);
+        // kill -9 keeps the page cache; a power cut keeps the disk.
+        let after = if killed { fs.kill() } else { fs.crash(keep_pages) };
         if let Some(h) = harm {
             apply(&after, h);
         }
@@ -334,4 +345,28 @@ proptest! {
             prop_assert!(w.encoded == e.encoded, "seq {} changed", e.seq);
         }
     }
+}
+
+/// `kill -9` between a batch's write and its `fdatasync`: the restarted
+/// store serves that batch only once it made it durable.
+#[test]
+fn a_batch_left_in_the_page_cache_is_synced_before_it_is_served() {
+    let fs = SimFs::new(7);
+    let mut s =
+        DiskStore::with_fs(fs.clone(), dir(), Durability::Fsync).with_segment_bytes(SEGMENT);
+    s.recover().unwrap();
+    s.append(&[event(1), event(2)]).unwrap();
+    // The write goes through, the fdatasync never happens.
+    fs.fail_after(1);
+    assert!(s.append(&[event(3)]).is_err());
+    drop(s);
+    let after = fs.kill();
+    let r = recover(&after);
+    assert_eq!(r.events.last().map(|e| e.seq), Some(3), "{:?}", r.notes);
+    let again = recover(&after.crash(false));
+    assert_eq!(
+        again.events.last().map(|e| e.seq),
+        Some(3),
+        "served, so durable"
+    );
 }

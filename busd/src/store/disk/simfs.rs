@@ -105,8 +105,11 @@ impl SimFs {
         let mut inodes = vec![];
         let mut map = BTreeMap::new();
         let mut new_id = BTreeMap::new();
-        let entries: Vec<(PathBuf, usize)> =
-            st.durable_dir.iter().map(|(p, &i)| (p.clone(), i)).collect();
+        let entries: Vec<(PathBuf, usize)> = st
+            .durable_dir
+            .iter()
+            .map(|(p, &i)| (p.clone(), i))
+            .collect();
         for (path, id) in entries {
             let nid = *new_id.entry(id).or_insert_with(|| {
                 inodes.push(Inode::default());
@@ -152,6 +155,17 @@ impl SimFs {
                 rng,
             })),
         }
+    }
+
+    /// The machine after `kill -9` of the process: the page cache keeps
+    /// everything written, durable or not; a later [`SimFs::crash`] may
+    /// still drop what nobody synced.
+    pub fn kill(&self) -> SimFs {
+        let mut st = self.lock();
+        st.dead = false;
+        st.calls_left = None;
+        drop(st);
+        self.clone()
     }
 
     /// Test access: the live file names and bytes.
