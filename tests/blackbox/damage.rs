@@ -243,3 +243,99 @@ fn a_deleted_first_segment_is_reported() {
     damage(&segs[0], Damage::Removed);
     check_reported(&env, &seqs, "first segment removed");
 }
+
+// ------------------------------------------------- hostile segment bytes
+
+/// CRC-32 (IEEE), as the store checksums its records.
+fn crc32(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+fn record(payload: &[u8]) -> Vec<u8> {
+    let mut r = (payload.len() as u32).to_le_bytes().to_vec();
+    r.extend_from_slice(&crc32(payload).to_le_bytes());
+    r.extend_from_slice(payload);
+    r
+}
+
+/// A checksummed batch of one event with `seq` (type `x.y`, no payload).
+fn crafted_batch(seq: u64) -> Vec<u8> {
+    let mut ev = vec![1u8];
+    ev.extend_from_slice(&seq.to_le_bytes());
+    ev.extend_from_slice(&0i64.to_le_bytes());
+    for s in ["", "crafted", "x.y", ""] {
+        ev.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        ev.extend_from_slice(s.as_bytes());
+    }
+    ev.extend_from_slice(&0u32.to_le_bytes());
+    let mut commit = vec![2u8];
+    commit.extend_from_slice(&seq.to_le_bytes());
+    commit.extend_from_slice(&seq.to_le_bytes());
+    let mut out = record(&ev);
+    out.extend(record(&commit));
+    out
+}
+
+/// A checksummed record with seq 2^64−1 or 10^12 appended to the log: the
+/// bus starts (no panic, no absurd allocation) and keeps publishing.
+#[test]
+fn a_record_with_an_absurd_seq_does_not_stop_the_bus() {
+    for seq in [u64::MAX, 1_000_000_000_000] {
+        let env = TestEnv::new();
+        let seqs = publish(&env, 3, 16);
+        stop_bus(&env);
+        let segs = segments(&store_dir(&env));
+        let newest = segs.last().expect("a segment");
+        let mut bytes = std::fs::read(newest).expect("read");
+        bytes.extend(crafted_batch(seq));
+        std::fs::write(newest, bytes).expect("write");
+        let p = env.publish("dm.k", "after", &["--id", "dm-after"]);
+        let got = u64_of(&p, "seq");
+        assert!(got > seqs[2], "seq {seq}: the next publish gets {got}\n{p}");
+        let st = env.status();
+        assert_eq!(st["running"], true, "seq {seq}\n{st:#}");
+        assert!(
+            !log_since(&env, 0).contains("panicked"),
+            "seq {seq}: no panic\n{}",
+            env.bus_log_tail()
+        );
+    }
+}
+
+/// A 6 MiB segment in which every 4th offset announces a 4 MiB record: the
+/// bus still starts within `dws`'s start timeout (recovery is linear in the
+/// file size), and what the segment hid is reported.
+#[test]
+fn a_crafted_segment_does_not_stall_the_start() {
+    let env = TestEnv::new();
+    subscribe_ok(&env, &["dm.k", "--id", "s1"], "s1");
+    publish(&env, 3, 16);
+    stop_bus(&env);
+    let segs = segments(&store_dir(&env));
+    let newest = segs.last().expect("a segment");
+    let n = 6 << 20;
+    let mut bytes = vec![0u8; n];
+    for p in (0..n - 8).step_by(4) {
+        bytes[p..p + 4].copy_from_slice(&((4u32 << 20) | 1).to_le_bytes());
+    }
+    std::fs::write(newest, bytes).expect("write");
+    let p = env.publish("dm.k", "after", &["--id", "dm-after"]);
+    assert_eq!(u64_of(&p, "seq"), 4, "{p}");
+    let st = env.status();
+    assert_eq!(
+        u64_of(listed(&st, "s1"), "lost_to_retention"),
+        3,
+        "the three events the segment held are reported lost\n{st:#}"
+    );
+}
