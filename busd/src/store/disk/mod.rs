@@ -26,7 +26,7 @@ use crate::eventlog::LoggedEvent;
 
 mod recover;
 #[cfg(test)]
-pub(crate) use recover::{expected_from, Ranges, MAX_PLACEHOLDERS};
+pub(crate) use recover::{expected_from, Ranges};
 
 /// The format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;

@@ -126,7 +126,7 @@ impl SimFs {
                 let mut out = vec![0u8; len];
                 for (p, chunk) in out.chunks_mut(PAGE).enumerate() {
                     let at = p * PAGE;
-                    let from = if st.next() % 2 == 0 {
+                    let from = if st.next().is_multiple_of(2) {
                         &old.data
                     } else {
                         &old.durable
