@@ -16,8 +16,10 @@ use std::{
 
 use crate::store::fileops::{DirError, FileOps};
 
-/// The unit a disk writes atomically, for the crash model.
-pub const PAGE: usize = 4096;
+/// The unit the crash model keeps or drops: smaller than a real page (a
+/// sector is 512 bytes), so that the small batches of the tests tear
+/// across it.
+pub const PAGE: usize = 128;
 
 #[derive(Debug, Clone, Default)]
 struct Inode {
