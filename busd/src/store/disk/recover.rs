@@ -287,7 +287,8 @@ fn hole_offset_of(c: &[record::Corruption], committed_len: u64, from: u64, to: u
 }
 
 /// The `torn tail dropped` line: what was cut, and whether it had been
-/// acknowledged (at or below the saved head) — then it is also reported lost.
+/// acknowledged (at or below the saved head; the loss line that follows
+/// says what is reported lost).
 fn torn_note(scanned: &record::Scanned, file: &str, head: u64) -> String {
     let what = format!(
         "torn tail dropped: {} byte(s) after the last complete batch of {file}",
@@ -296,7 +297,7 @@ fn torn_note(scanned: &record::Scanned, file: &str, head: u64) -> String {
     match scanned.torn_seqs {
         Some((a, b)) if a <= head => format!(
             "{what} ({} event(s), seqs {a}..={b}; the saved head is {head}, so seqs \
-             {a}..={} were acknowledged: reported lost)",
+             {a}..={} had been acknowledged)",
             scanned.torn_events,
             b.min(head)
         ),

@@ -146,7 +146,9 @@ fn a_missing_tail_is_reported_lost_once() {
     assert!(last < 20);
     assert_eq!(r.lost, vec![(last + 1, 20)]);
     assert!(
-        r.notes.iter().any(|n| n.contains("were acknowledged")),
+        r.notes
+            .iter()
+            .any(|n| n.contains("were acknowledged and are lost")),
         "{:?}",
         r.notes
     );
