@@ -191,7 +191,6 @@ struct Shared {
     paused_readers: AtomicUsize,
 }
 
-/// Cloneable handle to the bus state.
 /// Acknowledged seqs the store lost (`Recovered::lost`): `sub` counts the
 /// ones it had not read as lost and reports them with a gap. Below the
 /// snapshot's `floor` only its pinned events were still wanted (the rest
@@ -210,6 +209,7 @@ fn report_lost(sub: &mut Subscription, rec: &SubRecord, lost: &[(u64, u64)], flo
     }
 }
 
+/// Cloneable handle to the bus state.
 #[derive(Clone)]
 pub struct Hub {
     shared: Arc<Shared>,
