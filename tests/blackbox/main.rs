@@ -38,7 +38,10 @@
 //!   `config.toml`, named subscriptions without a TTL, TTL removals.
 //! - [`durability`]: the on-disk store: its files and status, restart after
 //!   `stop` and `kill -9`, torn tails, flipped bytes, format versions, a
-//!   failed write, and `kill -9` chaos (local publish and DingTalk).
+//!   failed write, and `kill -9` chaos (local publish and DingTalk);
+//!   [`damage`]: acknowledged events missing at either end of the log
+//!   (segments emptied, truncated, zero-filled, removed, overwritten) are
+//!   reported once as lost, never silently.
 //! - [`postgres`]: the private PostgreSQL server harness (`dws_tests::pg`)
 //!   the cluster store's tests run on: SCRAM over TCP, stop, crash and
 //!   restart, servers side by side, nothing left behind.
@@ -77,6 +80,7 @@ mod cluster_pg_restart;
 mod cluster_shared;
 mod cluster_shared_faults;
 mod cluster_tls;
+mod damage;
 mod dingtalk;
 mod durability;
 mod ecosystem;

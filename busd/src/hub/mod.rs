@@ -74,7 +74,7 @@ use crate::{
     eventlog::{EventLog, LoggedEvent, Retention},
     pattern::Selector,
     shutdown::ShutdownTrigger,
-    store::{Recovered, StoreInfo},
+    store::{Recovered, StoreInfo, SubRecord},
     subscription::Subscription,
     upstream::UpstreamControl,
 };
@@ -194,6 +194,24 @@ struct Shared {
     paused_readers: AtomicUsize,
 }
 
+/// Acknowledged seqs the store lost (`Recovered::lost`): `sub` counts the
+/// ones it had not read as lost and reports them with a gap. Below the
+/// snapshot's `floor` only its pinned events were still wanted (the rest
+/// was already counted lost to retention).
+fn report_lost(sub: &mut Subscription, rec: &SubRecord, lost: &[(u64, u64)], floor: u64) {
+    let mut pinned = rec.pinned.clone();
+    pinned.sort_unstable();
+    for &(a, b) in lost {
+        for &p in pinned.iter().filter(|&&p| p >= a && p <= b && p < floor) {
+            sub.missed(p, p);
+        }
+        let from = a.max(floor);
+        if from <= b {
+            sub.missed(from, b);
+        }
+    }
+}
+
 /// Cloneable handle to the bus state.
 #[derive(Clone)]
 pub struct Hub {
@@ -245,7 +263,7 @@ impl Hub {
         for rec in recovered.snapshot.iter().flat_map(|s| &s.subscriptions) {
             match Selector::new(&rec.patterns, &rec.filter) {
                 Ok(sel) => {
-                    let sub = Subscription::restore(
+                    let mut sub = Subscription::restore(
                         rec,
                         sel,
                         &events,
@@ -253,6 +271,7 @@ impl Hub {
                         now,
                         config.default_window as usize,
                     );
+                    report_lost(&mut sub, rec, &recovered.lost, floor);
                     subs.insert(rec.id.clone(), sub);
                 }
                 Err(e) => {

@@ -22,6 +22,7 @@
 
 pub mod dedup_ids;
 pub mod disk;
+pub mod fileops;
 pub mod memory;
 pub mod postgres;
 pub mod record;
@@ -243,6 +244,10 @@ pub struct Recovered {
     pub snapshot: Option<Snapshot>,
     /// What recovery had to repair, for `bus.log`.
     pub notes: Vec<String>,
+    /// Seq ranges the snapshot says were acknowledged and the store no
+    /// longer holds (not placeholders): every restored subscription that
+    /// had not read them counts them lost and reports a gap.
+    pub lost: Vec<(u64, u64)>,
 }
 
 /// For `status`.

@@ -266,6 +266,7 @@ fn merge(loaded: Loaded, host: &str, now: i64) -> Result<Recovered, StoreError> 
         events: loaded.events,
         snapshot,
         notes,
+        lost: vec![],
     })
 }
 
