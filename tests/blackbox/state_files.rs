@@ -281,7 +281,9 @@ fn named_subscriptions_live_until_removed_unless_they_asked_for_a_ttl() {
     // event from its first moment, however slow this machine is.
     subscribe_ok(
         &env,
-        &["ttl.k", "--id", "short", "--ttl", "1s", "--from", "earliest"],
+        &[
+            "ttl.k", "--id", "short", "--ttl", "1s", "--from", "earliest",
+        ],
         "short",
     );
     let mut c = env.dws(["event", "consume", "ttl.k"]).spawn();

@@ -77,7 +77,10 @@ impl Connection {
         self.source_state_if_changed();
         self.redeliver_at = None;
         while self.out.len() < OUT_HIGH_WATER {
-            let (d, next_due) = self.hub.pull(self.id, PULL_BATCH);
+            // Bytes as well as events: a consumer that never reads must
+            // not make the bus copy 256 large events into its buffer.
+            let room = OUT_HIGH_WATER - self.out.len();
+            let (d, next_due) = self.hub.pull(self.id, PULL_BATCH, room);
             self.redeliver_at = next_due;
             let Some(d) = d else {
                 break;

@@ -246,8 +246,14 @@ impl Hub {
     }
 
     /// Takes what `conn` may send now: a pending Gap and up to its credit of
-    /// events. Marks them in flight.
-    pub fn pull(&self, conn: ConnId, max_events: usize) -> (Option<Delivery>, Option<Instant>) {
+    /// events, at most `max_events` and, past the first, `max_bytes`
+    /// encoded. Marks them in flight.
+    pub fn pull(
+        &self,
+        conn: ConnId,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> (Option<Delivery>, Option<Instant>) {
         let mut st = self.state();
         let was_dirty = st.subs_dirty;
         let head = st.log.head_seq();
@@ -265,7 +271,7 @@ impl Hub {
         else {
             return (None, None);
         };
-        let pulled = sub.pull(max_events, head, Instant::now());
+        let pulled = sub.pull_within(max_events, max_bytes, head, Instant::now());
         c.delivered += pulled.events.len() as u64;
         let damaged = pulled.damaged_at.map(|seq| {
             let at = store

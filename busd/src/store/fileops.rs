@@ -122,8 +122,12 @@ impl FileOps for RealFs {
     }
 
     fn open_append(&self, path: &Path) -> io::Result<File> {
-        crate::regular::open(path, open_options().append(true), crate::regular::Follow::No)
-            .map_err(regular_error)
+        crate::regular::open(
+            path,
+            open_options().append(true),
+            crate::regular::Follow::No,
+        )
+        .map_err(regular_error)
     }
 
     #[inline]

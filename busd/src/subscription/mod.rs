@@ -362,7 +362,14 @@ impl Subscription {
 
     /// Up to `max` events within the window, and a gap first if one is due.
     pub fn pull(&mut self, max: usize, head: u64, now: Instant) -> Pulled {
+        self.pull_within(max, usize::MAX, head, now)
+    }
+
+    /// [`Self::pull`] that also stops once the events taken reach
+    /// `max_bytes` (encoded; at least one event is taken).
+    pub fn pull_within(&mut self, max: usize, max_bytes: usize, head: u64, now: Instant) -> Pulled {
         let mut out = Pulled::default();
+        let mut bytes = 0usize;
         if let Some((lost, through)) = self.gaps.take(self.sends) {
             out.gap = Some(v1::Gap {
                 subscription_id: self.id.clone(),
@@ -420,6 +427,7 @@ impl Subscription {
             if self.state != State::Active
                 || self.in_flight >= self.window
                 || out.events.len() >= max
+                || bytes >= max_bytes
             {
                 break;
             }
@@ -457,6 +465,7 @@ impl Subscription {
                 self.counters.redelivered += 1;
             }
             self.max_sent_seq = self.max_sent_seq.max(entry.event.seq);
+            bytes = bytes.saturating_add(entry.event.encoded.len());
             out.events
                 .push((entry.event.clone(), redelivered, entry.deliveries));
             self.in_flight += 1;
@@ -467,29 +476,6 @@ impl Subscription {
         self.scan_from = still_open.unwrap_or(i).min(i);
         self.counters.delivered += out.events.len() as u64;
         out
-    }
-
-    /// Moves `pending[i]` to the parked list (`reason`: the consumer's).
-    fn park_at(&mut self, i: usize, reason: Option<String>) {
-        let Some(entry) = self.pending.remove(i) else {
-            return;
-        };
-        self.removed_at(i);
-        if let Slot::InFlight { .. } = entry.slot {
-            self.in_flight -= 1;
-        }
-        self.acked_through = self.acked_through.max(entry.event.seq);
-        self.counters.parked += 1;
-        if self.parked.len() >= MAX_PARKED {
-            self.parked.pop_front();
-            self.counters.parked_dropped += 1;
-        }
-        self.parked.push_back(Parked {
-            event: entry.event,
-            deliveries: entry.deliveries,
-            parked_at_ms: crate::clock::now_ms(),
-            reason,
-        });
     }
 
     /// Drops acked events from the front; returns how many were acked now.

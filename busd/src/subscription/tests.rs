@@ -446,3 +446,22 @@ fn a_hole_counts_only_past_where_the_subscription_starts() {
         "a shared one gets its events by claim"
     );
 }
+
+#[test]
+fn a_pull_stops_at_its_byte_budget_but_always_takes_one_event() {
+    let mut s = sub(100);
+    for seq in 1..=3 {
+        s.offer(&Arc::new(LoggedEvent {
+            seq,
+            event_type: "a.x".into(),
+            encoded: Bytes::from(vec![0u8; 100_000]),
+            ..LoggedEvent::default()
+        }));
+    }
+    s.attach(7, 100, None);
+    let t = Instant::now();
+    // 100 kB taken, under 150 kB: one more; then over: stop.
+    assert_eq!(s.pull_within(256, 150_000, 3, t).events.len(), 2);
+    // A budget smaller than one event still takes one.
+    assert_eq!(s.pull_within(256, 10, 3, t).events.len(), 1);
+}

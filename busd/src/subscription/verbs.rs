@@ -3,9 +3,32 @@
 //! seek, and the parked list (show, replay). Each returns why it does not
 //! apply instead of changing anything.
 
-use super::{Entry, Parked, Slot, State, Subscription, VerbError};
+use super::{Entry, Parked, Slot, State, Subscription, VerbError, MAX_PARKED};
 
 impl Subscription {
+    /// Moves `pending[i]` to the parked list (`reason`: the consumer's).
+    pub(super) fn park_at(&mut self, i: usize, reason: Option<String>) {
+        let Some(entry) = self.pending.remove(i) else {
+            return;
+        };
+        self.removed_at(i);
+        if let Slot::InFlight { .. } = entry.slot {
+            self.in_flight -= 1;
+        }
+        self.acked_through = self.acked_through.max(entry.event.seq);
+        self.counters.parked += 1;
+        if self.parked.len() >= MAX_PARKED {
+            self.parked.pop_front();
+            self.counters.parked_dropped += 1;
+        }
+        self.parked.push_back(Parked {
+            event: entry.event,
+            deliveries: entry.deliveries,
+            parked_at_ms: crate::clock::now_ms(),
+            reason,
+        });
+    }
+
     /// halted → active; the same event is tried again, its count reset.
     pub fn restart(&mut self) -> Result<(), VerbError> {
         let State::Halted(h) = &self.state else {
