@@ -97,7 +97,44 @@ pub fn line_bytes() -> usize {
     LINE_BYTES.load(Ordering::Relaxed)
 }
 
+/// The fields of an encoded event that verb documents show, read without
+/// copying its payload (`data` is a slice of the encoded bytes).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Shown {
+    #[prost(string, tag = "2")]
+    event_id: String,
+    #[prost(bytes = "bytes", tag = "10")]
+    data: Bytes,
+}
+
 impl LoggedEvent {
+    fn shown(&self) -> Shown {
+        use prost::Message;
+        Shown::decode(self.encoded.clone()).unwrap_or_default()
+    }
+
+    /// The id a consumer saw on this event's line: the dedup id it was
+    /// published or received with, or the one the bus gave it.
+    pub fn shown_id(&self) -> String {
+        if self.event_id.is_empty() {
+            self.shown().event_id
+        } else {
+            self.event_id.clone()
+        }
+    }
+
+    /// The event's `data` as a consumer saw it, cut to at most `max` bytes
+    /// (on a character boundary), and its whole size in bytes.
+    pub fn data_prefix(&self, max: usize) -> (String, usize) {
+        let data = self.shown().data;
+        let text = String::from_utf8_lossy(&data);
+        let mut end = text.len().min(max);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        (text[..end].to_owned(), data.len())
+    }
+
     /// Bytes this event counts against the retention bound.
     pub fn size(&self) -> usize {
         self.encoded.len() + self.event_type.len() + self.event_id.len() + self.scope.len() + 64

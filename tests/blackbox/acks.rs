@@ -312,6 +312,62 @@ fn poison_with_park_goes_on_and_parked_events_can_be_replayed() {
     stop_term(c);
 }
 
+/// An event published without an id gets one from the bus; the parked
+/// list and a halt name that id (they said `""`), and `parked` shows the
+/// payload.
+#[test]
+fn parked_and_halted_records_name_the_id_on_the_line_and_parked_shows_the_data() {
+    let env = TestEnv::new();
+    env.subscribe(&[
+        "k.*",
+        "--id",
+        "s1",
+        "--max-deliver",
+        "1",
+        "--on-poison",
+        "park",
+    ]);
+    env.subscribe(&["k.*", "--id", "s2", "--max-deliver", "1"]);
+    env.publish("k.e", "{\"order\":42}", &[]);
+    let mut c = explicit(&env, &[]);
+    let line = event_line(&mut c, 1);
+    let id = line["event_id"]
+        .as_str()
+        .expect("an id on the line")
+        .to_owned();
+    assert!(!id.is_empty(), "{line}");
+    c.write_stdin(b"nack 1\n");
+    env.wait_status(LONG, "event 1 parked", |st| listed(st, "s1")["parked"] == 1);
+    stop_term(c);
+    let parked = verb_json(&env, &["parked", "s1"]);
+    let p = &parked["parked_events"][0];
+    assert_eq!(p["event_id"], id.as_str(), "{parked:#}");
+    assert_eq!(p["data"], "{\"order\":42}", "{parked:#}");
+    assert_eq!(p["data_bytes"], 12, "{parked:#}");
+    crate::ecosystem::assert_valid("subscription", &parked);
+    let mut c = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "s2",
+            "--ack",
+            "explicit",
+        ])
+        .stdin_pipe()
+        .spawn();
+    c.wait_ready();
+    event_line(&mut c, 1);
+    c.write_stdin(b"nack 1\n");
+    c.wait_exit(LONG).assert_clean_exit("halted", 1);
+    let st = env.status();
+    assert_eq!(
+        listed(&st, "s2")["halted"]["event_id"],
+        id.as_str(),
+        "{st:#}"
+    );
+}
+
 #[test]
 fn disable_enable_and_seek() {
     let env = TestEnv::new();

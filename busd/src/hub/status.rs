@@ -93,11 +93,19 @@ pub(super) struct SubscriptionDoc<'a> {
     parked_events: Option<Vec<ParkedDoc<'a>>>,
 }
 
+/// How much of a parked event's `data` the `parked` verb shows: 1,000
+/// parked events stay well inside one frame.
+const PARKED_DATA_SHOWN: usize = 1024;
+
 #[derive(Serialize)]
 struct ParkedDoc<'a> {
     seq: u64,
-    event_id: &'a str,
+    event_id: String,
     event_type: &'a str,
+    /// The payload, at most [`PARKED_DATA_SHOWN`] bytes of it.
+    data: String,
+    /// The payload's whole size.
+    data_bytes: usize,
     deliveries: u32,
     parked_at_unix_ms: i64,
     /// The consumer's reason (`term`); null when poison or `skip` parked it.
@@ -317,13 +325,18 @@ pub(super) fn subscription_doc(
         parked: s.parked_len(),
         parked_events: with_parked.then(|| {
             s.parked()
-                .map(|p| ParkedDoc {
-                    seq: p.event.seq,
-                    event_id: &p.event.event_id,
-                    event_type: &p.event.event_type,
-                    deliveries: p.deliveries,
-                    parked_at_unix_ms: p.parked_at_ms,
-                    reason: p.reason.as_deref(),
+                .map(|p| {
+                    let (data, data_bytes) = p.event.data_prefix(PARKED_DATA_SHOWN);
+                    ParkedDoc {
+                        seq: p.event.seq,
+                        event_id: p.event.shown_id(),
+                        event_type: &p.event.event_type,
+                        data,
+                        data_bytes,
+                        deliveries: p.deliveries,
+                        parked_at_unix_ms: p.parked_at_ms,
+                        reason: p.reason.as_deref(),
+                    }
                 })
                 .collect()
         }),

@@ -442,7 +442,7 @@ impl Subscription {
             if self.max_deliver > 0 && entry.deliveries >= self.max_deliver {
                 let halt = HaltRecord {
                     seq: entry.event.seq,
-                    event_id: entry.event.event_id.clone(),
+                    event_id: entry.event.shown_id(),
                     deliveries: entry.deliveries,
                     since_unix_ms: crate::clock::now_ms(),
                 };
