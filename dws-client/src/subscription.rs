@@ -124,6 +124,14 @@ fn render(args: &VerbArgs, doc: &Value) -> String {
                 out.push_str(&format!(": {}", proto::limits::quoted(reason)));
             }
             out.push('\n');
+            if let Some(data) = p.get("data").and_then(Value::as_str) {
+                // One line, at most 100 characters of it (`--format json`
+                // has the first 1,024 bytes).
+                out.push_str(&format!(
+                    "    data {}\n",
+                    proto::limits::quoted(&data.replace(['\n', '\r'], " "))
+                ));
+            }
         }
     }
     out
