@@ -36,7 +36,7 @@ fn run(hub: &Hub, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
     let mut last_save = Instant::now();
     loop {
         match hub.next_commit_work(last_save) {
-            CommitWork::Append(batch) => match store.append(&batch) {
+            CommitWork::Append(batch) => match timed(hub, || store.append(&batch)) {
                 Ok(()) => {
                     if let Some(d) = dedup.as_mut() {
                         d.appended(&batch);
@@ -76,4 +76,13 @@ fn run(hub: &Hub, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
             CommitWork::Stop => return,
         }
     }
+}
+
+/// Runs one append and records how long it took (failures too: a slow
+/// failing disk is what the histogram is for).
+fn timed<T>(hub: &Hub, append: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    let out = append();
+    hub.append_latency().record(start.elapsed());
+    out
 }

@@ -16,6 +16,7 @@
 //! - [`shutdown`]: the one shutdown signal and its reason; [`clock`]: the
 //!   wall clock.
 //! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run.
+//! - [`latency`]: the append-latency histogram (lock-free, for status).
 //! - [`regular`]: data files (`config.toml`, secrets, the store's files) opened
 //!   as regular files only, never blocking on a FIFO.
 
@@ -26,6 +27,7 @@ pub mod config;
 pub mod connection;
 pub mod eventlog;
 pub mod hub;
+pub mod latency;
 pub mod lock;
 pub mod logfile;
 pub mod notify;

@@ -25,6 +25,7 @@ pub enum Flavor {
 enum Kind {
     Gauge,
     Counter,
+    Histogram,
 }
 
 /// Collects samples grouped by family, then writes them.
@@ -36,11 +37,15 @@ struct Families {
 }
 
 impl Families {
+    /// One sample: `suffix` goes after the sample's name (a histogram's
+    /// `_bucket`, `_sum`, `_count`; empty otherwise).
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
         name: &'static str,
         kind: Kind,
         help: &'static str,
+        suffix: &str,
         labels: &[(&str, &str)],
         value: f64,
     ) {
@@ -48,7 +53,7 @@ impl Families {
         for (k, v) in labels {
             let _ = write!(l, ",{k}=\"{}\"", escape(v));
         }
-        let sample = format!("{{{l}}} {}", number(value));
+        let sample = format!("{suffix}{{{l}}} {}", number(value));
         match self.list.iter_mut().find(|f| f.0 == name) {
             Some(f) => f.3.push(sample),
             None => self.list.push((name, kind, help, vec![sample])),
@@ -56,12 +61,12 @@ impl Families {
     }
 
     fn gauge(&mut self, name: &'static str, help: &'static str, labels: &[(&str, &str)], v: f64) {
-        self.add(name, Kind::Gauge, help, labels, v);
+        self.add(name, Kind::Gauge, help, "", labels, v);
     }
 
     /// `name` without `_total`: the suffix is added to the samples.
     fn counter(&mut self, name: &'static str, help: &'static str, labels: &[(&str, &str)], v: f64) {
-        self.add(name, Kind::Counter, help, labels, v);
+        self.add(name, Kind::Counter, help, "", labels, v);
     }
 
     fn finish(self) -> String {
@@ -75,6 +80,8 @@ impl Families {
                 (Kind::Counter, Flavor::OpenMetrics) => {
                     (name.to_string(), format!("{name}_total"), "counter")
                 }
+                // Samples carry their own suffix (`_bucket`, `_sum`, `_count`).
+                (Kind::Histogram, _) => (name.to_string(), name.to_string(), "histogram"),
             };
             let _ = writeln!(o, "# HELP {family} {help}");
             let _ = writeln!(o, "# TYPE {family} {kind}");
@@ -215,6 +222,22 @@ pub fn render(doc: &StatusDoc, flavor: Flavor) -> String {
         &[("kind", &store.kind)],
         flag(store.last_error.is_some()),
     );
+    let lat = &store.append_latency;
+    if lat.le_us.len() == lat.cumulative.len() {
+        const NAME: &str = "dws_store_append_seconds";
+        const HELP: &str = "How long each append to the store took (write and fdatasync).";
+        let kind = [("kind", store.kind.as_str())];
+        let h = Kind::Histogram;
+        for (le, n) in lat.le_us.iter().zip(&lat.cumulative) {
+            let le = number(*le as f64 / 1e6);
+            let labels = [kind[0], ("le", le.as_str())];
+            f.add(NAME, h, HELP, "_bucket", &labels, *n as f64);
+        }
+        let labels = [kind[0], ("le", "+Inf")];
+        f.add(NAME, h, HELP, "_bucket", &labels, lat.count as f64);
+        f.add(NAME, h, HELP, "_sum", &kind, lat.sum_us as f64 / 1e6);
+        f.add(NAME, h, HELP, "_count", &kind, lat.count as f64);
+    }
     for s in &doc.subscriptions {
         let id = [("subscription", s.id.as_str())];
         let g = |f: &mut Families, name, help, v: u64| f.gauge(name, help, &id, v as f64);
@@ -362,6 +385,30 @@ mod tests {
         );
         assert!(t.contains("dws_subscription_redelivered_total{"));
         assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_append_latency_is_a_histogram_with_le_buckets_sum_and_count() {
+        let mut d = doc();
+        d.store.kind = "disk".into();
+        d.store.append_latency = proto::status::LatencyDoc {
+            le_us: vec![100, 1_000],
+            cumulative: vec![1, 3],
+            sum_us: 2_500,
+            count: 4,
+        };
+        let t = render(&d, Flavor::Prometheus);
+        let p = "profile=\"de\\\"v\",kind=\"disk\"";
+        for line in [
+            "# TYPE dws_store_append_seconds histogram".to_owned(),
+            format!("dws_store_append_seconds_bucket{{{p},le=\"0.0001\"}} 1"),
+            format!("dws_store_append_seconds_bucket{{{p},le=\"0.001\"}} 3"),
+            format!("dws_store_append_seconds_bucket{{{p},le=\"+Inf\"}} 4"),
+            format!("dws_store_append_seconds_sum{{{p}}} 0.0025"),
+            format!("dws_store_append_seconds_count{{{p}}} 4"),
+        ] {
+            assert!(t.lines().any(|l| l == line), "{line:?} missing in\n{t}");
+        }
     }
 
     #[test]

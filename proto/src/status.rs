@@ -274,6 +274,20 @@ pub struct StoreDoc {
     pub bytes: u64,
     pub damaged: Vec<DamageDoc>,
     pub last_error: Option<String>,
+    /// How long each append to the store took (write and fdatasync, or a
+    /// cluster commit), since the bus started.
+    pub append_latency: LatencyDoc,
+}
+
+/// A latency histogram: `cumulative[i]` appends took at most `le_us[i]`
+/// microseconds; `count` in all (the rest took longer than the last bound).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LatencyDoc {
+    pub le_us: Vec<u64>,
+    pub cumulative: Vec<u64>,
+    pub sum_us: u64,
+    pub count: u64,
 }
 
 /// A stretch of the log that failed its checksum.

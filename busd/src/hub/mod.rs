@@ -192,6 +192,8 @@ struct Shared {
     input_buffered: AtomicUsize,
     /// Connections not read now because their client leaves replies unread.
     paused_readers: AtomicUsize,
+    /// How long each append to the store took (recorded by the committer).
+    append_latency: crate::latency::Histogram,
 }
 
 /// Acknowledged seqs the store lost (`Recovered::lost`): `sub` counts the
@@ -348,8 +350,15 @@ impl Hub {
                 upstream,
                 input_buffered: AtomicUsize::new(0),
                 paused_readers: AtomicUsize::new(0),
+                append_latency: Default::default(),
             }),
         }
+    }
+
+    /// How long appends to the store take: the committer records, status
+    /// reads.
+    pub fn append_latency(&self) -> &crate::latency::Histogram {
+        &self.shared.append_latency
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

@@ -298,6 +298,7 @@ impl Hub {
                 bytes: st.store.bytes,
                 damaged: st.store.damaged.iter().map(damage_doc).collect(),
                 last_error: st.store_error.as_deref().map(str::to_owned),
+                append_latency: self.append_latency().doc(),
             },
         };
         to_json(&doc)
