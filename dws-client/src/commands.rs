@@ -173,6 +173,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
         validate::subscription_id("--id", id)?;
     }
     let filter = validate::filter(args.filter)?;
+    let wheres = validate::wheres(args.where_exprs)?;
     let (start, start_seq) = validate::start(args.from);
     let upstream = validate::upstream(&keys, &args.upstream)?;
     let (max_deliver, on_poison) = crate::consume::poison(&args.poison)?;
@@ -183,6 +184,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             subscription_id: args.id.clone().unwrap_or_default(),
             patterns: keys.clone(),
             filter: filter.clone(),
+            where_exprs: wheres.clone(),
             start: start as i32,
             start_seq,
             ttl_ms: args.ttl.map_or(0, |d| d.as_millis() as u64),
@@ -213,6 +215,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
                 "created": sub.created,
                 "patterns": sub.patterns,
                 "filter": (!sub.filter.is_empty()).then_some(&sub.filter),
+                "where": sub.where_exprs,
                 "cursor": sub.cursor,
                 "head_seq": sub.head_seq,
             })

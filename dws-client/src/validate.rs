@@ -56,6 +56,13 @@ pub fn filter(filter: Option<String>) -> Result<String> {
     Ok(filter)
 }
 
+/// The `--where` jq expressions, each checked as the bus will check it
+/// (size, syntax with the column, what it may say).
+pub fn wheres(exprs: Vec<String>) -> Result<Vec<String>> {
+    proto::where_expr::Program::compile(&exprs).map_err(|e| CliError::usage(e.0))?;
+    Ok(exprs)
+}
+
 /// The personal stream's event keys and the rule type each requires (the
 /// reference CLI's registry).
 const PERSONAL_KEYS: &[(&str, &str)] = &[

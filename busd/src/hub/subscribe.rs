@@ -52,7 +52,9 @@ impl Hub {
             if st.subs.contains_key(&rec.id) || st.subs.len() >= MAX_SUBSCRIPTIONS {
                 continue;
             }
-            let Ok(sel) = Selector::new(&rec.patterns, &rec.filter) else {
+            let Ok(sel) =
+                Selector::new(&rec.patterns, &rec.filter).and_then(|s| s.with_where(&rec.where_exprs))
+            else {
                 continue;
             };
             let sub = Subscription::restore(&rec, sel, &events, (floor, head, true), now, window);
@@ -112,6 +114,7 @@ impl Hub {
         let selector = if patterns_given || !req.must_exist {
             Some(
                 Selector::new(&req.patterns, &req.filter)
+                    .and_then(|s| s.with_where(&req.where_exprs))
                     .map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?,
             )
         } else {
@@ -130,13 +133,15 @@ impl Hub {
                     return Err(Refusal::new(
                         ErrorCode::BadRequest,
                         format!(
-                            "subscription {} exists with event keys {} and filter {:?}; \
-                             this request asks for {} and {:?}",
+                            "subscription {} exists with event keys {} and filter {:?}{}; \
+                             this request asks for {} and {:?}{}",
                             sub.id,
                             sub.selector.pattern_strings().join(","),
                             sub.selector.filter_str(),
+                            sub.selector.where_note(sel),
                             sel.pattern_strings().join(","),
-                            sel.filter_str()
+                            sel.filter_str(),
+                            sel.where_note(&sub.selector),
                         ),
                     ));
                 }
@@ -278,6 +283,7 @@ impl Hub {
             created,
             patterns: sub.selector.pattern_strings(),
             filter: sub.selector.filter_str().to_owned(),
+            where_exprs: sub.selector.where_strs().to_vec(),
             cursor: sub.cursor(head),
             head_seq: head,
             attached: req.attach,

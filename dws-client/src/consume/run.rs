@@ -231,6 +231,7 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         subscription_id: plan.subscribe_id.clone().unwrap_or_default(),
         patterns: plan.keys.clone(),
         filter: plan.filter.clone(),
+        where_exprs: plan.wheres.clone(),
         start: start as i32,
         start_seq,
         ttl_ms: plan.ttl.map_or(0, |d| d.as_millis() as u64),
