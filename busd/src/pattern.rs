@@ -186,7 +186,10 @@ mod tests {
         assert!(a.same_spec(&b));
         let w = |x: &[&str]| {
             let exprs: Vec<String> = x.iter().map(|s| s.to_string()).collect();
-            Selector::new(&["a".into()], "").unwrap().with_where(&exprs).unwrap()
+            Selector::new(&["a".into()], "")
+                .unwrap()
+                .with_where(&exprs)
+                .unwrap()
         };
         assert!(w(&[".x", ".y"]).same_spec(&w(&[".y", ".x"])));
         assert!(!w(&[".x"]).same_spec(&w(&[".y"])));

@@ -65,7 +65,9 @@ mod tests {
         assert_eq!(w.eval(&logged("a.b", r#"{"n":2}"#)), Ok(true));
         assert_eq!(w.eval(&logged("a.b", r#"{"n":1}"#)), Ok(false));
         assert!(Wheres::compile(&[]).unwrap().is_none());
-        assert!(Wheres::compile(&[".a ==".into()]).unwrap_err().contains("column"));
+        assert!(Wheres::compile(&[".a ==".into()])
+            .unwrap_err()
+            .contains("column"));
         let damaged = LoggedEvent {
             encoded: bytes::Bytes::from_static(b"\xff\xff"),
             ..Default::default()

@@ -189,7 +189,11 @@ impl Program {
     }
 }
 
-fn first_truthy(f: &jaq_core::Filter<Data>, input: &Val, fuel: &Cell<u32>) -> Result<bool, EvalError> {
+fn first_truthy(
+    f: &jaq_core::Filter<Data>,
+    input: &Val,
+    fuel: &Cell<u32>,
+) -> Result<bool, EvalError> {
     let data = Fueled { lut: &f.lut, fuel };
     let ctx = Ctx::<Data>::new(data, Vars::new([]));
     let first = f.id.run((ctx, input.clone())).next();
@@ -270,7 +274,9 @@ pub fn json_to_val(v: &serde_json::Value) -> Val {
         J::String(s) => Val::from(s.clone()),
         J::Array(a) => a.iter().map(json_to_val).collect(),
         J::Object(o) => {
-            let pairs = o.iter().map(|(k, v)| (Val::from(k.clone()), json_to_val(v)));
+            let pairs = o
+                .iter()
+                .map(|(k, v)| (Val::from(k.clone()), json_to_val(v)));
             Val::from_map(pairs).unwrap_or(Val::Null)
         }
     }
@@ -383,7 +389,13 @@ fn check_term<'s>(code: &'s str, t: &Term<&'s str>, depth: usize) -> Result<(), 
         )));
     }
     let d = depth + 1;
-    let no = |at: &'s str, what: &str| Err(refuse(code, at, &format!("{what} is not allowed in --where")));
+    let no = |at: &'s str, what: &str| {
+        Err(refuse(
+            code,
+            at,
+            &format!("{what} is not allowed in --where"),
+        ))
+    };
     let all = |ts: &mut dyn Iterator<Item = &Term<&'s str>>| -> Result<(), WhereError> {
         for t in ts {
             check_term(code, t, d)?;
@@ -402,7 +414,10 @@ fn check_term<'s>(code: &'s str, t: &Term<&'s str>, depth: usize) -> Result<(), 
         Term::Obj(kvs) => all(&mut kvs.iter().flat_map(|(k, v)| std::iter::once(k).chain(v))),
         Term::Neg(t) => check_term(code, t, d),
         Term::BinOp(l, op, r) => {
-            if matches!(op, BinaryOp::Math(Math::Mul) | BinaryOp::UpdateMath(Math::Mul)) {
+            if matches!(
+                op,
+                BinaryOp::Math(Math::Mul) | BinaryOp::UpdateMath(Math::Mul)
+            ) {
                 let at = code.find('*').map_or(code, |i| &code[i..i + 1]);
                 return no(at, "`*`");
             }

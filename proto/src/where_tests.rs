@@ -22,27 +22,61 @@ fn event(data: &str) -> Val {
 #[test]
 fn matching_sees_the_line_with_data_parsed() {
     let ev = event(r#"{"conversationId":"c1","atUsers":[{"dingtalkId":"me"}]}"#);
-    assert_eq!(prog(&[r#".data.conversationId == "c1""#]).matches(&ev), Ok(true));
-    assert_eq!(prog(&[r#".data.conversationId == "c2""#]).matches(&ev), Ok(false));
-    assert_eq!(prog(&[r#".event_type | startswith("im.")"#]).matches(&ev), Ok(true));
-    assert_eq!(prog(&[r#".event_id == "ev-1" and .seq == 7"#]).matches(&ev), Ok(true));
-    assert_eq!(prog(&[r#".headers["x-source"] == "fake""#]).matches(&ev), Ok(true));
-    assert_eq!(prog(&[r#"any(.data.atUsers[]; .dingtalkId == "me")"#]).matches(&ev), Ok(true));
-    assert_eq!(prog(&["has(\"subscribe_id\") or has(\"redelivered\")"]).matches(&ev), Ok(false));
+    assert_eq!(
+        prog(&[r#".data.conversationId == "c1""#]).matches(&ev),
+        Ok(true)
+    );
+    assert_eq!(
+        prog(&[r#".data.conversationId == "c2""#]).matches(&ev),
+        Ok(false)
+    );
+    assert_eq!(
+        prog(&[r#".event_type | startswith("im.")"#]).matches(&ev),
+        Ok(true)
+    );
+    assert_eq!(
+        prog(&[r#".event_id == "ev-1" and .seq == 7"#]).matches(&ev),
+        Ok(true)
+    );
+    assert_eq!(
+        prog(&[r#".headers["x-source"] == "fake""#]).matches(&ev),
+        Ok(true)
+    );
+    assert_eq!(
+        prog(&[r#"any(.data.atUsers[]; .dingtalkId == "me")"#]).matches(&ev),
+        Ok(true)
+    );
+    assert_eq!(
+        prog(&["has(\"subscribe_id\") or has(\"redelivered\")"]).matches(&ev),
+        Ok(false)
+    );
     // ANDed; no output is no match.
     assert_eq!(prog(&["true", "false"]).matches(&ev), Ok(false));
     assert_eq!(prog(&["true", ".seq"]).matches(&ev), Ok(true));
     assert_eq!(prog(&["empty"]).matches(&ev), Ok(false));
     // Data that is not JSON stays a string.
-    assert_eq!(prog(&[r#".data == "plain text""#]).matches(&event("plain text")), Ok(true));
-    assert_eq!(prog(&[r#".data.text.content | test("urgent")"#]).matches(&event(r#"{"text":{"content":"an urgent one"}}"#)), Ok(true));
+    assert_eq!(
+        prog(&[r#".data == "plain text""#]).matches(&event("plain text")),
+        Ok(true)
+    );
+    assert_eq!(
+        prog(&[r#".data.text.content | test("urgent")"#])
+            .matches(&event(r#"{"text":{"content":"an urgent one"}}"#)),
+        Ok(true)
+    );
 }
 
 #[test]
 fn errors_and_fuel_are_no_answer() {
     let ev = event("{}");
-    assert_eq!(prog(&[r#"error("x")"#]).matches(&ev), Err(EvalError::Raised));
-    assert_eq!(prog(&[".data.a.b.c | length > 1 | not | . + 1"]).matches(&ev), Err(EvalError::Raised));
+    assert_eq!(
+        prog(&[r#"error("x")"#]).matches(&ev),
+        Err(EvalError::Raised)
+    );
+    assert_eq!(
+        prog(&[".data.a.b.c | length > 1 | not | . + 1"]).matches(&ev),
+        Err(EvalError::Raised)
+    );
     // Many steps: a cartesian product over the input.
     let big = format!("[{}]", vec!["1"; 300].join(","));
     let ev = event(&format!("{{\"a\":{big}}}"));
@@ -57,8 +91,14 @@ fn errors_and_fuel_are_no_answer() {
 fn fromjson_is_depth_limited() {
     let deep = "[".repeat(100_000);
     let ev = event(&serde_json::to_string(&serde_json::json!({"s": deep})).unwrap());
-    assert_eq!(prog(&[".data.s | fromjson"]).matches(&ev), Err(EvalError::Raised));
-    assert_eq!(prog(&[".data.s | tonumber"]).matches(&ev), Err(EvalError::Raised));
+    assert_eq!(
+        prog(&[".data.s | fromjson"]).matches(&ev),
+        Err(EvalError::Raised)
+    );
+    assert_eq!(
+        prog(&[".data.s | tonumber"]).matches(&ev),
+        Err(EvalError::Raised)
+    );
     let ev = event(r#"{"n":"12000"}"#);
     assert_eq!(prog(&[".data.n | tonumber > 10000"]).matches(&ev), Ok(true));
 }
@@ -72,7 +112,10 @@ fn refusals_name_the_column() {
     let e = refusal(".data.x ==");
     assert!(e.contains("at column 11"), "{e}");
     let e = refusal(".a | (.b");
-    assert!(e.contains("column") && e.contains("closing parenthesis"), "{e}");
+    assert!(
+        e.contains("column") && e.contains("closing parenthesis"),
+        "{e}"
+    );
     let e = refusal(".a | nosuchfn(1)");
     assert!(e.contains("column 6") && e.contains("nosuchfn"), "{e}");
     let e = refusal(".a | def f: f; f");
@@ -89,9 +132,15 @@ fn refusals_name_the_column() {
     assert!(refusal(&format!("\"{}\"", "a".repeat(MAX_WHERE_LEN))).contains("the most is"));
     assert!(refusal("import \"a\" as a; 1").contains("column"));
     assert!(refusal("\"abc").contains("closing quote"));
-    assert!(check(r#".data.conversationId == "cid" and (.data.atUsers // [] | any(.dingtalkId == "u"))"#).is_ok());
+    assert!(check(
+        r#".data.conversationId == "cid" and (.data.atUsers // [] | any(.dingtalkId == "u"))"#
+    )
+    .is_ok());
     let many: Vec<String> = (0..=MAX_WHERES).map(|_| "true".to_string()).collect();
-    assert!(Program::compile(&many).unwrap_err().0.contains("the most is"));
+    assert!(Program::compile(&many)
+        .unwrap_err()
+        .0
+        .contains("the most is"));
 }
 
 /// Parsing, checking and running stay within a small stack whatever the
@@ -103,7 +152,18 @@ fn every_shape_within_the_limits_fits_a_small_stack() {
         .spawn(|| {
             let input = event(r#"{"a":[1,2]}"#);
             let mut accepted = 0;
-            for pat in ["-", ".|", "try ", "1 as $x|", "not|", "[", "{a:", "true and ", ".a?//", "if true then 1 else "] {
+            for pat in [
+                "-",
+                ".|",
+                "try ",
+                "1 as $x|",
+                "not|",
+                "[",
+                "{a:",
+                "true and ",
+                ".a?//",
+                "if true then 1 else ",
+            ] {
                 for n in [5, 10, 20, 31, 40, 64, 95, 128, 300, 1000] {
                     let code = format!("{}1", pat.repeat(n));
                     if let Ok(p) = Program::compile(&[code]) {

@@ -78,6 +78,6 @@ mod slow;
 mod sources;
 mod spawn;
 mod subscriptions;
-mod wire;
 mod where_filter;
+mod wire;
 mod workdir;

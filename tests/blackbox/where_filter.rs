@@ -106,7 +106,12 @@ fn where_selects_on_the_line_and_on_parsed_data_and_several_are_anded() {
             &env,
             key,
             1,
-            &["--where", r#".event_id | startswith("x")"#, "--where", ".seq > 1"]
+            &[
+                "--where",
+                r#".event_id | startswith("x")"#,
+                "--where",
+                ".seq > 1"
+            ]
         ),
         ["x5"]
     );
@@ -119,7 +124,10 @@ fn where_selects_on_the_line_and_on_parsed_data_and_several_are_anded() {
             &env,
             "*",
             6,
-            &["--where", r#".type == "event" and (.event_type | startswith("im."))"#]
+            &[
+                "--where",
+                r#".type == "event" and (.event_type | startswith("im."))"#
+            ]
         ),
         ["m1", "m2", "m3", "m4", "x5", "m6"]
     );
@@ -128,14 +136,56 @@ fn where_selects_on_the_line_and_on_parsed_data_and_several_are_anded() {
 #[test]
 fn a_bad_where_is_exit_2_with_its_column_before_any_side_effect() {
     for (args, says) in [
-        (&["event", "consume", "k", "--where", ".data.x =="][..], "column 11"),
-        (&["event", "consume", "k", "--where", ".a | (.b"], "closing parenthesis"),
-        (&["event", "consume", "k", "--where", ".a | nosuchfn(1)"], "column 6"),
-        (&["event", "consume", "k", "--where", "def f: f; f"], "`def` is not allowed"),
-        (&["event", "consume", "k", "--where", "last(range(1e9))"], "`range` is not allowed"),
-        (&["event", "consume", "k", "--where", "$ENV.HOME"], "$ENV is not allowed"),
-        (&["event", "subscribe", "k", "--id", "s", "--where", "true", "--where", "reduce .[] as $x (0; 1)"], "`reduce` is not allowed"),
-        (&["event", "subscribe", "k", "--id", "s", "--where", r#""x" * 1000000000000"#], "`*` is not allowed"),
+        (
+            &["event", "consume", "k", "--where", ".data.x =="][..],
+            "column 11",
+        ),
+        (
+            &["event", "consume", "k", "--where", ".a | (.b"],
+            "closing parenthesis",
+        ),
+        (
+            &["event", "consume", "k", "--where", ".a | nosuchfn(1)"],
+            "column 6",
+        ),
+        (
+            &["event", "consume", "k", "--where", "def f: f; f"],
+            "`def` is not allowed",
+        ),
+        (
+            &["event", "consume", "k", "--where", "last(range(1e9))"],
+            "`range` is not allowed",
+        ),
+        (
+            &["event", "consume", "k", "--where", "$ENV.HOME"],
+            "$ENV is not allowed",
+        ),
+        (
+            &[
+                "event",
+                "subscribe",
+                "k",
+                "--id",
+                "s",
+                "--where",
+                "true",
+                "--where",
+                "reduce .[] as $x (0; 1)",
+            ],
+            "`reduce` is not allowed",
+        ),
+        (
+            &[
+                "event",
+                "subscribe",
+                "k",
+                "--id",
+                "s",
+                "--where",
+                r#""x" * 1000000000000"#,
+            ],
+            "`*` is not allowed",
+        ),
     ] {
         let env = TestEnv::new();
         let out = env.dws(args).run_with_timeout(EXIT_TIMEOUT);
@@ -143,7 +193,10 @@ fn a_bad_where_is_exit_2_with_its_column_before_any_side_effect() {
         assert!(err.contains(says), "{says:?} in the error\n{out}");
         assert!(err.contains("--where"), "{out}");
         assert_eq!(out.stdout, "", "{out}");
-        assert!(env.busd_pids().is_empty(), "a usage error starts no bus\n{out}");
+        assert!(
+            env.busd_pids().is_empty(),
+            "a usage error starts no bus\n{out}"
+        );
         assert!(env.bus_meta().is_none(), "{out}");
     }
     let env = TestEnv::new();
@@ -185,7 +238,10 @@ fn an_event_past_the_step_bound_or_raising_is_no_match_counted_in_where_errors()
     let heavy_s = listed(&st, "heavy");
     assert_eq!(heavy_s["where"], json!([heavy]), "{st:#}");
     assert_eq!(heavy_s["matched"], 0, "`empty` never matches\n{st:#}");
-    assert_eq!(heavy_s["where_errors"], 1, "only the long array passed the bound\n{st:#}");
+    assert_eq!(
+        heavy_s["where_errors"], 1,
+        "only the long array passed the bound\n{st:#}"
+    );
     let raises = listed(&st, "raises");
     assert_eq!(raises["matched"], 2, "short and plain\n{st:#}");
     assert_eq!(raises["where_errors"], 1, "\"five\" + 1 raised\n{st:#}");
@@ -198,14 +254,22 @@ fn an_event_past_the_step_bound_or_raising_is_no_match_counted_in_where_errors()
     // The bus and the other subscription went on.
     let out = consume(&env, &["--subscribe-id", "all", "--max-events", "3"]);
     out.assert_clean_exit("limit", 3);
-    assert_eq!(ids_of(&out.json_lines()), ["short", "long", "plain"], "{out}");
+    assert_eq!(
+        ids_of(&out.json_lines()),
+        ["short", "long", "plain"],
+        "{out}"
+    );
 }
 
 #[test]
 fn a_named_subscriptions_where_survives_a_restart_and_still_filters() {
     let env = TestEnv::new();
     let w = r#".data.keep == true"#;
-    subscribe_ok(&env, &["wr.*", "--id", "kept", "--where", w, "--ttl", "1h"], "kept");
+    subscribe_ok(
+        &env,
+        &["wr.*", "--id", "kept", "--where", w, "--ttl", "1h"],
+        "kept",
+    );
     publish_all(
         &env,
         "wr.x",
@@ -245,9 +309,18 @@ fn a_named_subscriptions_where_survives_a_restart_and_still_filters() {
 fn re_attaching_with_other_where_expressions_is_refused_like_other_keys() {
     let env = TestEnv::new();
     let (a, b) = (r#".data.n > 1"#, r#".data.m == "x""#);
-    subscribe_ok(&env, &["ra.*", "--id", "s", "--where", a, "--where", b], "s");
+    subscribe_ok(
+        &env,
+        &["ra.*", "--id", "s", "--where", a, "--where", b],
+        "s",
+    );
     // The same expressions in another order: the same spec, a no-op.
-    let again = subscribe(&env, &["ra.*", "--id", "s", "--where", b, "--where", a, "--format", "json"]);
+    let again = subscribe(
+        &env,
+        &[
+            "ra.*", "--id", "s", "--where", b, "--where", a, "--format", "json",
+        ],
+    );
     again.assert_code(0);
     let v: Value = serde_json::from_str(&again.stdout).unwrap_or_else(|e| panic!("{e}\n{again}"));
     assert_eq!(v["created"], false, "{again}");
@@ -255,23 +328,52 @@ fn re_attaching_with_other_where_expressions_is_refused_like_other_keys() {
     for args in [
         &["ra.*", "--id", "s", "--where", a][..],
         &["ra.*", "--id", "s"][..],
-        &["ra.*", "--id", "s", "--where", a, "--where", ".data.m == \"y\""][..],
+        &[
+            "ra.*",
+            "--id",
+            "s",
+            "--where",
+            a,
+            "--where",
+            ".data.m == \"y\"",
+        ][..],
     ] {
         let out = subscribe(&env, args);
         let err = out.assert_error(2);
-        assert!(err.contains("subscription s exists with event keys ra.*"), "{out}");
+        assert!(
+            err.contains("subscription s exists with event keys ra.*"),
+            "{out}"
+        );
         assert!(err.contains("--where"), "{out}");
     }
     // consume --subscribe-id with the keys compares the expressions too.
-    let out = consume(&env, &["ra.*", "--subscribe-id", "s", "--where", a, "--max-events", "1"]);
+    let out = consume(
+        &env,
+        &[
+            "ra.*",
+            "--subscribe-id",
+            "s",
+            "--where",
+            a,
+            "--max-events",
+            "1",
+        ],
+    );
     let err = out.assert_error(2);
     assert!(err.contains("--where"), "{out}");
     // Without the keys it cannot compare: refused before the bus is asked.
-    let out = consume(&env, &["--subscribe-id", "s", "--where", a, "--max-events", "1"]);
+    let out = consume(
+        &env,
+        &["--subscribe-id", "s", "--where", a, "--max-events", "1"],
+    );
     let err = out.assert_error(2);
     assert!(err.contains("needs the EVENT_KEYs"), "{out}");
     let st = env.status();
-    assert_eq!(listed(&st, "s")["where"], json!([a, b]), "unchanged\n{st:#}");
+    assert_eq!(
+        listed(&st, "s")["where"],
+        json!([a, b]),
+        "unchanged\n{st:#}"
+    );
 }
 
 #[test]
@@ -284,9 +386,16 @@ fn a_cluster_definition_carries_where_to_another_host() {
     a.subscribe(&["cw.*", "--id", "team", "--where", w]);
     wait_subscription_known(&b, "team");
     let st = b.status();
-    assert_eq!(listed(&st, "team")["where"], json!([w]), "adopted with its expression\n{st:#}");
+    assert_eq!(
+        listed(&st, "team")["where"],
+        json!([w]),
+        "adopted with its expression\n{st:#}"
+    );
     // Defining it again on b with another expression is refused.
-    let out = subscribe(&b, &["cw.*", "--id", "team", "--where", ".data.to == \"c\""]);
+    let out = subscribe(
+        &b,
+        &["cw.*", "--id", "team", "--where", ".data.to == \"c\""],
+    );
     let err = out.assert_error(2);
     assert!(err.contains("--where"), "{out}");
     publish_all(

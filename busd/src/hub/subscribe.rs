@@ -52,8 +52,8 @@ impl Hub {
             if st.subs.contains_key(&rec.id) || st.subs.len() >= MAX_SUBSCRIPTIONS {
                 continue;
             }
-            let Ok(sel) =
-                Selector::new(&rec.patterns, &rec.filter).and_then(|s| s.with_where(&rec.where_exprs))
+            let Ok(sel) = Selector::new(&rec.patterns, &rec.filter)
+                .and_then(|s| s.with_where(&rec.where_exprs))
             else {
                 continue;
             };
