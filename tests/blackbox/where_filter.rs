@@ -134,6 +134,40 @@ fn where_selects_on_the_line_and_on_parsed_data_and_several_are_anded() {
 }
 
 #[test]
+fn where_sees_the_headers_of_an_exec_event() {
+    let env = TestEnv::new();
+    let feed = env.root().join("feed.sh");
+    std::fs::write(
+        &feed,
+        "echo '{\"event_type\":\"x.h\",\"event_id\":\"h-1\",\"headers\":{\"h1\":\"drop\"}}'\n\
+         echo '{\"event_type\":\"x.h\",\"event_id\":\"h-2\",\"headers\":{\"h1\":\"keep\"}}'\n\
+         exec sleep 3600\n",
+    )
+    .expect("write feed.sh");
+    // The bus this consumer spawns inherits the source settings.
+    let out = env
+        .dws([
+            "event",
+            "consume",
+            "x.*",
+            "--from",
+            "earliest",
+            "--max-events",
+            "1",
+            "--where",
+            r#".headers.h1 == "keep""#,
+        ])
+        .env("DWS_EVENT_SOURCE", "exec")
+        .env("DWS_EVENT_BUS_STORE", "memory")
+        .env("DWS_EXEC_COMMAND", format!("sh {}", feed.display()))
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_clean_exit("limit", 1);
+    let lines = out.json_lines();
+    assert_eq!(ids_of(&lines), ["h-2"], "{out}");
+    assert_eq!(lines[0]["headers"]["h1"], "keep", "{out}");
+}
+
+#[test]
 fn a_bad_where_is_exit_2_with_its_column_before_any_side_effect() {
     for (args, says) in [
         (
