@@ -282,6 +282,18 @@ pub fn json_to_val(v: &serde_json::Value) -> Val {
     }
 }
 
+/// An event as expressions see it ([`event_value`]), built once per event
+/// and shared by every subscription that evaluates it (values are behind
+/// `Arc`: cloning one is cheap).
+#[derive(Debug, Clone)]
+pub struct Input(pub Val);
+
+impl Input {
+    pub fn of(e: &v1::Event) -> Input {
+        Input(event_value(e))
+    }
+}
+
 /// The input of an expression: the event's NDJSON line without the
 /// per-delivery fields, `data` parsed when it is JSON.
 pub fn event_value(e: &v1::Event) -> Val {
