@@ -120,9 +120,17 @@ impl Selector {
         self.wheres.as_ref().map_or(&[], Wheres::exprs)
     }
 
-    /// The `--where` verdict on an event whose type matched: `Ok(true)`
-    /// without expressions.
-    pub fn where_matches(&self, e: &LoggedEvent) -> Result<bool, EvalError> {
+    /// Whether a subscription bound to `upstream_id` wants `e`: a damaged
+    /// placeholder always (its type is unknown: every subscription must
+    /// stop at it); else its route and type, then the `--where`
+    /// expressions, whose failure is `Err` (no match, counted by fan-out).
+    pub fn selects(&self, e: &LoggedEvent, upstream_id: Option<&str>) -> Result<bool, EvalError> {
+        if e.damaged {
+            return Ok(true);
+        }
+        if !(e.routed_to(upstream_id) && self.matches(&e.event_type)) {
+            return Ok(false);
+        }
         self.wheres.as_ref().map_or(Ok(true), |w| w.eval(e))
     }
 

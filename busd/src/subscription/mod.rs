@@ -30,6 +30,7 @@ mod hole;
 #[cfg(test)]
 mod model;
 mod record;
+mod selecting;
 mod shared;
 mod slow;
 #[cfg(test)]
@@ -243,32 +244,13 @@ impl Subscription {
     /// Whether this subscription wants `e` (a damaged placeholder's type is
     /// unknown: every subscription must stop at it).
     pub fn selects(&self, e: &LoggedEvent) -> bool {
-        self.select(e).unwrap_or(false)
-    }
-
-    /// [`Subscription::selects`], with a failed `--where` evaluation as `Err`.
-    fn select(&self, e: &LoggedEvent) -> Result<bool, proto::where_expr::EvalError> {
-        if e.damaged {
-            return Ok(true);
-        }
-        if !(e.routed_to(self.upstream_id.as_deref()) && self.selector.matches(&e.event_type)) {
-            return Ok(false);
-        }
-        self.selector.where_matches(e)
+        self.selector.selects(e, self.upstream_id.as_deref()) == Ok(true)
     }
 
     /// Fan-out: takes `e` if it matches. Returns whether it did.
     pub fn offer(&mut self, e: &Arc<LoggedEvent>) -> bool {
-        if self.shared || e.seq <= self.acked_through {
+        if self.shared || e.seq <= self.acked_through || !self.takes(e) {
             return false;
-        }
-        match self.select(e) {
-            Ok(true) => {}
-            Ok(false) => return false,
-            Err(_) => {
-                self.counters.where_errors += 1;
-                return false;
-            }
         }
         self.pending.push_back(Entry {
             event: e.clone(),
