@@ -21,6 +21,10 @@ use crate::{
     upstream::{Refusal, UpstreamControl, UpstreamId},
 };
 
+/// Shared delivery claims events by scanning the log on every round; with
+/// `--where` each round would evaluate every retained event again.
+const WHERE_NOT_SHARED: &str = "--where cannot be combined with --delivery shared (yet)";
+
 impl Hub {
     /// The upstream control plane, when a Subscribe for `req` must first
     /// bind an upstream subscription: the source has one and `req` would
@@ -218,6 +222,9 @@ impl Hub {
                         ErrorCode::BadRequest,
                         "shared delivery is for named subscriptions (dws event subscribe --id)",
                     ));
+                }
+                if !req.where_exprs.is_empty() {
+                    return Err(Refusal::new(ErrorCode::BadRequest, WHERE_NOT_SHARED));
                 }
                 sub.shared = true;
             }
