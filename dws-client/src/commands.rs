@@ -211,6 +211,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     let S::Subscribed(sub) = reply else {
         return Err(unexpected("Subscribe"));
     };
+    validate::where_echoed(&wheres, &sub)?;
     let text = match args.format {
         TextOrJson::Text => format!("{}\n", sub.subscription_id),
         TextOrJson::Json => format!(

@@ -33,6 +33,11 @@
 //! doubled many times (`[.,.]` or `.+.` written k times) costs 2^k in one
 //! step; the expression size limits k, not the memory.
 
+// The step bound unwinds out of an evaluation; with `panic = "abort"` that
+// would end the process instead.
+#[cfg(panic = "abort")]
+compile_error!("where_expr's step bound needs panic = \"unwind\"");
+
 use std::cell::Cell;
 use std::fmt;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};

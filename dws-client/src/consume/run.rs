@@ -54,6 +54,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             "the bus answered Subscribe with an unexpected frame",
         ));
     };
+    validate::where_echoed(&plan.wheres, &sub)?;
     stderr_line(
         plan.quiet,
         &format!(
