@@ -302,16 +302,43 @@ impl Input {
 /// The input of an expression: the event's NDJSON line without the
 /// per-delivery fields, `data` parsed when it is JSON.
 pub fn event_value(e: &v1::Event) -> Val {
-    let mut line = serde_json::to_value(crate::ndjson::EventLine::from(e)).unwrap_or_default();
-    if let Some(obj) = line.as_object_mut() {
-        for k in ["subscribe_id", "redelivered", "delivery"] {
-            obj.shift_remove(k);
-        }
-        if let Ok(data) = serde_json::from_str::<serde_json::Value>(&e.data) {
-            obj.insert("data".into(), data);
-        }
+    // Built directly (not through serde_json's line): the fields and the
+    // omission rules of `ndjson::EventLine`, without the per-delivery ones
+    // (a unit test holds the two together).
+    let text = |s: &str| Val::from(s.to_owned());
+    let int = |n: i64| isize::try_from(n).map_or_else(|_| Val::from(n as f64), Val::from);
+    let mut m: Vec<(Val, Val)> = Vec::with_capacity(12);
+    m.push((text("type"), text("event")));
+    m.push((text("seq"), int(i64::try_from(e.seq).unwrap_or(i64::MAX))));
+    push_text(&mut m, "event_id", &e.event_id);
+    if e.event_born_time != 0 {
+        m.push((text("event_born_time"), int(e.event_born_time)));
     }
-    json_to_val(&line)
+    push_text(&mut m, "event_corp_id", &e.event_corp_id);
+    m.push((text("event_type"), text(&e.event_type)));
+    push_text(&mut m, "event_unified_app_id", &e.event_unified_app_id);
+    push_text(&mut m, "source_id", &e.source_id);
+    push_text(&mut m, "rule_type", &e.rule_type);
+    if !e.data.is_empty() {
+        let data = match serde_json::from_str::<serde_json::Value>(&e.data) {
+            Ok(v) => json_to_val(&v),
+            Err(_) => text(&e.data),
+        };
+        m.push((text("data"), data));
+    }
+    if !e.headers.is_empty() {
+        let h = e.headers.iter().map(|(k, v)| (text(k), text(v)));
+        m.push((text("headers"), Val::from_map(h).unwrap_or(Val::Null)));
+    }
+    m.push((text("received_at_unix_ms"), int(e.received_at_unix_ms)));
+    Val::from_map(m).unwrap_or(Val::Null)
+}
+
+/// An optional text field of the line: omitted when empty.
+fn push_text(m: &mut Vec<(Val, Val)>, k: &str, v: &str) {
+    if !v.is_empty() {
+        m.push((Val::from(k.to_owned()), Val::from(v.to_owned())));
+    }
 }
 
 fn parse_term(code: &str) -> Result<Term<&str>, WhereError> {

@@ -66,6 +66,45 @@ fn matching_sees_the_line_with_data_parsed() {
     );
 }
 
+/// `event_value` is the NDJSON line (`ndjson::EventLine`) without the
+/// per-delivery fields, `data` parsed when it is JSON.
+#[test]
+fn the_input_is_the_line_without_the_delivery_fields() {
+    let full = v1::Event {
+        seq: 9,
+        event_id: "e".into(),
+        event_born_time: 11,
+        event_corp_id: "corp".into(),
+        event_type: "a.b".into(),
+        event_unified_app_id: "app".into(),
+        subscription_id: "s".into(),
+        source_id: "src".into(),
+        rule_type: "at".into(),
+        data: r#"{"k":[1,"x",null,true,2.5]}"#.into(),
+        headers: [("h".to_string(), "v".to_string())].into(),
+        received_at_unix_ms: 12,
+        redelivered: true,
+        delivery: 3,
+    };
+    let empty = v1::Event {
+        event_type: "a.b".into(),
+        data: "not json".into(),
+        ..Default::default()
+    };
+    for e in [full, empty] {
+        let mut line = serde_json::to_value(crate::ndjson::EventLine::from(&e)).unwrap();
+        let obj = line.as_object_mut().unwrap();
+        for k in ["subscribe_id", "redelivered", "delivery"] {
+            obj.shift_remove(k);
+        }
+        if let Ok(data) = serde_json::from_str::<serde_json::Value>(&e.data) {
+            obj.insert("data".into(), data);
+        }
+        assert_eq!(event_value(&e), json_to_val(&line), "{line}");
+        assert_eq!(event_value(&e).to_string(), json_to_val(&line).to_string());
+    }
+}
+
 #[test]
 fn errors_and_fuel_are_no_answer() {
     let ev = event("{}");
@@ -176,4 +215,33 @@ fn every_shape_within_the_limits_fits_a_small_stack() {
         })
         .unwrap();
     assert!(t.join().unwrap() > 10);
+}
+
+/// Not a test: `cargo test --release -p dws-proto where_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn where_cost() {
+    let e = v1::Event {
+        seq: 7,
+        event_id: "ev-1".into(),
+        event_type: "bench.x".into(),
+        data: format!("{} 1 {}", 123456789, "x".repeat(230)),
+        received_at_unix_ms: 5,
+        ..Default::default()
+    };
+    let n = 100_000;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(Input::of(std::hint::black_box(&e)));
+    }
+    println!("input: {:?} per event", t.elapsed() / n);
+    let input = Input::of(&e);
+    for expr in ["true", "(.data | length) > 0", ".event_type == \"bench.x\""] {
+        let p = prog(&[expr]);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(p.matches(&input.0).ok());
+        }
+        println!("{expr}: {:?} per evaluation", t.elapsed() / n);
+    }
 }
