@@ -235,6 +235,11 @@ fn where_cost() {
         std::hint::black_box(Input::of(std::hint::black_box(&e)));
     }
     println!("input: {:?} per event", t.elapsed() / n);
+    let t = std::time::Instant::now();
+    for _ in 0..100 {
+        std::hint::black_box(prog(&[".data.a == 1"]));
+    }
+    println!("compile: {:?} per expression", t.elapsed() / 100);
     let input = Input::of(&e);
     for expr in ["true", "(.data | length) > 0", ".event_type == \"bench.x\""] {
         let p = prog(&[expr]);
