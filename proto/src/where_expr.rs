@@ -12,8 +12,10 @@
 //! `null` or `false`); no output is no match.
 //!
 //! Bounds (README "Limits"):
-//! - size: [`MAX_WHERE_LEN`] bytes per expression, [`MAX_WHERES`] per
-//!   subscription, bracket nesting [`MAX_WHERE_NESTING`];
+//! - size: [`MAX_WHERE_LEN`] bytes and [`MAX_WHERE_TOKENS`] tokens per
+//!   expression, [`MAX_WHERES`] per subscription, bracket nesting
+//!   [`MAX_WHERE_NESTING`], tree depth [`MAX_WHERE_DEPTH`] (the parser and
+//!   the interpreter recurse: these keep a 1 MiB stack enough, tested);
 //! - what the expression may say: no `def` (so no recursion of its own),
 //!   no `reduce`/`foreach`/`label`, no `*` (string repetition allocates
 //!   without a step), no builtins that loop on their own output (`range`,
