@@ -65,6 +65,9 @@ pub struct LoggedEvent {
     /// (`proto::ndjson::parts`), rendered once, on first need, for every
     /// consumer that takes lines.
     pub line_parts: OnceLock<LineParts>,
+    /// The event as `--where` expressions see it, built on first need and
+    /// shared by every subscription that has expressions.
+    pub where_input: OnceLock<proto::where_expr::Input>,
 }
 
 /// Bytes of every [`LineParts`] alive in this process.
@@ -150,6 +153,15 @@ impl LoggedEvent {
                 LineParts::new(Bytes::from(head), Bytes::from(tail))
             })
             .parts()
+    }
+
+    /// [`LoggedEvent::where_input`], built now if it was not yet.
+    pub fn where_input(&self) -> &proto::where_expr::Input {
+        self.where_input.get_or_init(|| {
+            use prost::Message;
+            let e = proto::v1::Event::decode(self.encoded.clone()).unwrap_or_default();
+            proto::where_expr::Input::of(&e)
+        })
     }
 
     /// Whether a subscription bound to `upstream_id` receives this event:

@@ -45,6 +45,7 @@ pub mod store;
 pub mod subscription;
 pub mod upstream;
 pub mod urls;
+pub mod where_filter;
 
 use std::{
     fs,

@@ -14,6 +14,10 @@ use std::collections::HashSet;
 use proto::limits::{clip, clip_to, MAX_FILTER_COMPILED, MAX_FILTER_LEN, MAX_PATTERNS};
 use regex::{Regex, RegexBuilder};
 
+use crate::eventlog::LoggedEvent;
+use crate::where_filter::Wheres;
+use proto::where_expr::EvalError;
+
 pub use proto::pattern::Pattern;
 
 /// What a subscription selects: any of its patterns, then the optional filter.
@@ -24,6 +28,8 @@ pub struct Selector {
     exact: HashSet<String>,
     prefixes: HashSet<String>,
     filter: Option<Regex>,
+    /// `--where` expressions, run only on events whose type matched.
+    wheres: Option<Wheres>,
 }
 
 impl Selector {
@@ -65,6 +71,7 @@ impl Selector {
             prefixes: HashSet::new(),
             patterns,
             filter,
+            wheres: None,
         };
         for p in &sel.patterns {
             match p {
@@ -102,6 +109,31 @@ impl Selector {
                 .any(|(i, _)| self.prefixes.contains(&t[..i]))
     }
 
+    /// The same selector with `--where` expressions (none: unchanged).
+    pub fn with_where(mut self, exprs: &[String]) -> Result<Selector, String> {
+        self.wheres = Wheres::compile(exprs)?;
+        Ok(self)
+    }
+
+    /// The `--where` expressions, as given.
+    pub fn where_strs(&self) -> &[String] {
+        self.wheres.as_ref().map_or(&[], Wheres::exprs)
+    }
+
+    /// Whether a subscription bound to `upstream_id` wants `e`: a damaged
+    /// placeholder always (its type is unknown: every subscription must
+    /// stop at it); else its route and type, then the `--where`
+    /// expressions, whose failure is `Err` (no match, counted by fan-out).
+    pub fn selects(&self, e: &LoggedEvent, upstream_id: Option<&str>) -> Result<bool, EvalError> {
+        if e.damaged {
+            return Ok(true);
+        }
+        if !(e.routed_to(upstream_id) && self.matches(&e.event_type)) {
+            return Ok(false);
+        }
+        self.wheres.as_ref().map_or(Ok(true), |w| w.eval(e))
+    }
+
     pub fn pattern_strings(&self) -> Vec<String> {
         self.patterns.iter().map(ToString::to_string).collect()
     }
@@ -119,7 +151,23 @@ impl Selector {
         a.dedup();
         b.sort();
         b.dedup();
-        a == b && self.filter_str() == other.filter_str()
+        let mut wa = self.where_strs().to_vec();
+        let mut wb = other.where_strs().to_vec();
+        wa.sort();
+        wa.dedup();
+        wb.sort();
+        wb.dedup();
+        a == b && self.filter_str() == other.filter_str() && wa == wb
+    }
+
+    /// What a refusal of a different spec adds after the filter: nothing
+    /// when neither side has `--where` expressions, else this side's.
+    pub fn where_note(&self, other: &Selector) -> String {
+        match (self.where_strs(), other.where_strs()) {
+            ([], []) => String::new(),
+            ([], _) => " and no --where".into(),
+            (w, _) => format!(" and --where {w:?}"),
+        }
     }
 }
 
@@ -144,6 +192,19 @@ mod tests {
         let a = Selector::new(&["a".into(), "b.*".into()], "").unwrap();
         let b = Selector::new(&["b.*".into(), "a".into()], "").unwrap();
         assert!(a.same_spec(&b));
+        let w = |x: &[&str]| {
+            let exprs: Vec<String> = x.iter().map(|s| s.to_string()).collect();
+            Selector::new(&["a".into()], "")
+                .unwrap()
+                .with_where(&exprs)
+                .unwrap()
+        };
+        assert!(w(&[".x", ".y"]).same_spec(&w(&[".y", ".x"])));
+        assert!(!w(&[".x"]).same_spec(&w(&[".y"])));
+        assert!(!w(&[".x"]).same_spec(&w(&[])));
+        assert_eq!(w(&[".x"]).where_note(&w(&[])), " and --where [\".x\"]");
+        assert_eq!(w(&[]).where_note(&w(&[".x"])), " and no --where");
+        assert_eq!(w(&[]).where_note(&w(&[])), "");
     }
 
     #[test]

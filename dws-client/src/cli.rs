@@ -93,6 +93,11 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "RE")]
     pub filter: Option<String>,
 
+    /// Only events for which this jq expression's first output is truthy, evaluated by the bus on the
+    /// event's line (data parsed when it is JSON). Repeatable: all must hold.
+    #[arg(long = "where", value_name = "EXPR")]
+    pub where_exprs: Vec<String>,
+
     /// Attach to this existing subscription and resume after its cursor.
     #[arg(long, value_name = "ID")]
     pub subscribe_id: Option<String>,
@@ -459,6 +464,11 @@ pub struct SubscribeArgs {
     /// Only events whose type matches this regex.
     #[arg(long, value_name = "RE")]
     pub filter: Option<String>,
+
+    /// Only events for which this jq expression's first output is truthy, evaluated by the bus on the
+    /// event's line (data parsed when it is JSON). Repeatable: all must hold.
+    #[arg(long = "where", value_name = "EXPR")]
+    pub where_exprs: Vec<String>,
 
     /// Where it starts: latest (default), earliest, or a seq.
     #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]

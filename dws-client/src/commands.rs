@@ -173,6 +173,12 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
         validate::subscription_id("--id", id)?;
     }
     let filter = validate::filter(args.filter)?;
+    let wheres = validate::wheres(args.where_exprs)?;
+    if !wheres.is_empty() && args.delivery == Delivery::Shared {
+        return Err(crate::exit::CliError::usage(
+            "--where cannot be combined with --delivery shared (yet)",
+        ));
+    }
     let (start, start_seq) = validate::start(args.from);
     let upstream = validate::upstream(&keys, &args.upstream)?;
     let (max_deliver, on_poison) = crate::consume::poison(&args.poison)?;
@@ -183,6 +189,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             subscription_id: args.id.clone().unwrap_or_default(),
             patterns: keys.clone(),
             filter: filter.clone(),
+            where_exprs: wheres.clone(),
             start: start as i32,
             start_seq,
             ttl_ms: args.ttl.map_or(0, proto::limits::ttl_to_ms),
@@ -204,6 +211,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     let S::Subscribed(sub) = reply else {
         return Err(unexpected("Subscribe"));
     };
+    validate::where_echoed(&wheres, &sub)?;
     let text = match args.format {
         TextOrJson::Text => format!("{}\n", sub.subscription_id),
         TextOrJson::Json => format!(
@@ -213,6 +221,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
                 "created": sub.created,
                 "patterns": sub.patterns,
                 "filter": (!sub.filter.is_empty()).then_some(&sub.filter),
+                "where": sub.where_exprs,
                 "cursor": sub.cursor,
                 "head_seq": sub.head_seq,
             })

@@ -56,6 +56,25 @@ pub fn filter(filter: Option<String>) -> Result<String> {
     Ok(filter)
 }
 
+/// The `--where` jq expressions, each checked as the bus will check it
+/// (size, syntax with the column, what it may say).
+pub fn wheres(exprs: Vec<String>) -> Result<Vec<String>> {
+    proto::where_expr::Program::compile(&exprs).map_err(|e| CliError::usage(e.0))?;
+    Ok(exprs)
+}
+
+/// A bus that answers a Subscribe with `--where` without echoing the
+/// expressions is older than `--where` and ignored them: say so rather
+/// than deliver what they exclude.
+pub fn where_echoed(wheres: &[String], sub: &proto::v1::Subscribed) -> Result<()> {
+    if !wheres.is_empty() && sub.where_exprs.is_empty() {
+        return Err(CliError::runtime(
+            "the running bus is older than --where and ignored it: stop it (dws event stop) and run again",
+        ));
+    }
+    Ok(())
+}
+
 /// The personal stream's event keys and the rule type each requires (the
 /// reference CLI's registry).
 const PERSONAL_KEYS: &[(&str, &str)] = &[

@@ -22,6 +22,7 @@ pub mod pattern;
 pub mod ready;
 pub mod status;
 pub mod time;
+pub mod where_expr;
 
 /// Generated protocol types (package `dws.bus.v1`).
 pub mod v1 {

@@ -227,6 +227,12 @@ pub struct SubscriptionStatus {
     pub delayed: u64,
     /// When the first of them is due again.
     pub next_due_unix_ms: Option<i64>,
+    /// The `--where` expressions (ANDed); empty: none.
+    #[serde(rename = "where")]
+    pub where_exprs: Vec<String>,
+    /// Events whose type matched but whose `--where` evaluation failed or
+    /// passed its step bound (not delivered).
+    pub where_errors: u64,
 }
 
 /// Where a halted subscription stopped.

@@ -66,6 +66,9 @@
 //!   never answers or refuses with an `Error` frame.
 //! - [`workdir`]: the work dir, socket dir and bus files against planted
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
+//! - [`where_filter`]: `--where EXPR`, a jq expression on the event run by
+//!   the bus: matching, refusal, the step bound, restart, re-attach, a
+//!   cluster definition.
 //! - [`ecosystem`]: install script, completions and man pages, JSON
 //!   Schemas against real output, `busd --foreground` under a fake systemd
 //!   (`NOTIFY_SOCKET`) and the unit file, the Python and Node examples,
@@ -95,5 +98,6 @@ mod sources;
 mod spawn;
 mod state_files;
 mod subscriptions;
+mod where_filter;
 mod wire;
 mod workdir;

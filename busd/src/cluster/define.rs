@@ -36,7 +36,9 @@ impl Link {
         if req.owned || req.must_exist || !proto::is_valid_id(id) || hub.has_subscription(id) {
             return Ok(false);
         }
-        let Ok(wanted) = Selector::new(&req.patterns, &req.filter) else {
+        let Ok(wanted) =
+            Selector::new(&req.patterns, &req.filter).and_then(|s| s.with_where(&req.where_exprs))
+        else {
             return Ok(false);
         };
         let record = definition_record(hub, req, &wanted);
@@ -46,20 +48,24 @@ impl Link {
                 format!("cannot check subscription {id}'s definition in the cluster: {e}"),
             )
         })?;
-        let same = Selector::new(&stored.patterns, &stored.filter)
-            .is_ok_and(|have| have.same_spec(&wanted));
-        if same {
-            return Ok(inserted);
-        }
+        let have = Selector::new(&stored.patterns, &stored.filter)
+            .and_then(|s| s.with_where(&stored.where_exprs));
+        let where_notes = match &have {
+            Ok(have) if have.same_spec(&wanted) => return Ok(inserted),
+            Ok(have) => (have.where_note(&wanted), wanted.where_note(have)),
+            Err(_) => (String::new(), String::new()),
+        };
         Err(Refusal::new(
             ErrorCode::BadRequest,
             format!(
-                "subscription {id} exists with event keys {} and filter {:?} (defined in the \
-                 cluster); this request asks for {} and {:?}",
+                "subscription {id} exists with event keys {} and filter {:?}{} (defined in the \
+                 cluster); this request asks for {} and {:?}{}",
                 stored.patterns.join(","),
                 stored.filter,
+                where_notes.0,
                 wanted.pattern_strings().join(","),
-                wanted.filter_str()
+                wanted.filter_str(),
+                where_notes.1,
             ),
         ))
     }
@@ -135,6 +141,7 @@ fn definition_record(hub: &Hub, req: &v1::Subscribe, selector: &Selector) -> Sub
         delayed: vec![],
         // Where a shared subscription starts on every host.
         shared_from: if req.shared { start_after } else { 0 },
+        where_exprs: selector.where_strs().to_vec(),
     };
     instance_for_host(&spec, now)
 }

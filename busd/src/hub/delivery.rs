@@ -132,6 +132,7 @@ impl Hub {
             route: ev.upstream_subscription,
             damaged: false,
             line_parts: Default::default(),
+            where_input: Default::default(),
         }));
         if let Some(key) = dedup_key {
             st.dedup.put(key, seq);

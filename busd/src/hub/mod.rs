@@ -263,7 +263,9 @@ impl Hub {
         let now = (Instant::now(), now_ms());
         let mut subs = BTreeMap::new();
         for rec in recovered.snapshot.iter().flat_map(|s| &s.subscriptions) {
-            match Selector::new(&rec.patterns, &rec.filter) {
+            match Selector::new(&rec.patterns, &rec.filter)
+                .and_then(|s| s.with_where(&rec.where_exprs))
+            {
                 Ok(sel) => {
                     let mut sub = Subscription::restore(
                         rec,

@@ -220,6 +220,8 @@ impl Hub {
                     backoff_ms: s.backoff.iter().map(|d| d.as_millis() as u64).collect(),
                     delayed: delayed as u64,
                     next_due_unix_ms: next_due.map(|at| subscription::wall_ms(at, wall)),
+                    where_exprs: s.selector.where_strs().to_vec(),
+                    where_errors: s.counters.where_errors,
                 }
             })
             .collect();

@@ -21,6 +21,10 @@ use crate::{
     upstream::{Refusal, UpstreamControl, UpstreamId},
 };
 
+/// Shared delivery claims events by scanning the log on every round; with
+/// `--where` each round would evaluate every retained event again.
+const WHERE_NOT_SHARED: &str = "--where cannot be combined with --delivery shared (yet)";
+
 impl Hub {
     /// The upstream control plane, when a Subscribe for `req` must first
     /// bind an upstream subscription: the source has one and `req` would
@@ -52,7 +56,9 @@ impl Hub {
             if st.subs.contains_key(&rec.id) || st.subs.len() >= MAX_SUBSCRIPTIONS {
                 continue;
             }
-            let Ok(sel) = Selector::new(&rec.patterns, &rec.filter) else {
+            let Ok(sel) = Selector::new(&rec.patterns, &rec.filter)
+                .and_then(|s| s.with_where(&rec.where_exprs))
+            else {
                 continue;
             };
             let sub = Subscription::restore(&rec, sel, &events, (floor, head, true), now, window);
@@ -112,6 +118,7 @@ impl Hub {
         let selector = if patterns_given || !req.must_exist {
             Some(
                 Selector::new(&req.patterns, &req.filter)
+                    .and_then(|s| s.with_where(&req.where_exprs))
                     .map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?,
             )
         } else {
@@ -130,13 +137,15 @@ impl Hub {
                     return Err(Refusal::new(
                         ErrorCode::BadRequest,
                         format!(
-                            "subscription {} exists with event keys {} and filter {:?}; \
-                             this request asks for {} and {:?}",
+                            "subscription {} exists with event keys {} and filter {:?}{}; \
+                             this request asks for {} and {:?}{}",
                             sub.id,
                             sub.selector.pattern_strings().join(","),
                             sub.selector.filter_str(),
+                            sub.selector.where_note(sel),
                             sel.pattern_strings().join(","),
-                            sel.filter_str()
+                            sel.filter_str(),
+                            sel.where_note(&sub.selector),
                         ),
                     ));
                 }
@@ -210,6 +219,9 @@ impl Hub {
                         "shared delivery is for named subscriptions (dws event subscribe --id)",
                     ));
                 }
+                if !req.where_exprs.is_empty() {
+                    return Err(Refusal::new(ErrorCode::BadRequest, WHERE_NOT_SHARED));
+                }
                 sub.shared = true;
             }
             for e in st.log.since(start_from) {
@@ -274,6 +286,7 @@ impl Hub {
             created,
             patterns: sub.selector.pattern_strings(),
             filter: sub.selector.filter_str().to_owned(),
+            where_exprs: sub.selector.where_strs().to_vec(),
             cursor: sub.cursor(head),
             head_seq: head,
             attached: req.attach,

@@ -113,6 +113,10 @@ pub struct SubCounters {
     /// Parked events dropped because the parked list was full.
     #[serde(default)]
     pub parked_dropped: u64,
+    /// Events whose type matched but whose `--where` evaluation failed or
+    /// passed its step bound (not delivered).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub where_errors: u64,
 }
 
 /// A named subscription as it is stored.
@@ -174,6 +178,9 @@ pub struct SubRecord {
     /// for a per-host subscription.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub shared_from: u64,
+    /// `--where` expressions (ANDed), part of the spec like `patterns`.
+    #[serde(rename = "where", default, skip_serializing_if = "Vec::is_empty")]
+    pub where_exprs: Vec<String>,
 }
 
 fn is_zero(v: &u64) -> bool {

@@ -66,6 +66,7 @@ impl EventRecord {
             route: self.route,
             damaged: false,
             line_parts: std::sync::OnceLock::new(),
+            where_input: std::sync::OnceLock::new(),
         }
     }
 }

@@ -39,6 +39,7 @@ mod hole;
 #[cfg(test)]
 mod model;
 mod record;
+mod selecting;
 mod shared;
 mod slow;
 #[cfg(test)]
@@ -261,13 +262,12 @@ impl Subscription {
     /// Whether this subscription wants `e` (a damaged placeholder's type is
     /// unknown: every subscription must stop at it).
     pub fn selects(&self, e: &LoggedEvent) -> bool {
-        e.damaged
-            || (e.routed_to(self.upstream_id.as_deref()) && self.selector.matches(&e.event_type))
+        self.selector.selects(e, self.upstream_id.as_deref()) == Ok(true)
     }
 
     /// Fan-out: takes `e` if it matches. Returns whether it did.
     pub fn offer(&mut self, e: &Arc<LoggedEvent>) -> bool {
-        if self.shared || e.seq <= self.acked_through || !self.selects(e) {
+        if self.shared || e.seq <= self.acked_through || !self.takes(e) {
             return false;
         }
         self.pending.push_back(Entry {

@@ -201,6 +201,7 @@ impl Subscription {
                 })
                 .collect(),
             shared_from: if self.shared { self.shared_from } else { 0 },
+            where_exprs: self.selector.where_strs().to_vec(),
         }
     }
 }

@@ -22,6 +22,8 @@ use crate::{
 pub struct Plan {
     pub keys: Vec<String>,
     pub filter: String,
+    /// `--where` jq expressions (ANDed).
+    pub wheres: Vec<String>,
     pub subscribe_id: Option<String>,
     pub ephemeral: bool,
     pub from: From,
@@ -83,6 +85,12 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         validate::subscription_id("--subscribe-id", id)?;
     }
     let filter = validate::filter(args.filter)?;
+    let wheres = validate::wheres(args.where_exprs)?;
+    if !wheres.is_empty() && args.subscribe_id.is_some() && keys.is_empty() {
+        return Err(CliError::usage(
+            "--where with --subscribe-id needs the EVENT_KEYs too: they and the expressions are compared with the subscription's",
+        ));
+    }
     let upstream = validate::upstream(&keys, &args.upstream)?;
     if upstream.is_some() && args.subscribe_id.is_some() {
         return Err(CliError::usage(
@@ -121,6 +129,7 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
     Ok(Plan {
         keys,
         filter,
+        wheres,
         subscribe_id: args.subscribe_id,
         ephemeral: args.ephemeral,
         from: args.from.unwrap_or(From::Latest),
@@ -156,6 +165,7 @@ impl Plan {
             "work_dir": endpoint.work_dir,
             "event_keys": self.keys,
             "filter": (!self.filter.is_empty()).then_some(&self.filter),
+            "where": self.wheres,
             "subscribe_id": self.subscribe_id,
             "remove_subscription_on_exit": self.owned(),
             "from": match self.from {

@@ -56,6 +56,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             "the bus answered Subscribe with an unexpected frame",
         ));
     };
+    validate::where_echoed(&plan.wheres, &sub)?;
     stderr_line(
         plan.quiet,
         &format!(
@@ -225,6 +226,7 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         subscription_id: plan.subscribe_id.clone().unwrap_or_default(),
         patterns: plan.keys.clone(),
         filter: plan.filter.clone(),
+        where_exprs: plan.wheres.clone(),
         start: start as i32,
         start_seq,
         ttl_ms: plan.ttl.map_or(0, proto::limits::ttl_to_ms),

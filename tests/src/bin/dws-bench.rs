@@ -166,6 +166,9 @@ struct Opts {
     peers_dir: PathBuf,
     peers_msgs_small: u64,
     peers_msgs_large: u64,
+    /// `--where EXPR`: the fan-out with this jq expression on every
+    /// consumer against the same run without it.
+    where_expr: Option<String>,
 }
 
 /// Which store a bus runs on (env `DWS_EVENT_BUS_STORE` and
@@ -282,6 +285,11 @@ Redis pub/sub in the same run (the peer benchmarks; see docs/benchmark.md):
   --peers-msgs-256 M         messages per Redis 256 B run (default 200000)
   --peers-msgs-4k M          messages per Redis 4 KiB run (default 20000)
 
+the cost of --where (issue 25): 256 B flood, --compare-consumers consumers, --runs each:
+  --where EXPR               run it without and with `--where EXPR` on every consumer (the payload is
+                             not JSON: `data` is a string; e.g. '(.data | length) > 0', true for all)
+  --only-where               run only this comparison (needs --where)
+
   -h, --help                 this help
 ";
 
@@ -313,8 +321,9 @@ fn parse_opts() -> Res<Opts> {
         peers_dir: PathBuf::from("bench/peers"),
         peers_msgs_small: 200_000,
         peers_msgs_large: 20_000,
+        where_expr: None,
     };
-    let (mut only_durable, mut only_compare) = (false, false);
+    let (mut only_durable, mut only_compare, mut only_where) = (false, false, false);
     let mut durability: Option<&'static str> = None;
     let mut args = std::env::args().skip(1);
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Res<T> {
@@ -391,6 +400,8 @@ fn parse_opts() -> Res<Opts> {
             "--only-durable" => only_durable = true,
             "--skip-store-compare" => o.skip_store_compare = true,
             "--only-store-compare" => only_compare = true,
+            "--where" => o.where_expr = Some(args.next().ok_or("--where needs a value")?),
+            "--only-where" => only_where = true,
             "--events-256" => o.events_small = num(&a, args.next())?,
             "--events-4k" => o.events_large = num(&a, args.next())?,
             "--inflight" => o.inflight = num(&a, args.next())?,
@@ -437,7 +448,10 @@ fn parse_opts() -> Res<Opts> {
         ("postgres", None) => "postgres",
         (_, d) => d.unwrap_or("fsync"),
     };
-    if only_durable || only_compare {
+    if only_where && o.where_expr.is_none() {
+        return Err("--only-where needs --where EXPR".into());
+    }
+    if only_durable || only_compare || only_where {
         if (only_durable && o.skip_durable) || (only_compare && o.skip_store_compare) {
             return Err("--only-X and --skip-X of the same section contradict each other".into());
         }
@@ -1460,6 +1474,19 @@ fn run_fanout(
     inflight: u64,
     store: StoreSel,
 ) -> Res<FanoutResult> {
+    run_fanout_with(n, size, events, mode, inflight, store, &[])
+}
+
+/// [`run_fanout`] with `extra` on every consumer's command line.
+fn run_fanout_with(
+    n: usize,
+    size: usize,
+    events: u64,
+    mode: Mode,
+    inflight: u64,
+    store: StoreSel,
+    extra: &[&str],
+) -> Res<FanoutResult> {
     let retention = retention_for(events, size);
     let mut vars = store.env().to_vec();
     if let Some((ev, bytes)) = &retention {
@@ -1468,12 +1495,14 @@ fn run_fanout(
     }
     let mut env = BusEnv::new(&vars);
     let max = events.to_string();
+    let mut args = vec!["--max-events", max.as_str()];
+    args.extend_from_slice(extra);
     let mut consumers = Vec::with_capacity(n);
     // The first consumer starts the bus; the others join it.
-    consumers.push(ConsumerProc::spawn(&env, &["--max-events", &max])?);
+    consumers.push(ConsumerProc::spawn(&env, &args)?);
     env.wait_consumers(1, &mut consumers)?;
     for _ in 1..n {
-        consumers.push(ConsumerProc::spawn(&env, &["--max-events", &max])?);
+        consumers.push(ConsumerProc::spawn(&env, &args)?);
     }
     let status = env.wait_consumers(n, &mut consumers)?;
     store.check(&status)?;
@@ -1909,6 +1938,11 @@ fn main() {
     }
     if !opts.skip_store_compare && !INTERRUPTED.load(Ordering::Relaxed) {
         run_store_compare(&opts, &mut failures);
+    }
+    if let Some(expr) = &opts.where_expr {
+        if !INTERRUPTED.load(Ordering::Relaxed) {
+            run_where_compare(&opts, expr, &mut failures);
+        }
     }
 
     if INTERRUPTED.load(Ordering::Relaxed) {
@@ -2761,5 +2795,72 @@ fn run_store_compare(opts: &Opts, failures: &mut Vec<String>) {
             ),
             Err(e) => failures.push(format!("failover: {e}")),
         }
+    }
+}
+
+/// The flood fan-out without and with `--where EXPR` on every consumer:
+/// what the bus spends per delivery on one evaluation.
+fn run_where_compare(opts: &Opts, expr: &str, failures: &mut Vec<String>) {
+    let n = opts.compare_consumers;
+    let events = opts.events_small;
+    println!();
+    println!(
+        "Fan-out without and with --where {expr:?} on every consumer: 1 publisher (≤{} in flight) → \
+         {n} consumers, {events} × 256 B, {} (median of {} run(s) by deliveries/s)",
+        opts.inflight,
+        opts.store.describe(),
+        opts.runs
+    );
+    println!();
+    println!(
+        "{:>8}  {:>13}  {:>15}  {:>9}  {:>9}  {:>12}  {:>9}",
+        "where", "ev/s/cons avg", "deliveries/s", "p50 µs", "p99 µs", "cpu µs/deliv", "busd part"
+    );
+    let mut busd = Vec::new();
+    for (name, extra) in [("none", vec![]), ("--where", vec!["--where", expr])] {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return;
+        }
+        let result = median_of(
+            opts.runs,
+            |r: &FanoutResult| r.aggregate,
+            || {
+                run_fanout_with(
+                    n,
+                    256,
+                    events,
+                    Mode::Flood,
+                    opts.inflight,
+                    opts.store,
+                    &extra,
+                )
+            },
+        );
+        match result {
+            Ok(r) => {
+                let f = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+                println!(
+                    "{:>8}  {:>13.0}  {:>15.0}  {:>9.0}  {:>9.0}  {:>12}  {:>9}",
+                    name,
+                    r.per_consumer_avg,
+                    r.aggregate,
+                    r.p50_us,
+                    r.p99_us,
+                    f(r.cpu_us_per_delivery),
+                    f(r.busd_cpu_us_per_delivery)
+                );
+                busd.push(r.busd_cpu_us_per_delivery);
+            }
+            Err(e) => {
+                println!("{name:>8}  FAILED (see below)");
+                failures.push(format!("fan-out with --where, {name}: {e}"));
+            }
+        }
+    }
+    if let [Some(without), Some(with)] = busd[..] {
+        println!(
+            "  --where costs busd {:.2} µs per delivery (one evaluation per event and consumer)",
+            with - without
+        );
     }
 }

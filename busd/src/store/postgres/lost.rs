@@ -74,6 +74,7 @@ mod tests {
             backoff_ms: vec![],
             delayed: vec![],
             shared_from: 0,
+            where_exprs: vec![],
         }
     }
 

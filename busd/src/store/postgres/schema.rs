@@ -25,7 +25,7 @@ use tokio_postgres::Client;
 use super::PgError;
 
 /// The newest schema version this busd knows.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// The advisory lock that serializes migrations ("dws-schm" in ASCII). A
 /// busd before schema version 4 held a session advisory lock keyed by
@@ -209,7 +209,17 @@ CREATE INDEX dws_claim_unreported ON dws_claim (cluster, subscription)
     WHERE lost AND NOT reported;
 "#;
 
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+/// Migration 6: a definition's record may carry `--where` expressions
+/// (`"where"`, an array of strings). The version is what matters: a busd
+/// older than this one would ignore the field and deliver what the
+/// expressions exclude, so it must refuse the database (`too_new`).
+const V6: &str = r#"
+-- i25-where: definitions carry `--where` in record->'where'; older hosts must not adopt them.
+ALTER TABLE dws_subscription ADD CONSTRAINT dws_subscription_where_is_array
+    CHECK (jsonb_typeof(coalesce(record->'where', '[]'::jsonb)) = 'array');
+"#;
+
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The refusal of a database newer than this binary.
 pub(crate) fn too_new(found: u32) -> Option<PgError> {

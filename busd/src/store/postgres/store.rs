@@ -118,6 +118,7 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         backoff_ms: record.backoff_ms.clone(),
         delayed: vec![],
         shared_from: record.shared_from,
+        where_exprs: record.where_exprs.clone(),
     }
 }
 

@@ -49,6 +49,7 @@ fn sub(id: &str, cursor: u64) -> SubRecord {
     SubRecord {
         shared: false,
         shared_from: 0,
+        where_exprs: vec![],
         id: id.into(),
         patterns: vec!["a.*".into()],
         filter: String::new(),
