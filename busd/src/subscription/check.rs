@@ -95,7 +95,8 @@ pub fn check_snapshot(snap: &Snapshot) -> Result<(), SnapshotError> {
 /// One subscription against the snapshot's head.
 fn check_record(rec: &SubRecord, head: u64) -> Result<(), String> {
     Selector::new(&rec.patterns, &rec.filter)
-        .map_err(|e| format!("this busd refuses its patterns or filter: {e}"))?;
+        .and_then(|sel| sel.with_where(&rec.where_exprs))
+        .map_err(|e| format!("this busd refuses its patterns, filter or --where: {e}"))?;
     let beyond = |what: &str, seq: u64| -> Result<(), String> {
         if seq > head {
             Err(format!("{what} {seq} is beyond head_seq {head}"))
@@ -199,6 +200,7 @@ mod tests {
             id: id.into(),
             patterns: vec!["a.b".into()],
             filter: String::new(),
+            where_exprs: vec![],
             ttl_ms: 600_000,
             created_at_unix_ms: 1,
             upstream_id: None,

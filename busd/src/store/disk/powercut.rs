@@ -67,6 +67,7 @@ fn snapshot(head: u64, floor: u64, cursor: u64) -> Snapshot {
             id: "s".into(),
             patterns: vec!["*".into()],
             filter: String::new(),
+            where_exprs: vec![],
             ttl_ms: 0,
             created_at_unix_ms: 0,
             upstream_id: None,
