@@ -71,6 +71,17 @@ pub struct Args {
           default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Check every profile of config.toml on its own (its keys, the secret
+    /// files it names, whether its upstream accepts a TCP connection), print
+    /// one JSON object per check and exit; `dws event doctor` shows them.
+    #[arg(long)]
+    pub doctor: bool,
+
+    /// Print this profile's socket path (where `dws` looks for the bus and
+    /// where a systemd socket unit must listen) and exit.
+    #[arg(long)]
+    pub print_socket_path: bool,
+
     /// Write the busd(1) man page into DIR and exit.
     #[arg(long, value_name = "DIR")]
     pub generate_man: Option<PathBuf>,
