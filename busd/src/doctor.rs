@@ -79,9 +79,14 @@ pub fn checks(config_root: &Path, current: &str, env: &EnvOverrides, network: bo
                     profile: name.clone(),
                     status: Status::Ok,
                     message: format!(
-                        "source {}, store {}; secret files readable and private",
+                        "source {}, store {}{}",
                         source_kind(&p.source),
-                        p.store.kind.name()
+                        p.store.kind.name(),
+                        if endpoints(&p.source).is_empty() && p.store.postgres.is_none() {
+                            ""
+                        } else {
+                            "; its secret files are readable and private"
+                        }
                     ),
                     hint: String::new(),
                 });

@@ -254,3 +254,187 @@ fn install_systemd_renders_the_units_with_real_paths_and_they_verify() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+// ------------------------------------------------------------------ doctor
+
+/// `dws event doctor --format json`: its exit code and document, validated
+/// against `schemas/doctor.schema.json`.
+fn doctor_json(env: &TestEnv) -> (Option<i32>, Value, String) {
+    let out = env
+        .dws(["event", "doctor", "--format", "json"])
+        .run_with_timeout(Duration::from_secs(60));
+    let doc = json_of(out.stdout.trim());
+    crate::ecosystem::assert_valid("doctor", &doc);
+    (out.code, doc, out.stderr.clone())
+}
+
+/// The checks named `name` about `profile`.
+fn checks<'a>(doc: &'a Value, name: &str, profile: &str) -> Vec<&'a Value> {
+    doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["check"] == name && c["profile"] == profile)
+        .collect()
+}
+
+fn status_of(doc: &Value, name: &str, profile: &str) -> String {
+    let found = checks(doc, name, profile);
+    assert_eq!(found.len(), 1, "one {name} check for {profile}: {doc:#}");
+    found[0]["status"].as_str().expect("status").to_owned()
+}
+
+#[test]
+fn doctor_checks_every_profile_on_its_own_and_one_typo_blocks_no_other() {
+    let env = TestEnv::new();
+    let cfg = env.cfg_dir();
+    std::fs::create_dir_all(&cfg).expect("mkdir cfg");
+    let loose = env.root().join("loose.secret");
+    std::fs::write(&loose, "CANARY-LOOSE\n").expect("write");
+    let private = env.root().join("private.secret");
+    std::fs::write(&private, "CANARY-PRIVATE\n").expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    std::fs::write(
+        cfg.join("config.toml"),
+        format!(
+            "[profiles.typo]\nsoruce = \"local\"\n\n\
+             [profiles.good]\nsource = \"local\"\n\n\
+             [profiles.loose]\nsource = \"dingtalk\"\nclient_id = \"id\"\nclient_secret_file = \"{}\"\n\n\
+             [profiles.offline]\nsource = \"dingtalk\"\nclient_id = \"id\"\nclient_secret_file = \"{}\"\n\
+             open_api = \"http://127.0.0.1:{port}\"\n",
+            loose.display(),
+            private.display()
+        ),
+    )
+    .expect("write config.toml");
+
+    // Before: the typo in [profiles.typo] made every profile exit 2.
+    for profile in ["good", "default"] {
+        env.dws(["--profile", profile, "event", "publish", "d.k", "x"])
+            .run_with_timeout(EXIT_TIMEOUT)
+            .assert_code(0);
+    }
+    let err = env
+        .dws(["--profile", "typo", "event", "publish", "d.k", "x"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_error(2);
+    assert!(
+        err.contains("[profiles.typo]") && err.contains("soruce"),
+        "{err}"
+    );
+
+    let (code, doc, stderr) = doctor_json(&env);
+    assert_eq!(code, Some(1), "a failed check is exit 1: {doc:#}");
+    assert_eq!(doc["ok"], false);
+    assert!(
+        stderr.starts_with("Error: ") && stderr.lines().count() == 1,
+        "one Error: line: {stderr}"
+    );
+    assert_eq!(status_of(&doc, "config", "typo"), "fail");
+    assert_eq!(status_of(&doc, "config", "good"), "ok");
+    assert_eq!(status_of(&doc, "config", "default"), "ok");
+    assert_eq!(status_of(&doc, "config", "loose"), "fail");
+    assert!(
+        checks(&doc, "config", "loose")[0]["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("chmod 600")),
+        "{doc:#}"
+    );
+    assert_eq!(status_of(&doc, "config", "offline"), "ok");
+    // An upstream that does not answer is a warning, never a failure.
+    assert_eq!(status_of(&doc, "upstream", "offline"), "warn");
+    assert_eq!(status_of(&doc, "bus", "default"), "ok");
+    assert_eq!(status_of(&doc, "store", "default"), "ok");
+    let text = doc.to_string();
+    assert!(!text.contains("CANARY"), "no secret in the report: {text}");
+
+    // Text: one line per check, the failing one says what to do.
+    let out = env
+        .dws(["event", "doctor"])
+        .run_with_timeout(Duration::from_secs(60));
+    out.assert_code(1);
+    assert_eq!(
+        out.stdout.lines().count(),
+        doc["checks"].as_array().map_or(0, Vec::len),
+        "{out}"
+    );
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("fail  config (profile typo): ") && l.contains("soruce")),
+        "{out}"
+    );
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("warn  upstream (profile offline): ")),
+        "{out}"
+    );
+
+    // With the bad profiles fixed, only warnings remain: exit 0.
+    std::fs::write(
+        cfg.join("config.toml"),
+        format!(
+            "[profiles.offline]\nsource = \"dingtalk\"\nclient_id = \"id\"\nclient_secret_file = \"{}\"\n\
+             open_api = \"http://127.0.0.1:{port}\"\n",
+            private.display()
+        ),
+    )
+    .expect("write config.toml");
+    let (code, doc, _) = doctor_json(&env);
+    assert_eq!(code, Some(0), "{doc:#}");
+    assert_eq!(doc["ok"], true);
+}
+
+#[test]
+fn doctor_finds_a_stale_bus_a_socket_with_no_process_and_a_loose_directory() {
+    use nix::{sys::signal::kill, unistd::Pid};
+    let env = TestEnv::new();
+    let (code, doc, _) = doctor_json(&env);
+    assert_eq!(code, Some(0), "a fresh setup is fine: {doc:#}");
+    assert_eq!(status_of(&doc, "bus", "default"), "ok");
+    assert!(env.busd_pids().is_empty(), "doctor starts no bus");
+
+    env.publish("st.k", "x", &[]);
+    let pid = env.status()["bus"]["pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .expect("bus pid");
+    // A stopped bus holds the lock and never answers.
+    kill(Pid::from_raw(pid), Sig::SIGSTOP).expect("SIGSTOP");
+    let (code, doc, _) = doctor_json(&env);
+    kill(Pid::from_raw(pid), Sig::SIGCONT).expect("SIGCONT");
+    assert_eq!(code, Some(1), "{doc:#}");
+    assert_eq!(status_of(&doc, "bus", "default"), "fail");
+    let msg = checks(&doc, "bus", "default")[0]["message"].to_string();
+    assert!(
+        msg.contains("stale") && msg.contains(&pid.to_string()),
+        "{msg}"
+    );
+
+    // kill -9 leaves the socket file with no process behind it: a warning.
+    kill(Pid::from_raw(pid), Sig::SIGKILL).expect("SIGKILL");
+    env.wait_no_busd(T, "the killed bus is gone");
+    assert!(env.expected_socket_path().exists());
+    let (code, doc, _) = doctor_json(&env);
+    assert_eq!(code, Some(0), "{doc:#}");
+    assert_eq!(status_of(&doc, "bus", "default"), "warn");
+    assert!(env.busd_pids().is_empty(), "doctor starts no bus");
+
+    // A work directory others can write is refused by the bus: a failure.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(env.work_dir(), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod");
+    let (code, doc, _) = doctor_json(&env);
+    assert_eq!(code, Some(1), "{doc:#}");
+    assert_eq!(status_of(&doc, "work_dir", "default"), "fail");
+    let hint = checks(&doc, "work_dir", "default")[0]["hint"].to_string();
+    assert!(hint.contains("chmod 700"), "{hint}");
+}
