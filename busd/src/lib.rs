@@ -128,6 +128,18 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
             ready.already_running();
             return Ok(());
         };
+        if activated.is_none() && socket_held_by_a_manager(&endpoint).await {
+            // systemd listens there for a bus it starts on this connection:
+            // leave the socket and the lock to that bus.
+            tracing::info!(
+                socket = %endpoint.socket_path.display(),
+                "the socket is listened on by a service manager (socket activation); \
+                 leaving the profile to the bus it starts"
+            );
+            drop(lock);
+            ready.already_running();
+            return Ok(());
+        }
         let listening = Listening {
             endpoint,
             activated,
@@ -228,6 +240,15 @@ async fn take_lock(endpoint: &Endpoint, activated: bool) -> Result<Option<BusLoc
             }
         }
     }
+}
+
+/// Whether something listens on the profile's socket while we hold
+/// `bus.lock`: no bus can (it would hold the lock), so it is a service
+/// manager's socket unit, which [`socket::bind`] must not replace.
+async fn socket_held_by_a_manager(endpoint: &Endpoint) -> bool {
+    tokio::net::UnixStream::connect(&endpoint.socket_path)
+        .await
+        .is_ok()
 }
 
 /// Writes `bus.meta` atomically: `bus.meta.tmp` is created exclusively with

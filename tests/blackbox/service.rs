@@ -107,6 +107,20 @@ fn a_socket_passed_by_systemd_is_served_and_outlives_dws_event_stop() {
         "an activated bus leaves systemd's socket in place"
     );
 
+    // A bus started by hand (or by a dws whose wait ran out) leaves the
+    // socket systemd listens on to the bus systemd starts.
+    let by_hand = env.busd(["--foreground"]).run_with_timeout(EXIT_TIMEOUT);
+    by_hand.assert_code(0);
+    assert!(
+        by_hand.stderr.contains("service manager"),
+        "says why it left\n{by_hand}"
+    );
+    wait_pending(
+        &listener,
+        "the by-hand bus's probe reached systemd's socket",
+    );
+    drop(listener.accept().expect("accept the probe"));
+
     // The next client does not spawn a bus of its own: its connection waits
     // in systemd's socket, which starts the unit again.
     let waiting = env.dws(["event", "status", "--format", "json"]).spawn();
