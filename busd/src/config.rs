@@ -17,8 +17,11 @@ pub const VERSION: &str = proto::VERSION_LINE;
 /// contrib/systemd/dws-bus@.service).
 ///
 /// With `--foreground` and NOTIFY_SOCKET set (a Type=notify unit), busd
-/// speaks the readiness protocol (READY=1, STATUS=, STOPPING=1) and its idle
-/// timeout defaults to 0 (never): a service stays up until stopped.
+/// speaks the readiness protocol (READY=1, STATUS=, STOPPING=1, and
+/// WATCHDOG=1 at half of WATCHDOG_USEC) and its idle timeout defaults to 0
+/// (never): a service stays up until stopped. A listening socket passed by
+/// systemd (LISTEN_FDS=1, LISTEN_PID) is served instead of binding one; it
+/// must be bound at the profile's socket path (--print-socket-path).
 #[derive(Debug, Parser)]
 #[command(name = "busd", version = VERSION, about, long_about)]
 pub struct Args {

@@ -28,6 +28,9 @@ use crate::{
     print_stdout, spawn, status,
 };
 
+/// How long the bus check waits for the bus's Hello.
+const HELLO_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// One check's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -238,7 +241,10 @@ async fn bus(endpoint: &Endpoint) -> (Check, bool) {
     let p = endpoint.profile.as_str();
     let socket = endpoint.socket_path.display();
     let held = lock_holder(&endpoint.lock_path());
-    let answered = BusConn::open(endpoint).await;
+    // A stopped bus accepts (the kernel queues) but never says Hello.
+    let answered = tokio::time::timeout(HELLO_WAIT, BusConn::open(endpoint))
+        .await
+        .unwrap_or(Ok(None));
     let pid_of = |pid: Option<u32>| pid.map_or("?".to_owned(), |p| p.to_string());
     let c = |l, m, h| (check("bus", p, l, m, h), false);
     match (held, answered) {
@@ -271,6 +277,16 @@ async fn bus(endpoint: &Endpoint) -> (Check, bool) {
             format!("cannot ask the bus on {socket}: {}", e.message),
             "check the socket directory above",
         ),
+        (None, Ok(None))
+            if std::os::unix::net::UnixStream::connect(&endpoint.socket_path).is_ok() =>
+        {
+            c(
+                Level::Fail,
+                format!("something listens on {socket} but no bus answers"),
+                "a systemd socket whose service does not start? see \
+             systemctl --user status dws-bus@PROFILE.service and its journal",
+            )
+        }
         (None, Ok(None)) if fs::symlink_metadata(&endpoint.socket_path).is_ok() => c(
             Level::Warn,
             format!("a socket with no process behind it: {socket}"),

@@ -120,6 +120,12 @@ fn a_socket_passed_by_systemd_is_served_and_outlives_dws_event_stop() {
         "the by-hand bus's probe reached systemd's socket",
     );
     drop(listener.accept().expect("accept the probe"));
+    // The doctor tells a socket unit whose service does not start.
+    let (code, doc, _) = doctor_json(&env);
+    assert_eq!(code, Some(1), "{doc:#}");
+    assert_eq!(status_of(&doc, "bus", "default"), "fail");
+    let hint = checks(&doc, "bus", "default")[0]["hint"].to_string();
+    assert!(hint.contains("systemctl --user status"), "{hint}");
 
     // The next client does not spawn a bus of its own: its connection waits
     // in systemd's socket, which starts the unit again.
