@@ -2,12 +2,15 @@
 # Installs dws and busd side by side (dws finds busd next to itself), plus
 # their man pages and shell completions under the same root.
 #
-# Usage: scripts/install.sh [--root DIR] [--debug] [--no-docs]
+# Usage: scripts/install.sh [--root DIR] [--debug] [--no-docs] [--systemd [--profile NAME]]
 #
 #   --root DIR   install into DIR/bin (default: cargo's, i.e. $CARGO_INSTALL_ROOT
 #                or ~/.cargo; make sure DIR/bin is on PATH)
 #   --debug      build without optimisations (faster to build, slower to run)
 #   --no-docs    binaries only
+#   --systemd    then install the bus as a socket-activated systemd user
+#                service for --profile NAME (default: default), through
+#                scripts/install-systemd.sh (see it for what it writes)
 #
 # Docs go to DIR/share: man/man1/{dws,dws-event-*,busd}.1,
 # bash-completion/completions/dws, zsh/site-functions/_dws and
@@ -19,13 +22,17 @@ cd "$(dirname "$0")/.."
 root=""
 debug=()
 docs=1
+systemd=0
+profile_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --root) root="${2:?--root needs a directory}"; shift 2 ;;
         --root=*) root="${1#--root=}"; shift ;;
         --debug) debug=(--debug); shift ;;
         --no-docs) docs=0; shift ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --systemd) systemd=1; shift ;;
+        --profile) profile_args=(--profile "${2:?--profile needs a name}"); shift 2 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "install.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -84,4 +91,7 @@ if [ "$docs" = 1 ]; then
   zsh:          fpath=("$share/zsh/site-functions" \$fpath); autoload -U compinit; compinit
   fish:         source "$share/fish/vendor_completions.d/dws.fish"
 EOF
+fi
+if [ "$systemd" = 1 ]; then
+    scripts/install-systemd.sh --bin "$bin" "${profile_args[@]}"
 fi

@@ -17,8 +17,11 @@ pub const VERSION: &str = proto::VERSION_LINE;
 /// contrib/systemd/dws-bus@.service).
 ///
 /// With `--foreground` and NOTIFY_SOCKET set (a Type=notify unit), busd
-/// speaks the readiness protocol (READY=1, STATUS=, STOPPING=1) and its idle
-/// timeout defaults to 0 (never): a service stays up until stopped.
+/// speaks the readiness protocol (READY=1, STATUS=, STOPPING=1, and
+/// WATCHDOG=1 at half of WATCHDOG_USEC) and its idle timeout defaults to 0
+/// (never): a service stays up until stopped. A listening socket passed by
+/// systemd (LISTEN_FDS=1, LISTEN_PID) is served instead of binding one; it
+/// must be bound at the profile's socket path (--print-socket-path).
 #[derive(Debug, Parser)]
 #[command(name = "busd", version = VERSION, about, long_about)]
 pub struct Args {
@@ -70,6 +73,17 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "FORMAT", env = "DWS_BUS_LOG_FORMAT",
           default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Check every profile of config.toml on its own (its keys, the secret
+    /// files it names, whether its upstream accepts a TCP connection), print
+    /// one JSON object per check and exit; `dws event doctor` shows them.
+    #[arg(long)]
+    pub doctor: bool,
+
+    /// Print this profile's socket path (where `dws` looks for the bus and
+    /// where a systemd socket unit must listen) and exit.
+    #[arg(long)]
+    pub print_socket_path: bool,
 
     /// Write the busd(1) man page into DIR and exit.
     #[arg(long, value_name = "DIR")]

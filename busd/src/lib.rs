@@ -15,16 +15,19 @@
 //!   upstream-control boundary between the hub and the sources.
 //! - [`shutdown`]: the one shutdown signal and its reason; [`clock`]: the
 //!   wall clock.
-//! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run.
+//! - [`notify`]: the systemd readiness protocol of a supervised `--foreground` run
+//!   (and its watchdog); [`activation`]: a listening socket passed by systemd.
 //! - [`latency`]: the append-latency histogram (lock-free, for status).
 //! - [`regular`]: data files (`config.toml`, secrets, the store's files) opened
 //!   as regular files only, never blocking on a FIFO.
 
+pub mod activation;
 pub mod clock;
 pub mod cluster;
 pub mod commit;
 pub mod config;
 pub mod connection;
+pub mod doctor;
 pub mod eventlog;
 pub mod hub;
 pub mod latency;
@@ -104,6 +107,8 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
         &endpoint.profile,
         &profile::EnvOverrides::from_process(),
     )?;
+    // Taken before any thread starts; `None` unless systemd passed a socket.
+    let activated = activation::inherited(&endpoint.socket_path).map_err(|e| e.to_string())?;
     make_private_dir(&endpoint.work_dir)?;
     init_logging(&endpoint.log_path(), args.foreground, args.log_format)?;
 
@@ -121,12 +126,28 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
         // Signals first: a SIGTERM during start-up must be a clean stop.
         let (trigger, shutdown) = shutdown::channel();
         watch_signals(&trigger)?;
-        let Some(lock) = take_lock(&endpoint).await? else {
+        let Some(lock) = take_lock(&endpoint, activated.is_some()).await? else {
             tracing::info!("another bus already serves this profile");
             ready.already_running();
             return Ok(());
         };
-        serve(args, endpoint, profile, lock, trigger, shutdown, ready).await
+        if activated.is_none() && socket_held_by_a_manager(&endpoint).await {
+            // systemd listens there for a bus it starts on this connection:
+            // leave the socket and the lock to that bus.
+            tracing::info!(
+                socket = %endpoint.socket_path.display(),
+                "the socket is listened on by a service manager (socket activation); \
+                 leaving the profile to the bus it starts"
+            );
+            drop(lock);
+            ready.already_running();
+            return Ok(());
+        }
+        let listening = Listening {
+            endpoint,
+            activated,
+        };
+        serve(args, listening, profile, lock, trigger, shutdown, ready).await
     })
 }
 
@@ -193,16 +214,19 @@ fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), String> {
 
 /// Takes `bus.lock`, or returns `None` if a live bus already answers on the
 /// socket. A busy lock whose holder does not answer is a bus that is starting
-/// or exiting: wait for it, up to [`LOCK_WAIT`].
-async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, StartError> {
+/// or exiting: wait for it, up to [`LOCK_WAIT`]. A socket-activated bus
+/// (`activated`) holds the socket itself, so an answer there proves nothing:
+/// it only waits, then fails (the unit's restart tries again).
+async fn take_lock(endpoint: &Endpoint, activated: bool) -> Result<Option<BusLock>, StartError> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match lock::try_lock(&endpoint.lock_path())? {
             TryLock::Acquired(l) => return Ok(Some(l)),
             TryLock::Busy(pid) => {
-                if tokio::net::UnixStream::connect(&endpoint.socket_path)
-                    .await
-                    .is_ok()
+                if !activated
+                    && tokio::net::UnixStream::connect(&endpoint.socket_path)
+                        .await
+                        .is_ok()
                 {
                     return Ok(None);
                 }
@@ -219,6 +243,15 @@ async fn take_lock(endpoint: &Endpoint) -> Result<Option<BusLock>, StartError> {
             }
         }
     }
+}
+
+/// Whether something listens on the profile's socket while we hold
+/// `bus.lock`: no bus can (it would hold the lock), so it is a service
+/// manager's socket unit, which [`socket::bind`] must not replace.
+async fn socket_held_by_a_manager(endpoint: &Endpoint) -> bool {
+    tokio::net::UnixStream::connect(&endpoint.socket_path)
+        .await
+        .is_ok()
 }
 
 /// Writes `bus.meta` atomically: `bus.meta.tmp` is created exclusively with
@@ -289,18 +322,37 @@ fn check_recovered(
     })
 }
 
+/// Where the bus listens: its endpoint, and the socket systemd passed, if any.
+struct Listening {
+    endpoint: Endpoint,
+    activated: Option<std::os::unix::net::UnixListener>,
+}
+
 async fn serve(
     args: Args,
-    endpoint: Endpoint,
+    listening: Listening,
     profile: profile::Profile,
     lock: BusLock,
     trigger: shutdown::ShutdownTrigger,
     shutdown: shutdown::Shutdown,
     ready: &mut ReadyPipe,
 ) -> Result<(), StartError> {
+    let Listening {
+        endpoint,
+        activated,
+    } = listening;
     write_meta(&endpoint)?;
-    socket::prepare_dir(&endpoint.socket_dir)?;
-    let std_listener = socket::bind(&endpoint.socket_path)?;
+    let owns_socket = activated.is_none();
+    let std_listener = match activated {
+        Some(l) => {
+            tracing::info!(socket = %endpoint.socket_path.display(), "socket passed by systemd");
+            l
+        }
+        None => {
+            socket::prepare_dir(&endpoint.socket_dir)?;
+            socket::bind(&endpoint.socket_path)?
+        }
+    };
     let listener = tokio::net::UnixListener::from_std(std_listener)
         .map_err(|e| format!("cannot listen on {}: {e}", endpoint.socket_path.display()))?;
 
@@ -431,8 +483,11 @@ async fn serve(
     notify::stopping(reason);
 
     // No new client may reach this bus: remove the socket first, so a client
-    // arriving now spawns a successor, which waits for our lock.
-    let _ = fs::remove_file(&endpoint.socket_path);
+    // arriving now spawns a successor, which waits for our lock. A socket
+    // systemd passed stays: systemd starts the successor on the next client.
+    if owns_socket {
+        let _ = fs::remove_file(&endpoint.socket_path);
+    }
     tracker.close();
     if tokio::time::timeout(
         connection::DRAIN_TIMEOUT + Duration::from_secs(1),

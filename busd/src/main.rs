@@ -21,6 +21,21 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Ok(args) if args.doctor || args.print_socket_path => {
+            let uid = nix::unistd::geteuid().as_raw();
+            let env = proto::paths::Env::from_process(uid);
+            match proto::paths::resolve(args.profile.as_deref(), &env) {
+                Ok(ep) if args.print_socket_path => {
+                    println!("{}", ep.socket_path.display());
+                    ExitCode::SUCCESS
+                }
+                Ok(ep) => busd::doctor::run(&ep.config_root, &ep.profile),
+                Err(e) => {
+                    eprintln!("busd: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Ok(args) => {
             // Before any thread starts: a supervised run reports `starting`.
             busd::notify::init(args.foreground, args.profile.as_deref());

@@ -6,7 +6,10 @@
 //!   recovered — a client connecting after it is served;
 //! - `STATUS=serving …` with the bus's counts, refreshed while they change
 //!   (at most every [`STATUS_INTERVAL`]), so `systemctl --user status` shows them;
-//! - `STOPPING=1` with `STATUS=stopping (<reason>)` when the shutdown starts.
+//! - `STOPPING=1` with `STATUS=stopping (<reason>)` when the shutdown starts;
+//! - `WATCHDOG=1` every half of `WATCHDOG_USEC` (a unit's `WatchdogSec=`)
+//!   from the serving thread's runtime, so a bus whose runtime is stuck
+//!   stops pinging and systemd restarts it.
 //!
 //! A bus that `dws` spawns (no `--foreground`) never notifies, even if it
 //! inherited `NOTIFY_SOCKET` from its spawner: the socket belongs to
@@ -67,12 +70,42 @@ pub fn status(text: &str) {
     send(&[NotifyState::Status(text)]);
 }
 
+/// How often to send `WATCHDOG=1` for a watchdog of `timeout`: half of it,
+/// as sd_watchdog_enabled(3) advises, but never more often than every 10 ms.
+pub fn ping_interval(timeout: Duration) -> Duration {
+    (timeout / 2).max(Duration::from_millis(10))
+}
+
+/// Sends `WATCHDOG=1` every [`ping_interval`] while the bus serves, when the
+/// service manager asked for it (`WATCHDOG_USEC`, and `WATCHDOG_PID` unset
+/// or ours). The pings run on the runtime that serves every connection and
+/// take the hub's lock, so a stuck runtime or a lock never released stops them.
+fn watchdog(hub: Hub, mut shutdown: Shutdown) {
+    let Some(timeout) = sd_notify::watchdog_enabled() else {
+        return;
+    };
+    let every = ping_interval(timeout);
+    tracing::info!(?timeout, ?every, "systemd watchdog: pinging");
+    tokio::spawn(async move {
+        loop {
+            let _ = hub.status_json(0);
+            send(&[NotifyState::Watchdog]);
+            tokio::select! {
+                _ = shutdown.recv() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    });
+}
+
 /// `READY=1` with a first `STATUS=`; then keeps the status current until the
-/// shutdown starts. Call after the socket listens (the ready pipe's `R`).
+/// shutdown starts, and pings the watchdog if one is set. Call after the
+/// socket listens (the ready pipe's `R`).
 pub fn ready(hub: &Hub, endpoint: &Endpoint, mut shutdown: Shutdown) {
     if !enabled() {
         return;
     }
+    watchdog(hub.clone(), shutdown.clone());
     let first = summary(hub, endpoint);
     send(&[NotifyState::Ready, NotifyState::Status(&first)]);
     let hub = hub.clone();
@@ -125,5 +158,17 @@ mod tests {
         // NOTIFY_SOCKET is whatever the test runner has; without
         // --foreground it never counts.
         assert!(!supervised(false));
+    }
+
+    #[test]
+    fn the_watchdog_is_pinged_at_half_its_timeout() {
+        assert_eq!(
+            ping_interval(Duration::from_secs(30)),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            ping_interval(Duration::from_micros(1)),
+            Duration::from_millis(10)
+        );
     }
 }

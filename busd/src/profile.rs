@@ -34,12 +34,48 @@ use crate::{
 };
 
 /// The file's shape. Unknown keys are errors, so a typo is reported instead
-/// of silently ignored.
+/// of silently ignored; but a profile's section is checked only when that
+/// profile is loaded, so a typo in `[profiles.other]` never stops this one.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     #[serde(default)]
-    profiles: BTreeMap<String, ProfileSection>,
+    profiles: BTreeMap<String, toml::Value>,
+}
+
+/// Parses `config.toml` at `path` (`None`: there is none) down to the
+/// profile sections, each still unchecked.
+fn parse_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    match read_config_text(path)? {
+        Some(t) => toml::from_str(&t).map_err(|e| {
+            invalid(format!(
+                "{}: {}",
+                path.display(),
+                e.to_string().replace('\n', " ").trim()
+            ))
+        }),
+        None => Ok(FileConfig::default()),
+    }
+}
+
+/// The names of the profiles `<root>/config.toml` has a section for, in
+/// order; an error only when the file as a whole cannot be read or parsed.
+pub fn profile_names(config_root: &Path) -> Result<Vec<String>, ConfigError> {
+    parse_file(&config_root.join("config.toml")).map(|f| f.profiles.into_keys().collect())
+}
+
+/// Checks one profile's section, `None` when the file has none.
+fn section_of(file: FileConfig, profile: &str, path: &Path) -> Result<ProfileSection, ConfigError> {
+    match file.profiles.into_iter().find(|(k, _)| k == profile) {
+        None => Ok(ProfileSection::default()),
+        Some((_, value)) => ProfileSection::deserialize(value).map_err(|e| {
+            invalid(format!(
+                "{}: [profiles.{profile}]: {}",
+                path.display(),
+                e.to_string().replace('\n', " ").trim()
+            ))
+        }),
+    }
 }
 
 /// A profile: its source and where its state is kept.
@@ -121,23 +157,7 @@ pub fn load_profile(
     env: &EnvOverrides,
 ) -> Result<Profile, ConfigError> {
     let path = config_root.join("config.toml");
-    let text = read_config_text(&path)?;
-    let file: FileConfig = match &text {
-        Some(t) => toml::from_str(t).map_err(|e| {
-            invalid(format!(
-                "{}: {}",
-                path.display(),
-                e.to_string().replace('\n', " ").trim()
-            ))
-        })?,
-        None => FileConfig::default(),
-    };
-    let section = file
-        .profiles
-        .into_iter()
-        .find(|(k, _)| k == profile)
-        .map(|(_, v)| v)
-        .unwrap_or_default();
+    let section = section_of(parse_file(&path)?, profile, &path)?;
     let mut r = SectionReader::new(section, env, config_root, &path, profile);
     let store = store_config(&mut r)?;
     let source = load_source(config_root, profile, env, &path, r.section)?;
@@ -238,6 +258,34 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("unknown source"));
+    }
+
+    #[test]
+    fn a_typo_in_another_profile_does_not_stop_this_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(
+            tmp.path(),
+            "[profiles.typo]\nsoruce = \"exec\"\n\n[profiles.good]\nsource = \"exec\"\ncommand = [\"cat\"]\n",
+            0o644,
+        );
+        let env = EnvOverrides::default();
+        assert!(matches!(
+            load(tmp.path(), "good", &env),
+            Ok(SourceConfig::Exec(_))
+        ));
+        assert!(matches!(
+            load(tmp.path(), "default", &env),
+            Ok(SourceConfig::Local)
+        ));
+        let err = load(tmp.path(), "typo", &env).unwrap_err().to_string();
+        assert!(
+            err.contains("[profiles.typo]") && err.contains("soruce"),
+            "{err}"
+        );
+        assert_eq!(profile_names(tmp.path()).unwrap(), vec!["good", "typo"]);
+        // The file's own shape is still checked as a whole.
+        write(tmp.path(), "[profile.good]\n", 0o644);
+        assert!(load(tmp.path(), "good", &env).is_err());
     }
 
     #[test]

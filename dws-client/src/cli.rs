@@ -63,6 +63,7 @@ pub enum EventCmd {
     Status(StatusArgs),
     Stop(StopArgs),
     Restart(RestartArgs),
+    Doctor(DoctorArgs),
     Subscribe(SubscribeArgs),
     Unsubscribe(UnsubscribeArgs),
     /// Operator verbs on one subscription: restart, skip, disable, enable,
@@ -445,6 +446,23 @@ pub struct StopArgs {
 #[derive(Debug, Args)]
 pub struct RestartArgs {
     /// text: one line; json: {"old": {pid, version} or null, "new": {pid, version}}.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+/// Check what the bus needs: directories, configuration, secrets, the bus, the store, the upstream.
+///
+/// One line per check: ok, warn or fail, what was found and what to do.
+/// Checks the runtime (socket) directory and the work directory, every
+/// profile of config.toml on its own with the secret files it names (one
+/// bad profile does not hide the others), a stale bus (bus.lock held but no
+/// answer on the socket; a socket with no process), the disk store (FORMAT,
+/// damaged ranges of a running bus) and whether a DingTalk source's
+/// endpoints accept a TCP connection (a warning only). Exit 1 when a check
+/// failed (with an Error: line), 0 otherwise. Starts no bus.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// text: one line per check; json: {"ok", "profile", "checks": [{check, profile, status, message, hint}]}.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
     pub format: TextOrJson,
 }

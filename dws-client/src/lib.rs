@@ -7,7 +7,7 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`], [`restart`]: the other subcommands; [`metrics`]: status
+//! - [`status`], [`commands`], [`restart`], [`doctor`]: the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
 //! - [`validate`]: flag checks shared by the commands;
 //! - [`docs`]: completion scripts and man pages from the clap definitions.
@@ -20,6 +20,7 @@ pub mod cli;
 pub mod commands;
 pub mod consume;
 pub mod docs;
+pub mod doctor;
 pub mod exit;
 pub mod metrics;
 pub mod output;
@@ -209,6 +210,7 @@ fn run(cli: Cli) -> Result<()> {
         EventCmd::Status(args) => runtime.block_on(status::run(args, &endpoint)),
         EventCmd::Stop(args) => runtime.block_on(commands::stop(args, &endpoint)),
         EventCmd::Restart(args) => runtime.block_on(restart::restart(args, &endpoint)),
+        EventCmd::Doctor(args) => runtime.block_on(doctor::run(args, &endpoint)),
         EventCmd::Subscribe(args) => runtime.block_on(commands::subscribe(args, &endpoint)),
         EventCmd::Unsubscribe(args) => runtime.block_on(commands::unsubscribe(args, &endpoint)),
         EventCmd::Subscription(verb) => runtime.block_on(subscription::run(verb, &endpoint)),

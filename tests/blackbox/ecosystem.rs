@@ -15,8 +15,8 @@
 //! - **systemd**: `busd --foreground` with `NOTIFY_SOCKET` sends `STATUS=`
 //!   lines, `READY=1` once its socket accepts connections, `STOPPING=1` on
 //!   SIGTERM, runs without an idle timeout unless one is given, and serves
-//!   `dws` like a spawned bus; a spawned bus never notifies; the unit file
-//!   passes `systemd-analyze verify`.
+//!   `dws` like a spawned bus; a spawned bus never notifies (socket
+//!   activation, the watchdog and the units: `service.rs`).
 //! - **examples**: `examples/python/consume.py` and `examples/node/consume.mjs`
 //!   against a real bus: ready, events, stop by SIGTERM and by closing stdin,
 //!   and the action for each exit (limit, timeout, signal, bus_shutdown,
@@ -784,49 +784,7 @@ fn an_explicit_idle_timeout_wins_and_a_spawned_bus_never_notifies() {
     );
 }
 
-#[test]
-fn the_user_unit_passes_systemd_analyze_verify() {
-    let unit = std::fs::read_to_string(repo().join("contrib/systemd/dws-bus@.service"))
-        .expect("contrib/systemd/dws-bus@.service");
-    for want in [
-        "Type=notify",
-        "ExecStart=%h/.cargo/bin/busd --foreground --profile %i",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "ReadWritePaths=%h/.dws %t",
-    ] {
-        assert!(unit.lines().any(|l| l == want), "the unit has {want:?}");
-    }
-    assert!(
-        !unit.lines().any(|l| l.starts_with("PrivateTmp=")),
-        "no PrivateTmp=: a socket that falls back to /tmp must stay visible to dws"
-    );
-    let Some(analyze) = tool("systemd-analyze") else {
-        return;
-    };
-    let env = TestEnv::new();
-    // %h/.cargo/bin/busd must exist for verify; %t must be set.
-    let bin = env.home_dir().join(".cargo/bin");
-    std::fs::create_dir_all(&bin).expect("mkdir");
-    std::os::unix::fs::symlink(dws_tests::busd_bin(), bin.join("busd")).expect("symlink busd");
-    let dir = env.root().join("units");
-    std::fs::create_dir(&dir).expect("mkdir");
-    let instance = dir.join("dws-bus@default.service");
-    std::fs::write(&instance, &unit).expect("write the unit");
-    let out = Command::new(analyze)
-        .args(["--user", "--man=no", "verify"])
-        .arg(&instance)
-        .env("HOME", env.home_dir())
-        .env("XDG_RUNTIME_DIR", env.run_dir())
-        .output()
-        .expect("run systemd-analyze");
-    assert!(
-        out.status.success() && out.stderr.is_empty() && out.stdout.is_empty(),
-        "systemd-analyze verify: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+// The units and `systemd-analyze verify`: `service.rs`.
 
 // ------------------------------------------------------------------ operators
 

@@ -73,6 +73,9 @@
 //!   Schemas against real output, `busd --foreground` under a fake systemd
 //!   (`NOTIFY_SOCKET`) and the unit file, the Python and Node examples,
 //!   `status --watch`, `bus.log` as JSON.
+//! - [`service`]: the bus under systemd (socket activation that outlives
+//!   `dws event stop`, the watchdog, the installed units) and
+//!   `dws event doctor`.
 
 mod acks;
 mod bounds;
@@ -93,6 +96,7 @@ mod limits;
 mod personal;
 mod postgres;
 mod repo;
+mod service;
 mod slow;
 mod sources;
 mod spawn;

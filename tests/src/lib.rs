@@ -38,7 +38,11 @@ use std::{
     fmt,
     fs::File,
     io::{Read, Write},
-    os::unix::{ffi::OsStrExt, fs::PermissionsExt, process::ExitStatusExt},
+    os::unix::{
+        ffi::OsStrExt,
+        fs::PermissionsExt,
+        process::{CommandExt, ExitStatusExt},
+    },
     path::{Path, PathBuf},
     process::{ChildStdin, Command, Stdio},
     sync::{Arc, Condvar, Mutex},
@@ -316,6 +320,7 @@ impl TestEnv {
             merge_output: false,
             close_stdout_after: None,
             log_path: self.bus_log_path(),
+            listen_fd: None,
         }
     }
 
@@ -523,9 +528,27 @@ pub struct Cmd {
     merge_output: bool,
     close_stdout_after: Option<usize>,
     log_path: PathBuf,
+    listen_fd: Option<std::os::fd::RawFd>,
 }
 
 impl Cmd {
+    /// Socket activation as systemd does it: `fd` (a listening socket the
+    /// test keeps open) becomes the process's fd 3, with `LISTEN_FDS=1` and
+    /// `LISTEN_PID` set to the process's own pid (through `sh -c 'exec …'`,
+    /// so the pid is known before the exec).
+    pub fn listen_fd(mut self, fd: std::os::fd::RawFd) -> Self {
+        let program = std::mem::replace(&mut self.program, PathBuf::from("/bin/sh"));
+        let mut args: Vec<OsString> = vec![
+            "-c".into(),
+            "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\"".into(),
+            program.into_os_string(),
+        ];
+        args.append(&mut self.args);
+        self.args = args;
+        self.listen_fd = Some(fd);
+        self
+    }
+
     /// stdin is `/dev/null` (the default): does not arm the stdin-EOF rule.
     pub fn stdin_null(mut self) -> Self {
         self.stdin = StdinMode::Null;
@@ -603,6 +626,23 @@ impl Cmd {
             StdinMode::Null => Stdio::null(),
             _ => Stdio::piped(),
         });
+        if let Some(fd) = self.listen_fd {
+            // SAFETY: between fork and exec only dup2 and fcntl run, both
+            // async-signal-safe; `fd` stays open in the test meanwhile.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if fd == 3 {
+                        nix::fcntl::fcntl(
+                            3,
+                            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                        )?;
+                    } else if nix::libc::dup2(fd, 3) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut merged_read = None;
         if self.merge_output {
             let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe2");
