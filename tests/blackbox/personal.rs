@@ -11,7 +11,8 @@
 //! showing up anywhere.
 //!
 //! Submodules: [`frames`] (the reference's frame gate: spellings, acks,
-//! unroutable frames, embedded tickets, keepalive), [`control`] (create
+//! unroutable frames, embedded tickets, keepalive), [`session`] (ping,
+//! `disconnect`, drops, backoff), [`control`] (create
 //! bodies, headers, the idempotency key, errors, ticket modes), [`auth`]
 //! (token refresh, secrets).
 //!
@@ -24,6 +25,7 @@
 mod auth;
 mod control;
 mod frames;
+mod session;
 
 use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, time::Duration};
 

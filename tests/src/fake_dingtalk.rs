@@ -134,6 +134,10 @@ pub struct FakeState {
     open_faults: VecDeque<OpenFault>,
     open_delay: Duration,
     reject_handshakes: u32,
+    /// The gateway's per-user limit of live connections (a draining one
+    /// counts until it is closed): a handshake over it is refused with
+    /// HTTP 403 `tooManyConnections`.
+    max_live_conns: Option<usize>,
     endpoint_path: String,
     tickets: HashMap<String, Ticket>,
     senders: HashMap<u64, mpsc::UnboundedSender<ConnCmd>>,
@@ -323,6 +327,7 @@ impl FakeDingTalk {
                 open_faults: VecDeque::new(),
                 open_delay: Duration::ZERO,
                 reject_handshakes: 0,
+                max_live_conns: None,
                 endpoint_path: "/connect".into(),
                 tickets: HashMap::new(),
                 senders: HashMap::new(),

@@ -49,6 +49,13 @@ impl FakeDingTalk {
         self.shared.update(|s| s.reject_handshakes += n);
     }
 
+    /// At most `n` live connections at once (the user's or the app's
+    /// limit): a handshake over it is refused with HTTP 403 and its ticket
+    /// spent. A connection that received `disconnect` counts until closed.
+    pub fn limit_live_connections(&self, n: usize) {
+        self.shared.update(|s| s.max_live_conns = Some(n));
+    }
+
     // ------------------------------------------------------------ pushes
 
     /// Pushes an EVENT (topic `*`); returns its `messageId`. It goes to the

@@ -15,7 +15,8 @@
 //!   mode (`internal/event/source/personal.go` `handleFrame`): every frame
 //!   is acked 200 with the SUCCESS data and an empty message, whatever its
 //!   `type` (which is never looked at, except that `SYSTEM ping` is only
-//!   acked and `SYSTEM disconnect` starts a replacement connection); every
+//!   acked and `SYSTEM disconnect` ends the connection once the server
+//!   closes it); every
 //!   other frame is offered as an event; one that cannot be routed is
 //!   still acked 200 and counted unroutable (per reason). Any JSON object
 //!   is a frame ([`frame::parse_lenient`]); anything else is skipped and
