@@ -14,7 +14,8 @@
 //! unroutable frames, embedded tickets, keepalive), [`session`] (ping,
 //! `disconnect`, drops, backoff), [`control`] (create
 //! bodies, headers, the idempotency key, errors, ticket modes), [`auth`]
-//! (token refresh, secrets).
+//! (token refresh, secrets), [`refresh`] (the refresh body, the file lock
+//! shared with other processes).
 //!
 //! Each test has its own fake and its own [`TestEnv`]; the bus reads its
 //! token from a 0600 file next to `config.toml`. Backoff is shortened with
@@ -25,6 +26,7 @@
 mod auth;
 mod control;
 mod frames;
+mod refresh;
 mod session;
 
 use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, time::Duration};

@@ -272,6 +272,8 @@ struct Shared {
     changed: Condvar,
     /// Personal ticket requests wait while this is `true`.
     tickets_held: tokio::sync::watch::Sender<bool>,
+    /// Refresh calls wait while this is `true`.
+    refreshes_held: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -338,6 +340,7 @@ impl FakeDingTalk {
             }),
             changed: Condvar::new(),
             tickets_held: tokio::sync::watch::channel(false).0,
+            refreshes_held: tokio::sync::watch::channel(false).0,
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let sh = shared.clone();

@@ -11,7 +11,13 @@
 //!   rotated refresh token — back to their files atomically (a 0600 temp
 //!   file, fsync, rename, fsync of the directory), or keeps them in memory
 //!   when they came from the environment or the config file. One refresh at
-//!   a time; callers rejected with the same token share it.
+//!   a time; callers rejected with the same token share it. Across
+//!   processes too, like the reference's `lockedRefresh`: the refresh runs
+//!   under the file lock of [`refresh_lock`] and first re-reads the token
+//!   (another process may have refreshed it meanwhile); a refresh token
+//!   refused as spent (`invalidParameter.authCode.notFound`) makes it
+//!   re-read the token files — a newer access token is used, a newer
+//!   refresh token tried once — before the failure is final.
 //! - Once a refresh told the token's lifetime, [`Credentials::usable_token`]
 //!   refreshes ahead of expiry (5 minutes before it, like the reference's
 //!   `TokenData.IsAccessTokenValid`, or half the lifetime when that is
@@ -21,14 +27,14 @@ use std::{
     fs::{File, OpenOptions},
     io::Write,
     os::unix::fs::OpenOptionsExt,
-    path::Path,
+    path::{Path, PathBuf},
     sync::Mutex,
     time::{Duration, Instant},
 };
 
 use super::{
     config::{RefreshConfig, TokenSource, UserAuth},
-    oauth,
+    oauth, refresh_lock,
 };
 use crate::{
     section::Secret,
@@ -190,11 +196,19 @@ impl Credentials {
                 .state()
                 .refresh_at
                 .is_some_and(|at| Instant::now() >= at);
-            if still_due {
+            if let (true, Ok(current)) = (still_due, self.token()) {
                 tracing::info!("personal: the access token expires soon: refreshing it");
-                if let Err(e) = self.refresh_now().await {
-                    tracing::warn!(error = %self.scrub().clean(&e.message), "personal: refreshing the access token ahead of expiry failed");
-                    self.state().refresh_at = Some(Instant::now() + RETRY_EARLY_REFRESH);
+                match self.refresh_locked(&current).await {
+                    Ok((_, true)) => {}
+                    Ok((_, false)) => {
+                        // Another process refreshed it: its lifetime is
+                        // unknown here.
+                        self.state().refresh_at = None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %self.scrub().clean(&e.message), "personal: refreshing the access token ahead of expiry failed");
+                        self.state().refresh_at = Some(Instant::now() + RETRY_EARLY_REFRESH);
+                    }
                 }
             }
         }
@@ -216,49 +230,79 @@ impl Credentials {
         if self.refresher.is_none() {
             return Refreshed::NoRefreshToken;
         }
-        match self.refresh_now().await {
-            Ok(token) => Refreshed::Token {
-                token,
-                refreshed: true,
-            },
+        match self.refresh_locked(rejected).await {
+            Ok((token, refreshed)) => Refreshed::Token { token, refreshed },
             Err(e) => Refreshed::Failed(oauth::RefreshError {
                 message: self.scrub().clean(&e.message),
-                transient: e.transient,
+                ..e
             }),
         }
     }
 
-    /// Refreshes now (the caller holds `refreshing`) and stores the result.
-    async fn refresh_now(&self) -> Result<Secret, oauth::RefreshError> {
+    /// The reference's `lockedRefresh` (the caller holds `refreshing`):
+    /// under the file lock next to the token files, a token other than
+    /// `stale` found there is used as is (`false`: another process
+    /// refreshed it); otherwise the bus refreshes (`true`). A refresh token
+    /// refused as spent is re-read: a newer access token, or one more
+    /// refresh with a newer refresh token, before giving up.
+    async fn refresh_locked(&self, stale: &Secret) -> Result<(Secret, bool), oauth::RefreshError> {
+        let _file = match self.lock_path() {
+            Some(p) => Some(
+                refresh_lock::acquire(&p)
+                    .await
+                    .map_err(oauth::RefreshError::transient)?,
+            ),
+            None => None,
+        };
+        let newer = |c: &Credentials| c.token().ok().filter(|t| t != stale);
+        if let Some(t) = newer(self) {
+            return Ok((t, false));
+        }
+        let used = self.current_refresh_token()?;
+        match self.refresh_now(&used).await {
+            Err(e) if e.spent => {
+                if let Some(t) = newer(self) {
+                    tracing::info!("personal: the refresh token was spent elsewhere; using the access token found on file");
+                    return Ok((t, false));
+                }
+                match self.current_refresh_token() {
+                    Ok(again) if again != used => {
+                        tracing::info!("personal: the refresh token was rotated elsewhere; refreshing with the new one");
+                        self.refresh_now(&again).await.map(|t| (t, true))
+                    }
+                    _ => Err(e),
+                }
+            }
+            r => r.map(|t| (t, true)),
+        }
+    }
+
+    /// Where the refresh lock is: next to the refresh token's file, or the
+    /// access token's; none when neither is a file.
+    fn lock_path(&self) -> Option<PathBuf> {
+        let file = self
+            .refresher
+            .as_ref()
+            .and_then(|r| r.cfg.refresh_token.file())
+            .or_else(|| self.access.file())?;
+        Some(refresh_lock::lock_path(file))
+    }
+
+    fn current_refresh_token(&self) -> Result<Secret, oauth::RefreshError> {
+        match self.refresh_token() {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(message)) => Err(oauth::RefreshError::fatal(message)),
+            None => Err(oauth::RefreshError::fatal("no refresh token")),
+        }
+    }
+
+    /// Refreshes now with `refresh_token` (the caller holds the locks) and
+    /// stores the result.
+    async fn refresh_now(&self, refresh_token: &Secret) -> Result<Secret, oauth::RefreshError> {
         let Some(r) = &self.refresher else {
-            return Err(oauth::RefreshError {
-                message: "no refresh token".into(),
-                transient: false,
-            });
+            return Err(oauth::RefreshError::fatal("no refresh token"));
         };
-        let refresh_token = match self.refresh_token() {
-            Some(Ok(t)) => t,
-            Some(Err(message)) => {
-                return Err(oauth::RefreshError {
-                    message,
-                    transient: false,
-                })
-            }
-            None => {
-                return Err(oauth::RefreshError {
-                    message: "no refresh token".into(),
-                    transient: false,
-                })
-            }
-        };
-        let grant = oauth::refresh(
-            &r.http,
-            &r.url,
-            &r.cfg.client_id,
-            r.cfg.client_secret.as_ref(),
-            &refresh_token,
-        )
-        .await?;
+        let grant = oauth::refresh(&r.http, &r.url, &r.cfg.client_id, refresh_token).await?;
         self.learn(&grant.access_token);
         if let Some(t) = &grant.refresh_token {
             self.learn(t);

@@ -145,6 +145,12 @@ pub(in crate::fake_dingtalk) async fn handle_refresh(
     shared: Arc<Shared>,
     req: HttpRequest,
 ) {
+    let mut held = shared.refreshes_held.subscribe();
+    if *held.borrow() {
+        shared.update(|s| s.personal.refreshes_waiting += 1);
+        let _ = tokio::time::timeout(Duration::from_secs(60), held.wait_for(|h| !*h)).await;
+        shared.update(|s| s.personal.refreshes_waiting -= 1);
+    }
     let (status, body) = shared.update(|s| {
         let (status, answer, issued) = match s.personal.refresh_faults.pop_front() {
             Some((st, b)) => (st, b, None),
@@ -174,10 +180,14 @@ fn refresh(s: &mut FakeState, req: &HttpRequest) -> Answer {
             None,
         );
     }
-    if body.get("clientSecret").is_some() && text("clientSecret") != s.options.client_secret {
+    if body.get("clientSecret").is_some() {
+        // `refreshViaMCP` sends clientId, refreshToken and grantType only.
         return (
-            401,
-            envelope_error("INVALID_APP", "client secret refused"),
+            400,
+            envelope_error(
+                "INVALID_PARAM",
+                "clientSecret is not a parameter of the MCP refresh",
+            ),
             None,
         );
     }
