@@ -221,10 +221,11 @@ fn the_user_token_never_shows_up_anywhere() {
     let fake = FakeDingTalk::start();
     fake.set_user_token(CANARY);
     let env = env_with(&fake, 0, &[("DWS_BUS_LOG", "debug")]);
-    // A ticket 401 that echoes the token (then a refreshed retry succeeds).
+    // A ticket 503 that echoes the token (then the retry succeeds; a 401
+    // would end the source: there is no refresh token).
     fake.fail_next_tickets(
         1,
-        401,
+        503,
         &format!(r#"{{"errorCode":"UNAUTHORIZED","errorMsg":"bad token {CANARY}"}}"#),
     );
     let mut c = consumer(&env, &["user_im_message_receive_at"]);

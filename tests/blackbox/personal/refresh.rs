@@ -172,3 +172,20 @@ fn a_refresh_refused_as_spent_re_reads_the_token_files_before_giving_up() {
     assert_eq!(st["source"]["state"], "connected", "{st:#}");
     finish(c, 0);
 }
+
+/// An empty token file is fatal, like the reference's
+/// `resolveSourceAccessToken` (an empty token from the provider): the
+/// source is lost at the next ticket, not retried forever.
+#[test]
+fn an_empty_token_file_ends_the_source() {
+    let fake = FakeDingTalk::start();
+    let env = env(&fake);
+    let c = consumer(&env, &[AT]);
+    fake.wait_connected(T);
+    write_token(&env, "");
+    fake.drop_tcp();
+    let out = c.wait_exit(T);
+    let lost = out.assert_source_lost();
+    assert!(lost.contains("empty"), "{lost}\n{out}");
+    env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit after losing its source");
+}
