@@ -7,7 +7,7 @@
 //! - `filterRule`: the rule parameter as a JSON *string*: `{}` (at, all),
 //!   `{"targetUid","targetUidType"}` (singleChat, sender),
 //!   `{"openConversationId"}` (group).
-//! - `ext.filter`: the `--filter-json` object (field aliases mapped), the
+//! - `ext.filter`: the `--filter-json` value (any JSON; field aliases mapped), the
 //!   content terms (`contains_any` over `payload.body.content`), or both
 //!   under `and` — in that order.
 //! - `ext.idempotencyKey`: `dws-cli-` + 8 bytes of SHA-256 over
@@ -232,11 +232,9 @@ impl CreateRequest {
         // then the content terms (its `--query` is comma-separated).
         let mut filters = vec![];
         if !spec.filter_json.trim().is_empty() {
+            // Any JSON value, as the reference takes it.
             let mut f: Value = serde_json::from_str(&spec.filter_json)
                 .map_err(|e| format!("invalid --filter-json: {e}"))?;
-            if !f.is_object() {
-                return Err("--filter-json must be a JSON object".into());
-            }
             map_field_aliases(&mut f);
             filters.push(f);
         }
@@ -448,7 +446,7 @@ mod tests {
             (
                 keys("k"),
                 UpstreamSpec {
-                    filter_json: "[1]".into(),
+                    filter_json: "[1".into(),
                     ..spec("at")
                 },
             ),
