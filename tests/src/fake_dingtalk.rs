@@ -138,6 +138,9 @@ pub struct FakeState {
     /// counts until it is closed): a handshake over it is refused with
     /// HTTP 403 `tooManyConnections`.
     max_live_conns: Option<usize>,
+    /// The scheme and authority of the WebSocket endpoint handed out
+    /// (default `ws://127.0.0.1:<port>`): a TLS front's `wss://…`.
+    ws_base: Option<String>,
     endpoint_path: String,
     tickets: HashMap<String, Ticket>,
     senders: HashMap<u64, mpsc::UnboundedSender<ConnCmd>>,
@@ -184,6 +187,15 @@ impl FakeState {
     /// Pushed EVENTs not acked yet (nor given up after a diagnostic ack).
     pub fn unacked(&self) -> usize {
         self.outbox.iter().filter(|o| !o.settled()).count()
+    }
+
+    /// The WebSocket endpoint handed out with a ticket.
+    fn endpoint(&self) -> String {
+        let base = self
+            .ws_base
+            .clone()
+            .unwrap_or_else(|| format!("ws://{}", self.local));
+        format!("{base}{}", self.endpoint_path)
     }
 
     fn conn_mut(&mut self, id: u64) -> Option<&mut ConnRecord> {
@@ -330,6 +342,7 @@ impl FakeDingTalk {
                 open_delay: Duration::ZERO,
                 reject_handshakes: 0,
                 max_live_conns: None,
+                ws_base: None,
                 endpoint_path: "/connect".into(),
                 tickets: HashMap::new(),
                 senders: HashMap::new(),

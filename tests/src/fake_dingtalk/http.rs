@@ -190,7 +190,7 @@ async fn handle_open(mut stream: TcpStream, shared: Arc<Shared>, body: Vec<u8>) 
                 Err((st, b)) => (st, Some(b)),
                 Ok(()) => {
                     let t = new_uuid();
-                    let endpoint = format!("ws://{}{}", s.local, s.endpoint_path);
+                    let endpoint = s.endpoint();
                     s.tickets.insert(
                         t.clone(),
                         Ticket {

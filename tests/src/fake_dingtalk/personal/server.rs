@@ -124,7 +124,7 @@ fn ticket(s: &mut FakeState, req: &HttpRequest) -> Answer {
             used: false,
         },
     );
-    let base = format!("ws://{}{}", s.local, s.endpoint_path);
+    let base = s.endpoint();
     let pair = if s.personal.ticket_in_endpoint && !portal {
         let sep = if base.contains('?') { '&' } else { '?' };
         json!({"endpoint": format!("{base}{sep}ticket={t}"), "ticket": format!("decoy-{}", new_uuid())})
