@@ -141,7 +141,7 @@ pub fn settings(r: &mut SectionReader<'_>) -> Result<DingTalkConfig, ConfigError
             Some(PortalConfig {
                 mode,
                 ticket_url,
-                source_id: user_config::source_id(r),
+                source_id: user_config::portal_source_id(r, &base),
                 auth,
             })
         }
@@ -545,6 +545,24 @@ mod tests {
             )
         );
         assert_eq!(d.keepalive, Duration::ZERO, "no pings, like the reference");
+        // A pre-mcp base defaults to the reference's pre_open_source.
+        for (base, extra, want) in [
+            ("https://pre-mcp.dingtalk.com", "", "pre_open_source"),
+            ("https://PRE-MCP.example.com/x", "", "pre_open_source"),
+            (
+                "https://pre-mcp.dingtalk.com",
+                "source_id = \"mine\"\n",
+                "mine",
+            ),
+            ("https://mcp.dingtalk.com", "", "open"),
+        ] {
+            let d = load_dingtalk(
+                tmp.path(),
+                &format!("stream_ticket_mode = \"normal\"\naccess_token = \"t\"\nmcp_base = \"{base}\"\n{extra}"),
+            )
+            .unwrap();
+            assert_eq!(d.portal.unwrap().source_id, want, "{base} {extra}");
+        }
         // custom needs the app's credentials.
         let e = load_dingtalk(
             tmp.path(),
