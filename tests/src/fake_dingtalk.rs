@@ -5,14 +5,16 @@
 //!
 //! One listener on `127.0.0.1:<port>` serves:
 //!
-//! - `POST /v1.0/gateway/connections/open`: checks `clientId`,
+//! - `POST /v1.0/gateway/connections/open`: requires `Accept:
+//!   application/json` (else 406), checks `clientId`,
 //!   `clientSecret` and `subscriptions` (extra fields and `SYSTEM` entries
 //!   accepted), answers `{endpoint, ticket}` with a UUID ticket and an
 //!   endpoint `ws://127.0.0.1:<port>/connect` (path and query configurable);
 //!   wrong credentials → 401 `authFailed`, a bad body → 400 `systemError`.
 //! - `GET <endpoint path>?ticket=…` (WebSocket): the ticket must be known,
 //!   unused and younger than its TTL (90 s), else the upgrade is refused
-//!   with HTTP 401.
+//!   with HTTP 401; over the per-user limit of live connections
+//!   ([`FakeDingTalk::limit_live_connections`]) with HTTP 403.
 //! - `POST /stream/connections/ticket`, `POST /dws/subscription/user`,
 //!   `GET /dws/event/sublist`, `POST /dws/subscription/cancel`: the personal
 //!   stream ([`personal`]).
@@ -24,8 +26,10 @@
 //! Frames follow the strictest common denominator of the official clients:
 //! upper-case `type`, every header value a string, always `messageId`,
 //! `contentType: application/json` and `time`, EVENT `topic` `*`, `data` a
-//! string. EVENTs are tracked until acked with code 200 and no `LATER`
-//! status: pushed while no connection is live they wait for one; still
+//! string. An ack must have `headers.contentType: application/json` and a
+//! string `data` (the SDKs' shape; anything else is a bad frame that
+//! settles nothing). EVENTs are tracked until acked with code 200 and no
+//! `LATER` status: pushed while no connection is live they wait for one; still
 //! unacked when their connection ends (or after the ack timeout) they are
 //! redelivered — same `messageId`, same `eventId` — on the newest live
 //! connection. A connection that received `disconnect` gets no more pushes

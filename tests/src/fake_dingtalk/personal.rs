@@ -10,7 +10,9 @@
 //!   and `mode` `normal`|`custom` (else 400). A body with `channelType` is
 //!   the app stream's portal mode (`channelType` must repeat `sourceId`);
 //!   otherwise `X-DWS-Client-Id` must not be empty (else 400
-//!   `CLIENT_ID_REQUIRED`). `custom` requires the app's `clientId` and
+//!   `CLIENT_ID_REQUIRED`), `Authorization: Bearer <token>` must be sent
+//!   (else 401) and `X-DWS-Source-Id` must repeat `sourceId` (else 400);
+//!   both need `Accept: application/json` (else 406). `custom` requires the app's `clientId` and
 //!   `clientSecret`. Answers `{"success":true,"result":{endpoint,ticket}}`
 //!   (or under `data`, or bare: [`TicketShape`]); optionally with the ticket
 //!   embedded in the endpoint and a decoy in `ticket`

@@ -349,11 +349,19 @@ fn record_ack(shared: &Arc<Shared>, conn: u64, text: &str) {
         status,
         raw: text.to_owned(),
     };
+    // The shape every client sends (the SDKs' `DataFrameResponse`):
+    // `headers.contentType` `application/json` and `data` a string.
+    let shaped = ack.content_type == "application/json" && v["data"].is_string();
     shared.update(|st| {
-        if ack.message_id.is_empty() {
+        if ack.message_id.is_empty() || !shaped {
             if let Some(c) = st.conn_mut(conn) {
                 c.bad_frames += 1;
             }
+        }
+        if !shaped {
+            // Not an ack the gateway takes: recorded, never settles.
+            st.acks.push(ack);
+            return;
         }
         st.log(|| {
             format!(

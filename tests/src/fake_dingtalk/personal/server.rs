@@ -98,6 +98,26 @@ fn ticket(s: &mut FakeState, req: &HttpRequest) -> Answer {
         let e = envelope_error("CLIENT_ID_REQUIRED", "X-DWS-Client-Id is required");
         return (400, e, None);
     }
+    // The reference's personal ticket call also sends `Authorization:
+    // Bearer`, `X-DWS-Source-Id` and `Accept` (personal.go:262-267).
+    if !portal {
+        let bearer = format!("Bearer {}", s.options.user_token);
+        if req.header("authorization") != Some(bearer.as_str()) {
+            let e = envelope_error("UNAUTHORIZED", "Authorization: Bearer <token> is required");
+            return (401, e, None);
+        }
+        if req.header("x-dws-source-id") != Some(text("sourceId")) {
+            let e = envelope_error("INVALID_PARAM", "X-DWS-Source-Id must repeat sourceId");
+            return (400, e, None);
+        }
+    }
+    if !req
+        .header("accept")
+        .is_some_and(|a| a.contains("application/json"))
+    {
+        let e = envelope_error("INVALID_PARAM", "Accept: application/json is required");
+        return (406, e, None);
+    }
     if mode == "custom" {
         if text("clientId").is_empty() || text("clientSecret").is_empty() {
             let e = envelope_error(
