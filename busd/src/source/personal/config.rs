@@ -86,9 +86,10 @@ impl TicketMode {
 pub struct RefreshConfig {
     pub refresh_token: TokenSource,
     /// `POST` here: `{"clientId","refreshToken","grantType":"refresh_token"}`
-    /// (+ `clientSecret` when one is configured).
+    /// (never the client secret).
     pub oauth_url: String,
     pub client_id: String,
+    /// Only redacted: the MCP refresh does not take it.
     pub client_secret: Option<Secret>,
 }
 

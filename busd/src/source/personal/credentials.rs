@@ -17,7 +17,10 @@
 //!   (another process may have refreshed it meanwhile); a refresh token
 //!   refused as spent (`invalidParameter.authCode.notFound`) makes it
 //!   re-read the token files — a newer access token is used, a newer
-//!   refresh token tried once — before the failure is final.
+//!   refresh token tried once — before the failure is final. A failed
+//!   refresh of a rejected token is not retried for that token within 3 s
+//!   (the reference's `rejectedTokenRefreshFailureCooldown`); callers get
+//!   the same failure.
 //! - Once a refresh told the token's lifetime, [`Credentials::usable_token`]
 //!   refreshes ahead of expiry (5 minutes before it, like the reference's
 //!   `TokenData.IsAccessTokenValid`, or half the lifetime when that is
@@ -46,6 +49,9 @@ const REFRESH_AHEAD: Duration = Duration::from_secs(300);
 /// After a failed early refresh, the next one is tried this much later
 /// (the reference's `rejectedTokenRefreshFailureCooldown`).
 const RETRY_EARLY_REFRESH: Duration = Duration::from_secs(3);
+/// After a failed refresh of a rejected token, the same token gets that
+/// failure again for this long without a call (`force_refresh.go:30`).
+const REJECTED_REFRESH_COOLDOWN: Duration = Duration::from_secs(3);
 
 /// What [`Credentials::refresh_rejected`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +81,9 @@ struct State {
     refresh: Option<Secret>,
     /// When the access token should be refreshed, if its lifetime is known.
     refresh_at: Option<Instant>,
+    /// The last failed refresh of a rejected token: when, which token,
+    /// why (the reference's cooldown).
+    failed: Option<(Instant, Secret, oauth::RefreshError)>,
 }
 
 pub struct Credentials {
@@ -230,12 +239,28 @@ impl Credentials {
         if self.refresher.is_none() {
             return Refreshed::NoRefreshToken;
         }
+        // The reference's `rejectedTokenRefreshFailureCooldown`: the same
+        // rejected token is not refreshed again within 3 s of a failure.
+        let recent =
+            self.state().failed.clone().filter(|(at, token, _)| {
+                at.elapsed() < REJECTED_REFRESH_COOLDOWN && token == rejected
+            });
+        if let Some((_, _, e)) = recent {
+            return Refreshed::Failed(e);
+        }
         match self.refresh_locked(rejected).await {
-            Ok((token, refreshed)) => Refreshed::Token { token, refreshed },
-            Err(e) => Refreshed::Failed(oauth::RefreshError {
-                message: self.scrub().clean(&e.message),
-                ..e
-            }),
+            Ok((token, refreshed)) => {
+                self.state().failed = None;
+                Refreshed::Token { token, refreshed }
+            }
+            Err(e) => {
+                let e = oauth::RefreshError {
+                    message: self.scrub().clean(&e.message),
+                    ..e
+                };
+                self.state().failed = Some((Instant::now(), rejected.clone(), e.clone()));
+                Refreshed::Failed(e)
+            }
         }
     }
 
@@ -450,5 +475,59 @@ mod tests {
         assert_eq!(mode, 0o600);
         let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "no temp file left behind");
+    }
+
+    /// The reference's cooldown: a rejected token whose refresh failed is
+    /// not refreshed again for 3 s; callers get that failure.
+    #[tokio::test]
+    async fn a_failed_refresh_of_a_rejected_token_cools_down() {
+        use dws_tests::fake_dingtalk::FakeDingTalk;
+
+        use crate::source::{personal::config::RefreshConfig, stream};
+
+        let fake = FakeDingTalk::start();
+        let tmp = tempfile::tempdir().unwrap();
+        let (access, refresh) = (tmp.path().join("token"), tmp.path().join("refresh"));
+        private(&access, &fake.user_token());
+        private(&refresh, &fake.refresh_token());
+        let auth = UserAuth {
+            access_token: TokenSource::File(access),
+            refresh: Some(RefreshConfig {
+                refresh_token: TokenSource::File(refresh),
+                oauth_url: format!("{}/oauth2/refreshToken", fake.base_url()),
+                client_id: "cid".into(),
+                client_secret: None,
+            }),
+        };
+        let tls = net::tls_config().unwrap();
+        let http = net::http_client(&tls, &stream::user_agent(), Duration::from_secs(10)).unwrap();
+        let c = Credentials::with_refresh(&auth, &http).unwrap();
+        let rejected = c.token().unwrap();
+        fake.fail_next_refreshes(2, 503, "{}");
+        for _ in 0..2 {
+            let r = c.refresh_rejected(&rejected).await;
+            assert!(matches!(&r, Refreshed::Failed(e) if e.transient), "{r:?}");
+        }
+        assert_eq!(
+            fake.refreshes().len(),
+            1,
+            "the second caller got the cooled-down failure"
+        );
+        tokio::time::sleep(REJECTED_REFRESH_COOLDOWN + Duration::from_millis(100)).await;
+        let r = c.refresh_rejected(&rejected).await;
+        assert!(matches!(r, Refreshed::Failed(_)), "{r:?}");
+        assert_eq!(fake.refreshes().len(), 2, "tried again after the cooldown");
+        tokio::time::sleep(REJECTED_REFRESH_COOLDOWN + Duration::from_millis(100)).await;
+        let r = c.refresh_rejected(&rejected).await;
+        assert!(
+            matches!(
+                r,
+                Refreshed::Token {
+                    refreshed: true,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
     }
 }
