@@ -166,6 +166,7 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
         group: args.group.clone().unwrap_or_default(),
         query: args.query.clone(),
         filter_json: args.filter_json.clone().unwrap_or_default(),
+        name: args.name.as_deref().unwrap_or("").trim().to_owned(),
     }))
 }
 

@@ -48,6 +48,7 @@ fn idempotency_keys_match_real_go() {
             group: g.group.clone(),
             query: vec![g.query.clone()],
             filter_json: g.filter_json.clone(),
+            name: String::new(),
         };
         let req = match CreateRequest::from_spec(
             std::slice::from_ref(&g.event_key),

@@ -15,7 +15,8 @@
 //!   canonical filter`, the identity key being `corp_user\0corp\0user\0client\0source`
 //!   or `local_subject\0subject\0client\0source`; canonical JSON is Go's
 //!   `json.Marshal` ([`go_json`]).
-//! - `ext.name` when the profile names its subscriptions.
+//! - `ext.name`: the consumer's `--name` (one per subscription, like the
+//!   reference's `--name`), else the profile's `subscription_name`.
 
 use std::time::{Duration, SystemTime};
 
@@ -154,6 +155,9 @@ pub struct CreateRequest {
     /// The content filter object, if any.
     pub filter: Option<Value>,
     pub ttl: Duration,
+    /// `ext.name` asked for by the consumer (`--name`); empty: the
+    /// profile's.
+    pub name: String,
 }
 
 /// `filter_json` field aliases (the reference CLI's).
@@ -261,6 +265,7 @@ impl CreateRequest {
             rule_param,
             filter,
             ttl,
+            name: spec.name.trim().to_owned(),
         })
     }
 
