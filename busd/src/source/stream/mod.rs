@@ -52,7 +52,9 @@
 //! sources: `DWS_DINGTALK_BACKOFF_MIN_MS`, `DWS_DINGTALK_BACKOFF_MAX_MS`,
 //! `DWS_DINGTALK_PONG_TIMEOUT_MS` (default 5000: the "+ pong timeout"
 //! above) and `DWS_DINGTALK_DRAIN_GRACE_MS` (15000: how long a socket that
-//! received `disconnect` is kept for the server to close it).
+//! received `disconnect` is kept for the server to close it); and
+//! `DWS_DINGTALK_EXTRA_CA_FILE` (a PEM file of extra root certificates, so
+//! a loopback `https://`/`wss://` fake with a test CA is trusted).
 
 pub mod backoff;
 pub mod dispatch;
