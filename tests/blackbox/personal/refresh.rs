@@ -189,3 +189,32 @@ fn an_empty_token_file_ends_the_source() {
     assert!(lost.contains("empty"), "{lost}\n{out}");
     env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit after losing its source");
 }
+
+/// The reference knows the token's expiry from its login
+/// (`TokenData.IsAccessTokenValid`, 5 minutes ahead; 7200 s by default);
+/// the bus knows when the token file was written. A token file written 3
+/// hours ago is refreshed before its first use, not after a 401.
+#[test]
+fn a_token_file_older_than_the_default_lifetime_is_refreshed_before_use() {
+    let fake = FakeDingTalk::start();
+    fake.set_identity(FakeIdentity::RefreshToken);
+    let env = env_cfg(&fake, "refresh_token_file = \"refresh\"\n", &[]);
+    write_private(&env, "refresh", &fake.refresh_token());
+    let old = std::fs::File::options()
+        .write(true)
+        .open(env.cfg_dir().join("token"))
+        .expect("token file");
+    old.set_modified(std::time::SystemTime::now() - Duration::from_secs(3 * 3600))
+        .expect("set mtime");
+    drop(old);
+    let c = consumer(&env, &[AT]);
+    fake.wait_connected(T);
+    assert_eq!(fake.refreshes().len(), 1, "{}", fake.summary());
+    let first = fake.ticket_requests()[0].clone();
+    assert_eq!(
+        (first.status, first.header("x-user-access-token")),
+        (200, Some(fake.user_token().as_str())),
+        "the first ticket already has the refreshed token"
+    );
+    finish(c, 0);
+}

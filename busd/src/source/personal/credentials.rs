@@ -24,7 +24,8 @@
 //! - Once a refresh told the token's lifetime, [`Credentials::usable_token`]
 //!   refreshes ahead of expiry (5 minutes before it, like the reference's
 //!   `TokenData.IsAccessTokenValid`, or half the lifetime when that is
-//!   shorter).
+//!   shorter). Before that, a token file written more than the default
+//!   lifetime (7200 s) less 5 minutes ago is refreshed before use.
 
 use std::{
     fs::{File, OpenOptions},
@@ -32,7 +33,7 @@ use std::{
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     sync::Mutex,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use super::{
@@ -195,17 +196,9 @@ impl Credentials {
     /// nearly over (a failed early refresh is logged; the current token is
     /// used).
     pub async fn usable_token(&self) -> Result<Secret, String> {
-        let due = self
-            .state()
-            .refresh_at
-            .is_some_and(|at| Instant::now() >= at);
-        if due && self.refresher.is_some() {
+        if self.refresher.is_some() && self.refresh_due() {
             let _one = self.refreshing.lock().await;
-            let still_due = self
-                .state()
-                .refresh_at
-                .is_some_and(|at| Instant::now() >= at);
-            if let (true, Ok(current)) = (still_due, self.token()) {
+            if let (true, Ok(current)) = (self.refresh_due(), self.token()) {
                 tracing::info!("personal: the access token expires soon: refreshing it");
                 match self.refresh_locked(&current).await {
                     Ok((_, true)) => {}
@@ -222,6 +215,29 @@ impl Credentials {
             }
         }
         self.token()
+    }
+
+    /// Whether the access token should be refreshed now: its known lifetime
+    /// is nearly over, or — before any refresh told it — its file was
+    /// written longer ago than the reference's default lifetime (7200 s)
+    /// less 5 minutes: the reference knows the expiry from its login, the
+    /// bus only when the token was written.
+    fn refresh_due(&self) -> bool {
+        if let Some(at) = self.state().refresh_at {
+            return Instant::now() >= at;
+        }
+        let Some(written) = self
+            .access
+            .file()
+            .and_then(|f| std::fs::metadata(f).ok())
+            .and_then(|m| m.modified().ok())
+        else {
+            return false;
+        };
+        let ahead = REFRESH_AHEAD.min(oauth::DEFAULT_LIFETIME / 2);
+        SystemTime::now()
+            .duration_since(written)
+            .is_ok_and(|age| age >= oauth::DEFAULT_LIFETIME - ahead)
     }
 
     /// `rejected` was refused (HTTP 401): the token to retry with, if any.
