@@ -277,6 +277,10 @@ pub struct UpstreamArgs {
     /// A content filter object as JSON, e.g. {"field":"sender","op":"eq","value":"x"}.
     #[arg(long, value_name = "JSON")]
     pub filter_json: Option<String>,
+
+    /// The upstream subscription's name (ext.name); default: the profile's subscription_name.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
 }
 
 impl UpstreamArgs {
@@ -287,6 +291,7 @@ impl UpstreamArgs {
             || self.group.is_some()
             || !self.query.is_empty()
             || self.filter_json.is_some()
+            || self.name.is_some()
     }
 }
 

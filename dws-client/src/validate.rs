@@ -172,11 +172,10 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
     if args.query.iter().any(|q| q.trim().is_empty()) {
         return Err(CliError::usage("--query must not be empty"));
     }
+    // Any JSON, like the reference's `BuildFilter` (registry.go).
     if let Some(f) = &args.filter_json {
-        match serde_json::from_str::<serde_json::Value>(f) {
-            Ok(serde_json::Value::Object(_)) => {}
-            Ok(_) => return Err(CliError::usage("--filter-json must be a JSON object")),
-            Err(e) => return Err(CliError::usage(format!("invalid --filter-json: {e}"))),
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(f) {
+            return Err(CliError::usage(format!("invalid --filter-json: {e}")));
         }
     }
     Ok(Some(UpstreamSpec {
@@ -186,6 +185,7 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
         group: args.group.clone().unwrap_or_default(),
         query: args.query.clone(),
         filter_json: args.filter_json.clone().unwrap_or_default(),
+        name: args.name.as_deref().unwrap_or("").trim().to_owned(),
     }))
 }
 
@@ -249,7 +249,7 @@ mod tests {
             .message
             .contains("takes --rule group"));
         let bad = UpstreamArgs {
-            filter_json: Some("[1]".into()),
+            filter_json: Some("[1".into()),
             ..none.clone()
         };
         assert!(upstream(&keys("user_im_message_receive_at"), &bad).is_err());

@@ -32,6 +32,7 @@ use serde_json::{json, Value};
 /// Bound of every wait in this module.
 const T: Duration = Duration::from_secs(30);
 
+const UNAVAILABLE: &str = r#"{"code":"unavailable","message":"try later"}"#;
 const AUTH_FAILED: &str = r#"{"requestid":"5f1c7e3a-0000-4000-a000-000000000001","code":"authFailed","message":"auth failed"}"#;
 
 /// Bus settings for one test.
@@ -244,7 +245,7 @@ fn two_consumers_share_one_upstream_connection_and_lose_nothing_across_disconnec
 #[test]
 fn lost_source_after_max_attempts_ends_consumers_with_source_lost() {
     let fake = FakeDingTalk::start();
-    fake.fail_next_opens(1000, 401, AUTH_FAILED);
+    fake.fail_next_opens(1000, 503, UNAVAILABLE);
     // Backoff 1 s → 2 s: the consumers are attached well before attempt 3.
     let env = Bus {
         max_attempts: 3,
@@ -259,7 +260,7 @@ fn lost_source_after_max_attempts_ends_consumers_with_source_lost() {
         let out = c.wait_exit(T);
         let lost = out.assert_source_lost();
         assert!(
-            lost.contains("401") && lost.contains("authFailed"),
+            lost.contains("503") && lost.contains("unavailable"),
             "the reason says why: {lost}\n{out}"
         );
         assert!(
@@ -283,7 +284,7 @@ fn the_client_secret_and_tickets_never_show_up_anywhere() {
         o.client_secret = CANARY.into();
         o.disconnect_close_after = Duration::from_secs(1);
     });
-    fake.fail_next_opens(1, 401, AUTH_FAILED);
+    fake.fail_next_opens(1, 503, UNAVAILABLE);
     fake.reject_handshakes(1);
     let env = Bus::default().knob("DWS_BUS_LOG", "debug").env(&fake);
     let mut c = consumer(&env);
@@ -332,8 +333,8 @@ fn the_client_secret_and_tickets_never_show_up_anywhere() {
     let fake2 = fake_with(|o| o.client_secret = CANARY.into());
     fake2.fail_next_opens(
         10,
-        401,
-        &AUTH_FAILED.replace("auth failed", &format!("auth failed for {CANARY}")),
+        503,
+        &UNAVAILABLE.replace("try later", &format!("try later, {CANARY}")),
     );
     let env2 = Bus {
         max_attempts: 2,
@@ -355,17 +356,44 @@ fn the_client_secret_and_tickets_never_show_up_anywhere() {
 
 // ------------------------------------------------------------------ OPEN
 
+/// The reference's first `Start` failing ends `dws event consume`
+/// (`internal/event/source/dingtalk.go` `Start`): a first open refused
+/// 401 `authFailed` is not retried, the consumers end with source_lost.
 #[test]
-fn open_3_auth_failed_is_retried_with_backoff_and_counted() {
+fn open_3_a_first_open_refused_auth_failed_ends_the_source() {
     let fake = FakeDingTalk::start();
-    fake.fail_next_opens(2, 401, AUTH_FAILED);
+    fake.fail_next_opens(1, 401, AUTH_FAILED);
+    // The consumer attaches before the answer.
+    fake.set_open_delay(Duration::from_millis(1500));
+    let env = Bus::default().env(&fake);
+    let c = consumer(&env);
+    let out = c.wait_exit(T);
+    let lost = out.assert_source_lost();
+    assert!(
+        lost.contains("401") && lost.contains("authFailed"),
+        "{lost}\n{out}"
+    );
+    assert_eq!(fake.open_count(), 1, "not retried\n{}", fake.summary());
+    env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit after losing its source");
+}
+
+/// Once an open succeeded, a refused one is retried like any failure (the
+/// SDK's reconnect loop), with backoff, and counted.
+#[test]
+fn open_3_auth_failed_after_a_first_connection_is_retried_with_backoff_and_counted() {
+    let fake = FakeDingTalk::start();
     let env = Bus::default().env(&fake);
     let mut c = consumer(&env);
     fake.wait_connected(T);
+    fake.fail_next_opens(2, 401, AUTH_FAILED);
+    fake.drop_tcp();
+    fake.wait_until("two refused opens, then a connection", T, |s| {
+        s.opens.len() == 4 && s.target().is_some()
+    });
     let opens = fake.opens();
     assert_eq!(
         opens.iter().map(|o| o.status).collect::<Vec<_>>(),
-        [401, 401, 200]
+        [200, 401, 401, 200]
     );
     for o in &opens {
         assert_eq!(o.body["clientId"], fake.client_id());
@@ -378,7 +406,7 @@ fn open_3_auth_failed_is_retried_with_backoff_and_counted() {
         assert!(!o.body["ua"].as_str().unwrap_or("").is_empty(), "ua is set");
     }
     assert!(
-        opens[1].at.duration_since(opens[0].at) >= Duration::from_millis(90),
+        opens[2].at.duration_since(opens[1].at) >= Duration::from_millis(90),
         "backoff between opens"
     );
     fake.push_event(&ev("open3"));

@@ -1115,11 +1115,9 @@ fn examples_restart_after_a_crashed_bus_and_resume_their_subscription() {
 fn examples_raise_an_alert_when_the_source_is_lost() {
     for (name, interp, script) in examples() {
         let fake = FakeDingTalk::start();
-        fake.fail_next_opens(
-            1000,
-            401,
-            r#"{"code":"authFailed","message":"auth failed"}"#,
-        );
+        // Transient failures, so that the source is lost only after the
+        // consumer attached (a first 401 would end it at once).
+        fake.fail_next_opens(1000, 503, r#"{"code":"unavailable","message":"try later"}"#);
         let env = TestEnv::with_env(&[
             ("DWS_DINGTALK_BACKOFF_MIN_MS", "1000"),
             ("DWS_DINGTALK_BACKOFF_MAX_MS", "2000"),

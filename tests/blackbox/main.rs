@@ -28,6 +28,8 @@
 //! - [`sources`]: the exec source and profile configuration errors.
 //! - [`dingtalk`]: the app stream against the loopback fake gateway
 //!   (conformance IDs, reconnects, portal ticket mode).
+//! - [`dingtalk_tls`]: both DingTalk sources over `https://`/`wss://`
+//!   behind a TLS front with a test CA (SNI, certificate checks).
 //! - [`personal`]: the personal stream against the fake: tickets, token
 //!   refresh, frames in every spelling, the control plane.
 //! - [`spawn`]: on-demand daemon start: one daemon for many clients, stale
@@ -88,6 +90,7 @@ mod cluster_shared_faults;
 mod cluster_tls;
 mod damage;
 mod dingtalk;
+mod dingtalk_tls;
 mod durability;
 mod ecosystem;
 mod exactness;

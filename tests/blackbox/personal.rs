@@ -11,9 +11,11 @@
 //! showing up anywhere.
 //!
 //! Submodules: [`frames`] (the reference's frame gate: spellings, acks,
-//! unroutable frames, embedded tickets, keepalive), [`control`] (create
+//! unroutable frames, embedded tickets, keepalive), [`session`] (ping,
+//! `disconnect`, drops, backoff), [`control`] (create
 //! bodies, headers, the idempotency key, errors, ticket modes), [`auth`]
-//! (token refresh, secrets).
+//! (token refresh, secrets), [`refresh`] (the refresh body, the file lock
+//! shared with other processes).
 //!
 //! Each test has its own fake and its own [`TestEnv`]; the bus reads its
 //! token from a 0600 file next to `config.toml`. Backoff is shortened with
@@ -24,6 +26,8 @@
 mod auth;
 mod control;
 mod frames;
+mod refresh;
+mod session;
 
 use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, time::Duration};
 
@@ -351,8 +355,11 @@ fn p_tkt_2_a_401_re_reads_the_token_and_retries_once() {
     assert_eq!(ids(&events(&mut c, 1)), ["tkt2"]);
 }
 
+/// Without a refresh token and without a newer token in the file there is
+/// nothing to retry with: the first 401 ends the source (the reference,
+/// without a refresh callback, ends there too: personal.go `fetchTicket`).
 #[test]
-fn p_tkt_2_a_second_401_is_fatal_and_consumers_end_with_source_lost() {
+fn p_tkt_2_a_401_with_nothing_to_retry_with_is_fatal_and_consumers_end_with_source_lost() {
     let fake = FakeDingTalk::start();
     let env = env(&fake);
     fake.hold_tickets(true);
@@ -376,8 +383,8 @@ fn p_tkt_2_a_second_401_is_fatal_and_consumers_end_with_source_lost() {
     }
     assert_eq!(
         fake.ticket_requests().len(),
-        2,
-        "one refreshed retry, no more"
+        1,
+        "no retry with the same token"
     );
     env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit after losing its source");
     // Its upstream subscriptions were cancelled on the way out (best effort).

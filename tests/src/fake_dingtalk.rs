@@ -5,14 +5,16 @@
 //!
 //! One listener on `127.0.0.1:<port>` serves:
 //!
-//! - `POST /v1.0/gateway/connections/open`: checks `clientId`,
+//! - `POST /v1.0/gateway/connections/open`: requires `Accept:
+//!   application/json` (else 406), checks `clientId`,
 //!   `clientSecret` and `subscriptions` (extra fields and `SYSTEM` entries
 //!   accepted), answers `{endpoint, ticket}` with a UUID ticket and an
 //!   endpoint `ws://127.0.0.1:<port>/connect` (path and query configurable);
 //!   wrong credentials → 401 `authFailed`, a bad body → 400 `systemError`.
 //! - `GET <endpoint path>?ticket=…` (WebSocket): the ticket must be known,
 //!   unused and younger than its TTL (90 s), else the upgrade is refused
-//!   with HTTP 401.
+//!   with HTTP 401; over the per-user limit of live connections
+//!   ([`FakeDingTalk::limit_live_connections`]) with HTTP 403.
 //! - `POST /stream/connections/ticket`, `POST /dws/subscription/user`,
 //!   `GET /dws/event/sublist`, `POST /dws/subscription/cancel`: the personal
 //!   stream ([`personal`]).
@@ -24,8 +26,10 @@
 //! Frames follow the strictest common denominator of the official clients:
 //! upper-case `type`, every header value a string, always `messageId`,
 //! `contentType: application/json` and `time`, EVENT `topic` `*`, `data` a
-//! string. EVENTs are tracked until acked with code 200 and no `LATER`
-//! status: pushed while no connection is live they wait for one; still
+//! string. An ack must have `headers.contentType: application/json` and a
+//! string `data` (the SDKs' shape; anything else is a bad frame that
+//! settles nothing). EVENTs are tracked until acked with code 200 and no
+//! `LATER` status: pushed while no connection is live they wait for one; still
 //! unacked when their connection ends (or after the ack timeout) they are
 //! redelivered — same `messageId`, same `eventId` — on the newest live
 //! connection. A connection that received `disconnect` gets no more pushes
@@ -134,6 +138,13 @@ pub struct FakeState {
     open_faults: VecDeque<OpenFault>,
     open_delay: Duration,
     reject_handshakes: u32,
+    /// The gateway's per-user limit of live connections (a draining one
+    /// counts until it is closed): a handshake over it is refused with
+    /// HTTP 403 `tooManyConnections`.
+    max_live_conns: Option<usize>,
+    /// The scheme and authority of the WebSocket endpoint handed out
+    /// (default `ws://127.0.0.1:<port>`): a TLS front's `wss://…`.
+    ws_base: Option<String>,
     endpoint_path: String,
     tickets: HashMap<String, Ticket>,
     senders: HashMap<u64, mpsc::UnboundedSender<ConnCmd>>,
@@ -180,6 +191,15 @@ impl FakeState {
     /// Pushed EVENTs not acked yet (nor given up after a diagnostic ack).
     pub fn unacked(&self) -> usize {
         self.outbox.iter().filter(|o| !o.settled()).count()
+    }
+
+    /// The WebSocket endpoint handed out with a ticket.
+    fn endpoint(&self) -> String {
+        let base = self
+            .ws_base
+            .clone()
+            .unwrap_or_else(|| format!("ws://{}", self.local));
+        format!("{base}{}", self.endpoint_path)
     }
 
     fn conn_mut(&mut self, id: u64) -> Option<&mut ConnRecord> {
@@ -268,6 +288,8 @@ struct Shared {
     changed: Condvar,
     /// Personal ticket requests wait while this is `true`.
     tickets_held: tokio::sync::watch::Sender<bool>,
+    /// Refresh calls wait while this is `true`.
+    refreshes_held: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -323,6 +345,8 @@ impl FakeDingTalk {
                 open_faults: VecDeque::new(),
                 open_delay: Duration::ZERO,
                 reject_handshakes: 0,
+                max_live_conns: None,
+                ws_base: None,
                 endpoint_path: "/connect".into(),
                 tickets: HashMap::new(),
                 senders: HashMap::new(),
@@ -333,6 +357,7 @@ impl FakeDingTalk {
             }),
             changed: Condvar::new(),
             tickets_held: tokio::sync::watch::channel(false).0,
+            refreshes_held: tokio::sync::watch::channel(false).0,
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let sh = shared.clone();

@@ -5,9 +5,11 @@
 //!   {open_api}/v1.0/gateway/connections/open` with the app's
 //!   `clientId`/`clientSecret` and the subscriptions (`EVENT *`, plus the
 //!   `SYSTEM` topics) → `{endpoint, ticket}`; an empty `endpoint` or
-//!   `ticket` is a failed attempt, and so is any error status: the app
-//!   profile retries every failure with backoff (SDK parity), until
-//!   `max_attempts`. Frames follow the SDKs ([`stream::Frames::Sdk`]):
+//!   `ticket` is a failed attempt, and so is any error status — except
+//!   that a *first* open refused with a 4xx other than 408 and 429
+//!   (`authFailed`) ends the source, as the reference's first `Start`
+//!   does; otherwise every failure is retried with backoff (the SDK's
+//!   reconnect loop), until `max_attempts`. Frames follow the SDKs ([`stream::Frames::Sdk`]):
 //!   WebSocket pings every `keepalive` (30 s), backoff 1 s → 60 s reset
 //!   after a connection that received a frame or lasted 30 s.
 //! - **The portal ticket mode** (`stream_ticket_mode = "normal"` or
@@ -30,7 +32,13 @@
 //! frame without a valid `eventType` is acked 200 (as the SDKs do) and
 //! counted unroutable. The session rules are those of [`super::stream`].
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use super::{
     personal::{
@@ -133,7 +141,7 @@ pub fn settings(r: &mut SectionReader<'_>) -> Result<DingTalkConfig, ConfigError
             Some(PortalConfig {
                 mode,
                 ticket_url,
-                source_id: user_config::source_id(r),
+                source_id: user_config::portal_source_id(r, &base),
                 auth,
             })
         }
@@ -199,6 +207,7 @@ async fn open_mode(c: DingTalkConfig, ctx: SourceContext) -> Result<(), SetupFai
     let (tls, http, open_url) = setup.map_err(|e| (ctx.hub.clone(), e))?;
     let secret = c.client_secret.clone().unwrap_or_else(|| Secret::new(""));
     let app = App {
+        opened: AtomicBool::new(false),
         scrub: Scrub::new(secret.expose()),
         client_id: c.client_id,
         client_secret: secret,
@@ -250,6 +259,8 @@ async fn portal_mode(
 
 /// The app stream's half of the runner: the open call and EVENT keys.
 struct App {
+    /// An open call has succeeded.
+    opened: AtomicBool,
     client_id: String,
     client_secret: Secret,
     http: reqwest::Client,
@@ -264,7 +275,18 @@ impl stream::Upstream for App {
 
     async fn ticket(&self) -> Result<Ticket, TicketError> {
         tracing::debug!(url = %net::redacted(&self.open_url), "dingtalk: open call");
-        self.open().await.map_err(TicketError::Retry)
+        match self.open().await {
+            Ok(t) => {
+                self.opened.store(true, Ordering::Relaxed);
+                Ok(t)
+            }
+            Err(Refused { status, why })
+                if first_open_refusal_is_fatal(self.opened.load(Ordering::Relaxed), status) =>
+            {
+                Err(TicketError::Fatal(why))
+            }
+            Err(Refused { why, .. }) => Err(TicketError::Retry(why)),
+        }
     }
 
     fn event(&self, f: &Frame) -> Result<NewEvent, Unroutable> {
@@ -276,9 +298,37 @@ impl stream::Upstream for App {
     }
 }
 
+/// A failed open call: the HTTP status of a refusal, and why.
+struct Refused {
+    status: Option<u16>,
+    why: String,
+}
+
+impl From<String> for Refused {
+    fn from(why: String) -> Refused {
+        Refused { status: None, why }
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(why: &str) -> Refused {
+        Refused::from(why.to_owned())
+    }
+}
+
+/// The reference ends `dws event consume` when the SDK's first `Start`
+/// fails (`internal/event/source/dingtalk.go` `Start`): a first open
+/// refused with a 4xx other than 408 and 429 (`authFailed`, a bad request)
+/// ends the source. Once an open succeeded, every failure is retried (the
+/// SDK's reconnect loop), and so are transient failures of the first open
+/// (no answer, 408, 429, 5xx), bounded by `max_attempts`.
+fn first_open_refusal_is_fatal(opened_before: bool, status: Option<u16>) -> bool {
+    !opened_before && status.is_some_and(|s| (400..500).contains(&s) && !matches!(s, 408 | 429))
+}
+
 impl App {
     /// `POST …/connections/open` → endpoint and ticket.
-    async fn open(&self) -> Result<Ticket, String> {
+    async fn open(&self) -> Result<Ticket, Refused> {
         let body = serde_json::json!({
             "clientId": self.client_id,
             "clientSecret": self.client_secret.expose(),
@@ -312,9 +362,12 @@ impl App {
             } else {
                 one_line(&format!("{code}: {message}"), 200)
             };
-            return Err(format!("open failed: {} {detail}", resp.status)
-                .trim_end()
-                .to_owned());
+            return Err(Refused {
+                status: Some(resp.status),
+                why: format!("open failed: {} {detail}", resp.status)
+                    .trim_end()
+                    .to_owned(),
+            });
         }
         let Some(json) = json else {
             return Err("open failed: 200 but the response is not JSON".into());
@@ -492,6 +545,24 @@ mod tests {
             )
         );
         assert_eq!(d.keepalive, Duration::ZERO, "no pings, like the reference");
+        // A pre-mcp base defaults to the reference's pre_open_source.
+        for (base, extra, want) in [
+            ("https://pre-mcp.dingtalk.com", "", "pre_open_source"),
+            ("https://PRE-MCP.example.com/x", "", "pre_open_source"),
+            (
+                "https://pre-mcp.dingtalk.com",
+                "source_id = \"mine\"\n",
+                "mine",
+            ),
+            ("https://mcp.dingtalk.com", "", "open"),
+        ] {
+            let d = load_dingtalk(
+                tmp.path(),
+                &format!("stream_ticket_mode = \"normal\"\naccess_token = \"t\"\nmcp_base = \"{base}\"\n{extra}"),
+            )
+            .unwrap();
+            assert_eq!(d.portal.unwrap().source_id, want, "{base} {extra}");
+        }
         // custom needs the app's credentials.
         let e = load_dingtalk(
             tmp.path(),
@@ -499,5 +570,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("client secret"), "{e}");
+    }
+
+    #[test]
+    fn only_a_first_open_refused_for_good_is_fatal() {
+        for s in [400, 401, 403, 404] {
+            assert!(first_open_refusal_is_fatal(false, Some(s)), "{s}");
+            assert!(!first_open_refusal_is_fatal(true, Some(s)), "{s} later");
+        }
+        for s in [408, 429, 500, 503] {
+            assert!(!first_open_refusal_is_fatal(false, Some(s)), "{s}");
+        }
+        assert!(!first_open_refusal_is_fatal(false, None), "no answer");
     }
 }

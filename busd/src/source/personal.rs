@@ -31,6 +31,7 @@ pub mod control;
 pub mod credentials;
 pub mod event;
 pub mod oauth;
+pub mod refresh_lock;
 pub mod ticket;
 
 use std::{sync::Arc, time::Duration};

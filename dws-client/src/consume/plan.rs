@@ -186,6 +186,7 @@ impl Plan {
                 "group": u.group,
                 "query": u.query,
                 "filter_json": u.filter_json,
+                "name": u.name,
             })),
             "stdin_eof_exits": stdin_eof_exits,
             "ack": if self.explicit_ack.is_some() { "explicit" } else { "write" },

@@ -143,6 +143,72 @@ fn frm_4_callback_to_an_unregistered_topic_gets_404_and_the_connection_stays() {
     assert_eq!(fake.handshakes().len(), 1);
 }
 
+/// Every ack as the Go SDK writes it (open-dingtalk/dingtalk-stream-sdk-go
+/// @ d8d6e1f1): an EVENT 200 `ok` with the SUCCESS result
+/// (event/frame_handler.go:45-62), a ping 200 `ok` with its data echoed
+/// (payload/data_frame.go `NewDataFrameAckPong`, client/client.go
+/// `OnPing`), a disconnect 200 with an empty message and data (`OnDisconnect`
+/// returns nothing: client/client.go:474-477), and every frame without a
+/// handler — another SYSTEM topic, a CALLBACK, an unknown type — 404 with an
+/// empty message and data (client/client.go:459-463); all with
+/// `contentType: application/json` and the frame's `messageId`.
+#[test]
+fn acks_have_the_go_sdks_codes_messages_and_data() {
+    let fake = FakeDingTalk::start_with(dws_tests::fake_dingtalk::Options {
+        disconnect_close_after: Duration::from_secs(1),
+        ..Default::default()
+    });
+    let env = Bus::default().env(&fake);
+    let mut c = consumer(&env);
+    fake.wait_connected(T);
+    let ev_mid = fake.push_event(&ev("sdk-ack"));
+    event_ids(&mut c, 1);
+    let ping = fake.send_system_ping("o-1").expect("a connection");
+    let mut others = vec![];
+    for (kind, topic) in [
+        ("SYSTEM", "no_such_topic"),
+        ("CALLBACK", "/v1.0/im/bot/messages/get"),
+        ("MYSTERY", "*"),
+    ] {
+        let (f, mid) = fake.frame(kind, topic, "{}");
+        assert!(fake.push_frame(&f));
+        others.push(mid);
+    }
+    let shape = |mid: &str| {
+        let a = fake.wait_ack(mid, T);
+        assert_eq!(a.content_type, "application/json", "{a:?}");
+        (a.code, a.message.clone(), a.data.clone())
+    };
+    assert_eq!(
+        shape(&ev_mid),
+        (
+            200,
+            "ok".to_owned(),
+            r#"{"status":"SUCCESS","message":"success"}"#.to_owned()
+        )
+    );
+    assert_eq!(
+        shape(&ping),
+        (200, "ok".to_owned(), r#"{"opaque":"o-1"}"#.to_owned())
+    );
+    for m in &others {
+        assert_eq!(shape(m), (404, String::new(), String::new()), "{m}");
+    }
+    let conn = fake.send_disconnect("bye").expect("a connection");
+    let known: Vec<&String> = [&ev_mid, &ping].into_iter().chain(&others).collect();
+    let disc = fake.wait("the disconnect's ack", T, |s| {
+        s.acks
+            .iter()
+            .find(|a| a.conn == conn && !known.contains(&&a.message_id))
+            .cloned()
+    });
+    assert_eq!(
+        (disc.code, disc.message.as_str(), disc.data.as_str()),
+        (200, "", ""),
+        "{disc:?}"
+    );
+}
+
 #[test]
 fn frm_5_unknown_system_topics_are_acked_or_ignored_and_the_connection_stays() {
     let fake = FakeDingTalk::start();
@@ -160,7 +226,8 @@ fn frm_5_unknown_system_topics_are_acked_or_ignored_and_the_connection_stays() {
     fake.with_state(|s| {
         for m in &mids {
             for a in s.acks_for(m) {
-                assert_eq!(a.code, 200, "an ack, if any, is a 200: {a:?}");
+                // The Go SDK has no handler for them: 404, a diagnostic.
+                assert_eq!(a.code, 404, "an ack, if any, is the SDK's 404: {a:?}");
             }
         }
     });

@@ -117,3 +117,39 @@ fn a_refused_handshake_ends_the_source() {
     assert_eq!(fake.ticket_requests().len(), 1);
     env.wait_no_busd(EXIT_TIMEOUT, "the bus to exit after losing its source");
 }
+
+/// Portal mode is the reference's personal stream loop
+/// (`internal/event/source/personal.go` `runAttempt`): after `disconnect`
+/// it reads on until the server closes, then dials again. A gateway that
+/// takes one connection per user refuses a second one with a 4xx, which
+/// would end the source; none is made.
+#[test]
+fn after_disconnect_the_next_connection_waits_for_the_close() {
+    let fake = FakeDingTalk::start_with(dws_tests::fake_dingtalk::Options {
+        disconnect_close_after: Duration::from_secs(1),
+        ..Default::default()
+    });
+    fake.limit_live_connections(1);
+    let env = portal_env(&fake, "normal", "");
+    let mut c = consumer(&env);
+    let old = fake.wait_connected(T);
+    assert_eq!(fake.send_disconnect("rebalance"), Some(old));
+    let (frame, mid) = fake.frame("EVENT", "*", &json!({"k": "after"}).to_string());
+    let mut frame = frame;
+    frame["headers"]["eventType"] = json!("user_add_org");
+    frame["headers"]["eventId"] = json!("portal-after");
+    assert!(fake.push_raw_to(old, &frame.to_string()));
+    let ack = fake.wait_ack(&mid, T);
+    assert_eq!((ack.code, ack.conn), (200, old), "{ack:?}");
+    let new = fake.wait("a new connection", T, |s| s.target().filter(|c| *c != old));
+    assert!(
+        fake.handshakes().iter().all(|h| h.accepted),
+        "{}",
+        fake.summary()
+    );
+    let mid = fake.push_event(&ev("portal-next"));
+    assert_eq!(fake.wait_ack(&mid, T).conn, new);
+    event_line(&mut c, "portal-after");
+    event_line(&mut c, "portal-next");
+    finish(c, 2);
+}

@@ -154,8 +154,16 @@ fn a_refresh_that_fails_transiently_is_retried_and_one_refused_ends_the_source()
     fake.wait_connected(T);
     let refreshes: Vec<u16> = fake.refreshes().iter().map(|r| r.status).collect();
     assert_eq!(refreshes, [503, 200]);
+    // Retries within 3 s of the failed refresh get that failure without a
+    // call (the reference's cooldown): 401s until then, one refresh, a 200.
     let tickets: Vec<u16> = fake.ticket_requests().iter().map(|t| t.status).collect();
-    assert_eq!(tickets, [401, 401, 200], "{}", fake.summary());
+    let (last, before) = tickets.split_last().expect("tickets");
+    assert_eq!(*last, 200, "{tickets:?}");
+    assert!(
+        before.len() >= 2 && before.iter().all(|s| *s == 401),
+        "{tickets:?}\n{}",
+        fake.summary()
+    );
 
     // A refused refresh (a dead refresh token) ends the source, saying why.
     let fake = FakeDingTalk::start();
@@ -221,10 +229,11 @@ fn the_user_token_never_shows_up_anywhere() {
     let fake = FakeDingTalk::start();
     fake.set_user_token(CANARY);
     let env = env_with(&fake, 0, &[("DWS_BUS_LOG", "debug")]);
-    // A ticket 401 that echoes the token (then a refreshed retry succeeds).
+    // A ticket 503 that echoes the token (then the retry succeeds; a 401
+    // would end the source: there is no refresh token).
     fake.fail_next_tickets(
         1,
-        401,
+        503,
         &format!(r#"{{"errorCode":"UNAUTHORIZED","errorMsg":"bad token {CANARY}"}}"#),
     );
     let mut c = consumer(&env, &["user_im_message_receive_at"]);

@@ -307,3 +307,42 @@ fn custom_ticket_mode_sends_the_app_credentials() {
         &[("bus.log", &log), ("status", &st), ("stderr", &out.stderr)],
     );
 }
+
+/// `ext.name` is one per subscription, like the reference's `--name`
+/// (`internal/app/event_command.go:346`, `internal/event/personal/
+/// client.go:309-311`): a consumer's `--name` wins over the profile's
+/// `subscription_name`, which names the others.
+#[test]
+fn a_consumers_name_goes_to_its_upstream_subscription() {
+    let fake = FakeDingTalk::start();
+    let env = env_cfg(&fake, "subscription_name = \"profile name\"\n", &[]);
+    let a = consumer(&env, &[O2O, "--user", "u1", "--name", "desk <a>"]);
+    let b = consumer(&env, &[O2O, "--user", "u2"]);
+    fake.wait_until("two creates", T, |s| s.personal.creates.len() == 2);
+    let names: Vec<(String, String)> = fake
+        .creates()
+        .iter()
+        .map(|c| {
+            (
+                c.body["filterRule"].as_str().unwrap_or("").to_owned(),
+                c.body["ext"]["name"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        names.contains(&(
+            r#"{"targetUid":"u1","targetUidType":"staffId"}"#.to_owned(),
+            "desk <a>".to_owned()
+        )),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&(
+            r#"{"targetUid":"u2","targetUidType":"staffId"}"#.to_owned(),
+            "profile name".to_owned()
+        )),
+        "{names:?}"
+    );
+    finish(a, 0);
+    finish(b, 0);
+}

@@ -49,6 +49,20 @@ impl FakeDingTalk {
         self.shared.update(|s| s.reject_handshakes += n);
     }
 
+    /// Hands out WebSocket endpoints under `base` (`wss://localhost:<port>`
+    /// of a TLS front forwarding to this fake) instead of
+    /// `ws://127.0.0.1:<port>`.
+    pub fn set_ws_base(&self, base: &str) {
+        self.shared.update(|s| s.ws_base = Some(base.to_owned()));
+    }
+
+    /// At most `n` live connections at once (the user's or the app's
+    /// limit): a handshake over it is refused with HTTP 403 and its ticket
+    /// spent. A connection that received `disconnect` counts until closed.
+    pub fn limit_live_connections(&self, n: usize) {
+        self.shared.update(|s| s.max_live_conns = Some(n));
+    }
+
     // ------------------------------------------------------------ pushes
 
     /// Pushes an EVENT (topic `*`); returns its `messageId`. It goes to the

@@ -144,7 +144,26 @@ pub(super) async fn serve_http(mut stream: TcpStream, shared: Arc<Shared>) {
     };
     let path = req.path.split('?').next().unwrap_or("").to_owned();
     match (req.method.as_str(), path.as_str()) {
-        ("POST", OPEN_PATH) => handle_open(stream, shared, req.body).await,
+        ("POST", OPEN_PATH) => {
+            // The SDKs and the bus send `Accept: application/json`.
+            let accepts = req
+                .header("accept")
+                .is_some_and(|a| a.contains("application/json"));
+            if accepts {
+                handle_open(stream, shared, req.body).await
+            } else {
+                shared.update(|s| {
+                    s.opens.push(OpenRecord {
+                        at: Instant::now(),
+                        body: serde_json::from_slice(&req.body).unwrap_or(Value::Null),
+                        status: 406,
+                        ticket: None,
+                    })
+                });
+                let e = error_body("notAcceptable", "Accept: application/json is required");
+                respond(&mut stream, 406, &e).await;
+            }
+        }
         ("POST", personal::TICKET_PATH) => personal::handle_ticket(stream, shared, req).await,
         ("POST", personal::REFRESH_PATH) => personal::handle_refresh(stream, shared, req).await,
         (_, p) if p.starts_with(personal::CONTROL_BASE_PATH) => {
@@ -190,7 +209,7 @@ async fn handle_open(mut stream: TcpStream, shared: Arc<Shared>, body: Vec<u8>) 
                 Err((st, b)) => (st, Some(b)),
                 Ok(()) => {
                     let t = new_uuid();
-                    let endpoint = format!("ws://{}{}", s.local, s.endpoint_path);
+                    let endpoint = s.endpoint();
                     s.tickets.insert(
                         t.clone(),
                         Ticket {

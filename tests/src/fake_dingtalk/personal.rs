@@ -10,7 +10,9 @@
 //!   and `mode` `normal`|`custom` (else 400). A body with `channelType` is
 //!   the app stream's portal mode (`channelType` must repeat `sourceId`);
 //!   otherwise `X-DWS-Client-Id` must not be empty (else 400
-//!   `CLIENT_ID_REQUIRED`). `custom` requires the app's `clientId` and
+//!   `CLIENT_ID_REQUIRED`), `Authorization: Bearer <token>` must be sent
+//!   (else 401) and `X-DWS-Source-Id` must repeat `sourceId` (else 400);
+//!   both need `Accept: application/json` (else 406). `custom` requires the app's `clientId` and
 //!   `clientSecret`. Answers `{"success":true,"result":{endpoint,ticket}}`
 //!   (or under `data`, or bare: [`TicketShape`]); optionally with the ticket
 //!   embedded in the endpoint and a decoy in `ticket`
@@ -28,8 +30,10 @@
 //!   "PERSONAL_EVENT_NOT_FOUND"}`.
 //! - `POST /oauth2/refreshToken` (the reference's MCP refresh): `clientId`,
 //!   `grantType: refresh_token` and the current refresh token (a wrong one:
-//!   200 with `errorCode`); `clientSecret`, when sent, must be the app's.
-//!   Issues a new access token (the old one stops working) and rotates the
+//!   200 with `errorCode` `invalidParameter.authCode.notFound`); a body
+//!   with `clientSecret` is refused (400 `INVALID_PARAM`): the reference's
+//!   `refreshViaMCP` never sends it (only the direct `userAccessToken`
+//!   endpoint takes it). Refresh calls can be held until released. Issues a new access token (the old one stops working) and rotates the
 //!   refresh token; `expiresIn` is [`FakeDingTalk::set_token_lifetime`].
 //! - Faults: the next ticket / refresh calls fail with a status and body;
 //!   the next calls of one control operation get a given status, body and
@@ -296,6 +300,8 @@ impl PersonalEvent {
 pub struct PersonalState {
     /// Ticket requests held right now ([`FakeDingTalk::hold_tickets`]).
     pub tickets_waiting: u32,
+    /// Refresh calls held right now ([`FakeDingTalk::hold_refreshes`]).
+    pub refreshes_waiting: u32,
     pub ticket_requests: Vec<HttpRecord>,
     pub creates: Vec<HttpRecord>,
     pub lists: Vec<HttpRecord>,
@@ -324,6 +330,7 @@ impl Default for PersonalState {
     fn default() -> Self {
         PersonalState {
             tickets_waiting: 0,
+            refreshes_waiting: 0,
             ticket_requests: vec![],
             creates: vec![],
             lists: vec![],
@@ -435,6 +442,13 @@ impl FakeDingTalk {
     /// While held, ticket requests wait (up to 60 s) before being answered.
     pub fn hold_tickets(&self, held: bool) {
         self.shared.tickets_held.send_replace(held);
+        self.shared.update(|_| ());
+    }
+
+    /// While held, refresh calls wait (up to 60 s) before being answered,
+    /// in arrival order.
+    pub fn hold_refreshes(&self, held: bool) {
+        self.shared.refreshes_held.send_replace(held);
         self.shared.update(|_| ());
     }
 

@@ -41,11 +41,19 @@ fn request(
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     let extra: String = headers
         .iter()
+        .filter(|(k, _)| *k != "accept")
         .map(|(k, v)| format!("{k}: {v}\r\n"))
         .collect();
+    // `Accept: application/json` unless the test sets `accept` (to "" for
+    // none).
+    let accept = match headers.iter().find(|(k, _)| *k == "accept") {
+        Some((_, "")) => String::new(),
+        Some((_, v)) => format!("Accept: {v}\r\n"),
+        None => "Accept: application/json\r\n".to_owned(),
+    };
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{accept}{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -112,7 +120,9 @@ fn open_and_ticket_rules() {
     assert_eq!((st, v["code"].as_str()), (401, Some("authFailed")), "{v}");
     let (st, v) = post(fake.addr(), OPEN_PATH, r#"{"clientId":"x"}"#);
     assert_eq!((st, v["code"].as_str()), (400, Some("systemError")), "{v}");
-    assert_eq!(fake.open_count(), 4);
+    let (st, _) = request(fake.addr(), "POST", OPEN_PATH, &[("accept", "")], &ok_body);
+    assert_eq!(st, 406, "the open call needs Accept: application/json");
+    assert_eq!(fake.open_count(), 5);
     assert_eq!(fake.with_state(|s| s.conns.len()), 1);
 }
 
@@ -141,7 +151,29 @@ fn personal_endpoints_are_strict() {
         (400, Some("CLIENT_ID_REQUIRED")),
         "{v}"
     );
-    let with_id = [auth[0], auth[1], ("x-dws-client-id", "cid")];
+    let with_id = [
+        auth[0],
+        auth[1],
+        ("x-dws-client-id", "cid"),
+        ("x-dws-source-id", "open"),
+    ];
+    // The reference's other ticket headers are required too.
+    for (drop, want) in [
+        ("authorization", 401),
+        ("x-dws-source-id", 400),
+        ("accept", 406),
+    ] {
+        let mut h: Vec<(&str, &str)> = with_id
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != drop)
+            .collect();
+        if drop == "accept" {
+            h.push(("accept", ""));
+        }
+        let (st, v) = request(fake.addr(), "POST", personal::TICKET_PATH, &h, ticket_body);
+        assert_eq!(st, want, "without {drop}: {v}");
+    }
     let (st, _) = request(
         fake.addr(),
         "POST",
@@ -273,6 +305,15 @@ fn diagnostic_acks_are_not_redelivered() {
         ws.send(ack(&retry, 500)).await.unwrap();
         // Only the 500 comes again.
         assert_eq!(next_event(&mut ws).await.as_deref(), Some(retry.as_str()));
+        // A 200 without the SDKs' shape (contentType, data a string) does
+        // not settle it: it comes again.
+        ws.send(Message::text(
+            json!({"code": 200, "headers": {"messageId": retry}, "message": "OK", "data": {"status": "SUCCESS"}})
+                .to_string(),
+        ))
+        .await
+        .unwrap();
+        assert_eq!(next_event(&mut ws).await.as_deref(), Some(retry.as_str()));
         ws.send(ack(&retry, 200)).await.unwrap();
         assert_eq!(next_event(&mut ws).await, None, "nothing more");
     });
@@ -286,7 +327,7 @@ fn diagnostic_acks_are_not_redelivered() {
             o,
             [
                 ("e-diag".to_owned(), 1, false, Some(400)),
-                ("e-retry".to_owned(), 2, true, None)
+                ("e-retry".to_owned(), 3, true, None)
             ]
         );
         assert_eq!(s.unacked(), 0);

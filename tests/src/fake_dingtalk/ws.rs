@@ -131,8 +131,17 @@ async fn serve_ws(stream: TcpStream, shared: Arc<Shared>) {
         let result = sh.update(|s| {
             let want_path = s.endpoint_path.split('?').next().unwrap_or("").to_owned();
             let ttl = s.options.ticket_ttl;
+            let live = s.live_conns();
+            let mut status = http::StatusCode::UNAUTHORIZED;
             let refusal = if path != want_path {
                 format!("unknown path {path}")
+            } else if s.max_live_conns.is_some_and(|max| live >= max) {
+                // The gateway's per-user limit: the ticket is spent.
+                if let Some(t) = s.tickets.get_mut(&ticket) {
+                    t.used = true;
+                }
+                status = http::StatusCode::FORBIDDEN;
+                format!("too many connections for this user ({live} live)")
             } else {
                 match s.tickets.get_mut(&ticket) {
                     None => "unknown ticket".to_owned(),
@@ -167,18 +176,22 @@ async fn serve_ws(stream: TcpStream, shared: Arc<Shared>) {
                 refusal: refusal.clone(),
                 conn,
             });
-            conn.ok_or(refusal)
+            conn.ok_or((status, refusal))
         });
         match result {
             Ok(conn) => {
                 *v2.lock().unwrap_or_else(|e| e.into_inner()) = Some((conn, ticket));
                 Ok(resp)
             }
-            Err(refusal) => {
-                let mut r = ErrorResponse::new(Some(
-                    json!({"code": "ticketInvalid", "message": refusal}).to_string(),
-                ));
-                *r.status_mut() = http::StatusCode::UNAUTHORIZED;
+            Err((status, refusal)) => {
+                let code = if status == http::StatusCode::FORBIDDEN {
+                    "tooManyConnections"
+                } else {
+                    "ticketInvalid"
+                };
+                let mut r =
+                    ErrorResponse::new(Some(json!({"code": code, "message": refusal}).to_string()));
+                *r.status_mut() = status;
                 Err(r)
             }
         }
@@ -336,11 +349,19 @@ fn record_ack(shared: &Arc<Shared>, conn: u64, text: &str) {
         status,
         raw: text.to_owned(),
     };
+    // The shape every client sends (the SDKs' `DataFrameResponse`):
+    // `headers.contentType` `application/json` and `data` a string.
+    let shaped = ack.content_type == "application/json" && v["data"].is_string();
     shared.update(|st| {
-        if ack.message_id.is_empty() {
+        if ack.message_id.is_empty() || !shaped {
             if let Some(c) = st.conn_mut(conn) {
                 c.bad_frames += 1;
             }
+        }
+        if !shaped {
+            // Not an ack the gateway takes: recorded, never settles.
+            st.acks.push(ack);
+            return;
         }
         st.log(|| {
             format!(

@@ -86,9 +86,10 @@ impl TicketMode {
 pub struct RefreshConfig {
     pub refresh_token: TokenSource,
     /// `POST` here: `{"clientId","refreshToken","grantType":"refresh_token"}`
-    /// (+ `clientSecret` when one is configured).
+    /// (never the client secret).
     pub oauth_url: String,
     pub client_id: String,
+    /// Only redacted: the MCP refresh does not take it.
     pub client_secret: Option<Secret>,
 }
 
@@ -151,13 +152,29 @@ pub(crate) fn ticket_url(r: &mut SectionReader<'_>, base: &str) -> Result<String
 
 /// `source_id` (env `DWS_STREAM_SOURCE_ID`), default `open`.
 pub(crate) fn source_id(r: &mut SectionReader<'_>) -> String {
+    source_id_or(r, "open")
+}
+
+/// The portal ticket mode's source id: as [`source_id`], but defaulting
+/// to `pre_open_source` when the MCP base is a `pre-mcp` one (the
+/// reference's `defaultEventStreamSourceID`, event_command.go:542-551).
+pub(crate) fn portal_source_id(r: &mut SectionReader<'_>, base: &str) -> String {
+    let default = if base.to_ascii_lowercase().contains("pre-mcp") {
+        "pre_open_source"
+    } else {
+        "open"
+    };
+    source_id_or(r, default)
+}
+
+fn source_id_or(r: &mut SectionReader<'_>, default: &str) -> String {
     r.env
         .stream_source_id
         .clone()
         .or(r.section.source_id.take())
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "open".into())
+        .unwrap_or_else(|| default.into())
 }
 
 /// `stream_ticket_mode` (env `DWS_STREAM_TICKET_MODE`); `None` when unset.

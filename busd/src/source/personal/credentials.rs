@@ -11,24 +11,34 @@
 //!   rotated refresh token — back to their files atomically (a 0600 temp
 //!   file, fsync, rename, fsync of the directory), or keeps them in memory
 //!   when they came from the environment or the config file. One refresh at
-//!   a time; callers rejected with the same token share it.
+//!   a time; callers rejected with the same token share it. Across
+//!   processes too, like the reference's `lockedRefresh`: the refresh runs
+//!   under the file lock of [`refresh_lock`] and first re-reads the token
+//!   (another process may have refreshed it meanwhile); a refresh token
+//!   refused as spent (`invalidParameter.authCode.notFound`) makes it
+//!   re-read the token files — a newer access token is used, a newer
+//!   refresh token tried once — before the failure is final. A failed
+//!   refresh of a rejected token is not retried for that token within 3 s
+//!   (the reference's `rejectedTokenRefreshFailureCooldown`); callers get
+//!   the same failure.
 //! - Once a refresh told the token's lifetime, [`Credentials::usable_token`]
 //!   refreshes ahead of expiry (5 minutes before it, like the reference's
 //!   `TokenData.IsAccessTokenValid`, or half the lifetime when that is
-//!   shorter).
+//!   shorter). Before that, a token file written more than the default
+//!   lifetime (7200 s) less 5 minutes ago is refreshed before use.
 
 use std::{
     fs::{File, OpenOptions},
     io::Write,
     os::unix::fs::OpenOptionsExt,
-    path::Path,
+    path::{Path, PathBuf},
     sync::Mutex,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use super::{
     config::{RefreshConfig, TokenSource, UserAuth},
-    oauth,
+    oauth, refresh_lock,
 };
 use crate::{
     section::Secret,
@@ -40,6 +50,9 @@ const REFRESH_AHEAD: Duration = Duration::from_secs(300);
 /// After a failed early refresh, the next one is tried this much later
 /// (the reference's `rejectedTokenRefreshFailureCooldown`).
 const RETRY_EARLY_REFRESH: Duration = Duration::from_secs(3);
+/// After a failed refresh of a rejected token, the same token gets that
+/// failure again for this long without a call (`force_refresh.go:30`).
+const REJECTED_REFRESH_COOLDOWN: Duration = Duration::from_secs(3);
 
 /// What [`Credentials::refresh_rejected`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +82,9 @@ struct State {
     refresh: Option<Secret>,
     /// When the access token should be refreshed, if its lifetime is known.
     refresh_at: Option<Instant>,
+    /// The last failed refresh of a rejected token: when, which token,
+    /// why (the reference's cooldown).
+    failed: Option<(Instant, Secret, oauth::RefreshError)>,
 }
 
 pub struct Credentials {
@@ -180,25 +196,48 @@ impl Credentials {
     /// nearly over (a failed early refresh is logged; the current token is
     /// used).
     pub async fn usable_token(&self) -> Result<Secret, String> {
-        let due = self
-            .state()
-            .refresh_at
-            .is_some_and(|at| Instant::now() >= at);
-        if due && self.refresher.is_some() {
+        if self.refresher.is_some() && self.refresh_due() {
             let _one = self.refreshing.lock().await;
-            let still_due = self
-                .state()
-                .refresh_at
-                .is_some_and(|at| Instant::now() >= at);
-            if still_due {
+            if let (true, Ok(current)) = (self.refresh_due(), self.token()) {
                 tracing::info!("personal: the access token expires soon: refreshing it");
-                if let Err(e) = self.refresh_now().await {
-                    tracing::warn!(error = %self.scrub().clean(&e.message), "personal: refreshing the access token ahead of expiry failed");
-                    self.state().refresh_at = Some(Instant::now() + RETRY_EARLY_REFRESH);
+                match self.refresh_locked(&current).await {
+                    Ok((_, true)) => {}
+                    Ok((_, false)) => {
+                        // Another process refreshed it: its lifetime is
+                        // unknown here.
+                        self.state().refresh_at = None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %self.scrub().clean(&e.message), "personal: refreshing the access token ahead of expiry failed");
+                        self.state().refresh_at = Some(Instant::now() + RETRY_EARLY_REFRESH);
+                    }
                 }
             }
         }
         self.token()
+    }
+
+    /// Whether the access token should be refreshed now: its known lifetime
+    /// is nearly over, or — before any refresh told it — its file was
+    /// written longer ago than the reference's default lifetime (7200 s)
+    /// less 5 minutes: the reference knows the expiry from its login, the
+    /// bus only when the token was written.
+    fn refresh_due(&self) -> bool {
+        if let Some(at) = self.state().refresh_at {
+            return Instant::now() >= at;
+        }
+        let Some(written) = self
+            .access
+            .file()
+            .and_then(|f| std::fs::metadata(f).ok())
+            .and_then(|m| m.modified().ok())
+        else {
+            return false;
+        };
+        let ahead = REFRESH_AHEAD.min(oauth::DEFAULT_LIFETIME / 2);
+        SystemTime::now()
+            .duration_since(written)
+            .is_ok_and(|age| age >= oauth::DEFAULT_LIFETIME - ahead)
     }
 
     /// `rejected` was refused (HTTP 401): the token to retry with, if any.
@@ -216,49 +255,95 @@ impl Credentials {
         if self.refresher.is_none() {
             return Refreshed::NoRefreshToken;
         }
-        match self.refresh_now().await {
-            Ok(token) => Refreshed::Token {
-                token,
-                refreshed: true,
-            },
-            Err(e) => Refreshed::Failed(oauth::RefreshError {
-                message: self.scrub().clean(&e.message),
-                transient: e.transient,
-            }),
+        // The reference's `rejectedTokenRefreshFailureCooldown`: the same
+        // rejected token is not refreshed again within 3 s of a failure.
+        let recent =
+            self.state().failed.clone().filter(|(at, token, _)| {
+                at.elapsed() < REJECTED_REFRESH_COOLDOWN && token == rejected
+            });
+        if let Some((_, _, e)) = recent {
+            return Refreshed::Failed(e);
+        }
+        match self.refresh_locked(rejected).await {
+            Ok((token, refreshed)) => {
+                self.state().failed = None;
+                Refreshed::Token { token, refreshed }
+            }
+            Err(e) => {
+                let e = oauth::RefreshError {
+                    message: self.scrub().clean(&e.message),
+                    ..e
+                };
+                self.state().failed = Some((Instant::now(), rejected.clone(), e.clone()));
+                Refreshed::Failed(e)
+            }
         }
     }
 
-    /// Refreshes now (the caller holds `refreshing`) and stores the result.
-    async fn refresh_now(&self) -> Result<Secret, oauth::RefreshError> {
+    /// The reference's `lockedRefresh` (the caller holds `refreshing`):
+    /// under the file lock next to the token files, a token other than
+    /// `stale` found there is used as is (`false`: another process
+    /// refreshed it); otherwise the bus refreshes (`true`). A refresh token
+    /// refused as spent is re-read: a newer access token, or one more
+    /// refresh with a newer refresh token, before giving up.
+    async fn refresh_locked(&self, stale: &Secret) -> Result<(Secret, bool), oauth::RefreshError> {
+        let _file = match self.lock_path() {
+            Some(p) => Some(
+                refresh_lock::acquire(&p)
+                    .await
+                    .map_err(oauth::RefreshError::transient)?,
+            ),
+            None => None,
+        };
+        let newer = |c: &Credentials| c.token().ok().filter(|t| t != stale);
+        if let Some(t) = newer(self) {
+            return Ok((t, false));
+        }
+        let used = self.current_refresh_token()?;
+        match self.refresh_now(&used).await {
+            Err(e) if e.spent => {
+                if let Some(t) = newer(self) {
+                    tracing::info!("personal: the refresh token was spent elsewhere; using the access token found on file");
+                    return Ok((t, false));
+                }
+                match self.current_refresh_token() {
+                    Ok(again) if again != used => {
+                        tracing::info!("personal: the refresh token was rotated elsewhere; refreshing with the new one");
+                        self.refresh_now(&again).await.map(|t| (t, true))
+                    }
+                    _ => Err(e),
+                }
+            }
+            r => r.map(|t| (t, true)),
+        }
+    }
+
+    /// Where the refresh lock is: next to the refresh token's file, or the
+    /// access token's; none when neither is a file.
+    fn lock_path(&self) -> Option<PathBuf> {
+        let file = self
+            .refresher
+            .as_ref()
+            .and_then(|r| r.cfg.refresh_token.file())
+            .or_else(|| self.access.file())?;
+        Some(refresh_lock::lock_path(file))
+    }
+
+    fn current_refresh_token(&self) -> Result<Secret, oauth::RefreshError> {
+        match self.refresh_token() {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(message)) => Err(oauth::RefreshError::fatal(message)),
+            None => Err(oauth::RefreshError::fatal("no refresh token")),
+        }
+    }
+
+    /// Refreshes now with `refresh_token` (the caller holds the locks) and
+    /// stores the result.
+    async fn refresh_now(&self, refresh_token: &Secret) -> Result<Secret, oauth::RefreshError> {
         let Some(r) = &self.refresher else {
-            return Err(oauth::RefreshError {
-                message: "no refresh token".into(),
-                transient: false,
-            });
+            return Err(oauth::RefreshError::fatal("no refresh token"));
         };
-        let refresh_token = match self.refresh_token() {
-            Some(Ok(t)) => t,
-            Some(Err(message)) => {
-                return Err(oauth::RefreshError {
-                    message,
-                    transient: false,
-                })
-            }
-            None => {
-                return Err(oauth::RefreshError {
-                    message: "no refresh token".into(),
-                    transient: false,
-                })
-            }
-        };
-        let grant = oauth::refresh(
-            &r.http,
-            &r.url,
-            &r.cfg.client_id,
-            r.cfg.client_secret.as_ref(),
-            &refresh_token,
-        )
-        .await?;
+        let grant = oauth::refresh(&r.http, &r.url, &r.cfg.client_id, refresh_token).await?;
         self.learn(&grant.access_token);
         if let Some(t) = &grant.refresh_token {
             self.learn(t);
@@ -408,5 +493,59 @@ mod tests {
         assert_eq!(mode, 0o600);
         let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "no temp file left behind");
+    }
+
+    /// The reference's cooldown: a rejected token whose refresh failed is
+    /// not refreshed again for 3 s; callers get that failure.
+    #[tokio::test]
+    async fn a_failed_refresh_of_a_rejected_token_cools_down() {
+        use dws_tests::fake_dingtalk::FakeDingTalk;
+
+        use crate::source::{personal::config::RefreshConfig, stream};
+
+        let fake = FakeDingTalk::start();
+        let tmp = tempfile::tempdir().unwrap();
+        let (access, refresh) = (tmp.path().join("token"), tmp.path().join("refresh"));
+        private(&access, &fake.user_token());
+        private(&refresh, &fake.refresh_token());
+        let auth = UserAuth {
+            access_token: TokenSource::File(access),
+            refresh: Some(RefreshConfig {
+                refresh_token: TokenSource::File(refresh),
+                oauth_url: format!("{}/oauth2/refreshToken", fake.base_url()),
+                client_id: "cid".into(),
+                client_secret: None,
+            }),
+        };
+        let tls = net::tls_config().unwrap();
+        let http = net::http_client(&tls, &stream::user_agent(), Duration::from_secs(10)).unwrap();
+        let c = Credentials::with_refresh(&auth, &http).unwrap();
+        let rejected = c.token().unwrap();
+        fake.fail_next_refreshes(2, 503, "{}");
+        for _ in 0..2 {
+            let r = c.refresh_rejected(&rejected).await;
+            assert!(matches!(&r, Refreshed::Failed(e) if e.transient), "{r:?}");
+        }
+        assert_eq!(
+            fake.refreshes().len(),
+            1,
+            "the second caller got the cooled-down failure"
+        );
+        tokio::time::sleep(REJECTED_REFRESH_COOLDOWN + Duration::from_millis(100)).await;
+        let r = c.refresh_rejected(&rejected).await;
+        assert!(matches!(r, Refreshed::Failed(_)), "{r:?}");
+        assert_eq!(fake.refreshes().len(), 2, "tried again after the cooldown");
+        tokio::time::sleep(REJECTED_REFRESH_COOLDOWN + Duration::from_millis(100)).await;
+        let r = c.refresh_rejected(&rejected).await;
+        assert!(
+            matches!(
+                r,
+                Refreshed::Token {
+                    refreshed: true,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
     }
 }

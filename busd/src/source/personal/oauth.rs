@@ -1,8 +1,7 @@
 //! The access-token refresh call, as the reference CLI makes it
-//! (`internal/auth/oauth_helpers.go`: `refreshViaMCP`, and the direct
-//! `refreshToken` with a client secret): `POST {oauth_url}` with
-//! `{"clientId","refreshToken","grantType":"refresh_token"}` (plus
-//! `clientSecret` when one is configured); a 200 answer
+//! (`internal/auth/oauth_helpers.go` `refreshViaMCP`): `POST {oauth_url}` with
+//! `{"clientId","refreshToken","grantType":"refresh_token"}` — never the
+//! client secret, which `refreshViaMCP` does not send; a 200 answer
 //! `{"accessToken","refreshToken"?,"expiresIn"?}` (also accepted inside a
 //! `result`/`data` envelope). `errorCode`/`errorMsg`, a missing
 //! `accessToken` or another status is a failure: transient (retry later) for
@@ -36,13 +35,29 @@ pub struct RefreshError {
     pub message: String,
     /// Worth trying again later (no response, 408, 429, 5xx).
     pub transient: bool,
+    /// The refresh token was refused as unknown
+    /// (`invalidParameter.authCode.notFound`, the reference's
+    /// `legacyMCPRefreshRejectedCode`): spent, maybe by another process.
+    pub spent: bool,
 }
 
+/// The MCP refresh's answer to a refresh token it does not know.
+pub const SPENT_CODE: &str = "invalidParameter.authCode.notFound";
+
 impl RefreshError {
-    fn fatal(message: impl Into<String>) -> RefreshError {
+    pub fn fatal(message: impl Into<String>) -> RefreshError {
         RefreshError {
             message: message.into(),
             transient: false,
+            spent: false,
+        }
+    }
+
+    pub fn transient(message: impl Into<String>) -> RefreshError {
+        RefreshError {
+            message: message.into(),
+            transient: true,
+            spent: false,
         }
     }
 }
@@ -52,25 +67,22 @@ pub async fn refresh(
     http: &reqwest::Client,
     url: &Url,
     client_id: &str,
-    client_secret: Option<&Secret>,
     refresh_token: &Secret,
 ) -> Result<Grant, RefreshError> {
-    let mut body = serde_json::json!({
+    // `refreshViaMCP`: never the client secret (only the direct
+    // `userAccessToken` endpoint takes one).
+    let body = serde_json::json!({
         "clientId": client_id,
         "refreshToken": refresh_token.expose(),
         "grantType": "refresh_token",
     });
-    if let Some(s) = client_secret {
-        body["clientSecret"] = Value::String(s.expose().to_owned());
-    }
     let req = http
         .post(url.as_str())
         .header(reqwest::header::ACCEPT, "application/json")
         .json(&body);
-    let resp = net::send(url, req).await.map_err(|e| RefreshError {
-        message: format!("token refresh failed: {e}"),
-        transient: true,
-    })?;
+    let resp = net::send(url, req)
+        .await
+        .map_err(|e| RefreshError::transient(format!("token refresh failed: {e}")))?;
     parse_grant(resp.status, &resp.body)
 }
 
@@ -114,6 +126,7 @@ pub fn parse_grant(status: u16, body: &[u8]) -> Result<Grant, RefreshError> {
                 detail(json.as_ref())
             ),
             transient: matches!(status, 408 | 429 | 500..),
+            spent: false,
         });
     }
     let Some(v) = json.filter(Value::is_object) else {
@@ -124,10 +137,11 @@ pub fn parse_grant(status: u16, body: &[u8]) -> Result<Grant, RefreshError> {
     if text(&v, &["errorCode", "errorMsg"]).is_some()
         || v.get("success") == Some(&Value::Bool(false))
     {
-        return Err(RefreshError::fatal(format!(
-            "token refresh refused{}",
-            detail(Some(&v))
-        )));
+        let spent = text(&v, &["errorCode"]).as_deref() == Some(SPENT_CODE);
+        return Err(RefreshError {
+            spent,
+            ..RefreshError::fatal(format!("token refresh refused{}", detail(Some(&v))))
+        });
     }
     let obj = ["result", "data"]
         .iter()
@@ -185,7 +199,7 @@ mod tests {
             br#"{"errorCode":"invalidParameter.authCode.notFound","errorMsg":"gone"}"#,
         )
         .unwrap_err();
-        assert!(!e.transient);
+        assert!(!e.transient && e.spent);
         assert!(
             e.message
                 .contains("invalidParameter.authCode.notFound: gone"),

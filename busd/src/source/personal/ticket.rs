@@ -19,10 +19,11 @@
 //! Outcomes (both): 2xx with a usable answer → the ticket; a network error,
 //! 408, 429 or 5xx → a failed attempt (retried); 401 → the rejected token
 //! goes through [`Credentials::refresh_rejected`] and the request is
-//! retried once — with a refreshed token, with a newer token found in the
-//! token file, or (no refresh token configured, as before) with the token
-//! re-read — and a second 401 is fatal, its reason saying when a refresh
-//! token would have helped; a refresh that fails transiently is a failed
+//! retried once — with a refreshed token, or with a newer token found in
+//! the token file — and a second 401 is fatal; without a refresh token and
+//! without a newer token the first 401 is fatal (the reference has nothing
+//! to retry with either), its reason saying that a refresh token would have
+//! helped. An unreadable or empty token is fatal. A refresh that fails transiently is a failed
 //! attempt, one that fails for good is fatal; 400, 403, 404 and any other
 //! status, a malformed answer, an empty endpoint or ticket, an endpoint
 //! that is not `ws`/`wss` with a host: fatal.
@@ -87,11 +88,13 @@ pub fn header_value(name: &str, v: &str) -> Result<HeaderValue, String> {
 impl TicketClient {
     /// Obtains a ticket (one refresh-and-retry on 401).
     pub async fn ticket(&self) -> Result<Ticket, TicketError> {
+        // An unreadable or empty token is fatal, like the reference's
+        // `resolveSourceAccessToken` (personal.go:319-334).
         let token = self
             .creds
             .usable_token()
             .await
-            .map_err(TicketError::Retry)?;
+            .map_err(TicketError::Fatal)?;
         let detail = match self.call(&token).await {
             Call::Done(r) => return r,
             Call::Unauthorized(detail) => detail,
@@ -106,7 +109,14 @@ impl TicketClient {
                     "after re-reading the access token"
                 },
             ),
-            Refreshed::NoRefreshToken => (token, "after re-reading the access token"),
+            Refreshed::NoRefreshToken => {
+                // Nothing to retry with: the reference, without a refresh,
+                // ends here too (personal.go:223-247).
+                return Err(TicketError::Fatal(format!(
+                    "{refused} (the token file holds no newer token; a refresh token \
+                     (refresh_token_file or DWS_USER_REFRESH_TOKEN) would let the bus refresh it)"
+                )));
+            }
             Refreshed::Failed(e) if e.transient => {
                 return Err(TicketError::Retry(format!("{refused}; {}", e.message)))
             }

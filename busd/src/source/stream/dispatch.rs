@@ -3,19 +3,22 @@
 //! to the hub and the socket. Two rule sets ([`Frames`]):
 //!
 //! - [`Frames::Sdk`] — the app stream over `connections/open`, like the
-//!   official SDKs: `SYSTEM ping` acked 200 with its `data` echoed, other
-//!   `SYSTEM` topics acked 200; `EVENT` turned into a bus event and acked
-//!   200 SUCCESS (after the append, once durable) — an `EVENT` that is no
-//!   event (no or an invalid `eventType`) is acked 200 SUCCESS too, as the
-//!   SDKs do, and counted unroutable; `CALLBACK` (no topic registered)
-//!   404; an unknown `type` 404; a frame that is not a frame (not JSON, not
+//!   official Go SDK (open-dingtalk/dingtalk-stream-sdk-go): `SYSTEM ping`
+//!   acked 200 `ok` with its `data` echoed, `SYSTEM disconnect` 200 with an
+//!   empty message and data; `EVENT` turned into a bus event and acked
+//!   200 `ok` SUCCESS (after the append, once durable) — an `EVENT` that is
+//!   no event (no or an invalid `eventType`) is acked 200 SUCCESS too, as
+//!   the SDKs do, and counted unroutable; every frame without a handler
+//!   (another `SYSTEM` topic, `CALLBACK`, an unknown `type`) 404 with an
+//!   empty message and data; a frame that is not a frame (not JSON, not
 //!   an object, no `type`, no `headers`) skipped, counted malformed, not
 //!   acked.
 //! - [`Frames::AckAll`] — the reference CLI's personal stream and portal
 //!   mode (`internal/event/source/personal.go` `handleFrame`): every frame
 //!   is acked 200 with the SUCCESS data and an empty message, whatever its
 //!   `type` (which is never looked at, except that `SYSTEM ping` is only
-//!   acked and `SYSTEM disconnect` starts a replacement connection); every
+//!   acked and `SYSTEM disconnect` ends the connection once the server
+//!   closes it); every
 //!   other frame is offered as an event; one that cannot be routed is
 //!   still acked 200 and counted unroutable (per reason). Any JSON object
 //!   is a frame ([`frame::parse_lenient`]); anything else is skipped and
@@ -116,13 +119,14 @@ fn decide_sdk<U: Upstream>(upstream: &U, text: &str) -> Decision {
                 Err(why) => Decision::Unroutable { why, ack },
             }
         }
+        // The Go SDK's acks (client/client.go `OnPing`, `OnDisconnect`, no
+        // handler → 404 with an empty message and data).
         "SYSTEM" if f.topic() == "disconnect" => Decision::Disconnect {
-            reply: ack(200, "OK", ""),
+            reply: ack(200, "", ""),
             reason: disconnect_reason(&f),
         },
-        "SYSTEM" => Decision::Reply(ack(200, "OK", &f.data)),
-        "CALLBACK" => Decision::Reply(ack(404, "topic not exist", r#"{"response":null}"#)),
-        _ => Decision::Reply(ack(404, "type not exist", "")),
+        "SYSTEM" if f.topic() == "ping" => Decision::Reply(ack(200, "ok", &f.data)),
+        _ => Decision::Reply(ack(404, "", "")),
     }
 }
 
@@ -156,7 +160,7 @@ pub fn ping_ack(frames: Frames, text: &str) -> Option<String> {
         Frames::Sdk => frame::parse(text)
             .ok()
             .filter(|f| f.kind == "SYSTEM" && f.topic() == "ping" && !f.message_id().is_empty())
-            .map(|f| frame::ack(f.message_id(), 200, "OK", &f.data)),
+            .map(|f| frame::ack(f.message_id(), 200, "ok", &f.data)),
         Frames::AckAll => frame::parse_lenient(text)
             .ok()
             .filter(|f| f.kind.eq_ignore_ascii_case("SYSTEM") && f.topic() == "ping")
@@ -234,7 +238,7 @@ mod tests {
         let a = ack_of(&d).unwrap();
         assert_eq!(
             (a["code"].as_i64(), a["message"].as_str()),
-            (Some(200), Some("OK"))
+            (Some(200), Some("ok"))
         );
         assert_eq!(a["headers"]["messageId"], "m1");
 

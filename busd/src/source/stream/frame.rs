@@ -115,9 +115,10 @@ pub fn ack(message_id: &str, code: u16, message: &str, data: &str) -> String {
 /// The `data` of a success ack: `{"status":"SUCCESS","message":"success"}`.
 pub const SUCCESS_DATA: &str = r#"{"status":"SUCCESS","message":"success"}"#;
 
-/// The ack for a consumed EVENT: code 200, `{"status":"SUCCESS"}`.
+/// The ack for a consumed EVENT, as the Go SDK's event handler writes it
+/// (event/frame_handler.go): code 200, message `ok`, the SUCCESS result.
 pub fn event_success(message_id: &str) -> String {
-    ack(message_id, 200, "OK", SUCCESS_DATA)
+    ack(message_id, 200, "ok", SUCCESS_DATA)
 }
 
 /// The reference CLI's ack of every frame (Go SDK

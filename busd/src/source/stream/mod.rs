@@ -20,9 +20,17 @@
 //!    duplicate is acked again and delivered once; a frame that cannot be
 //!    routed is acked and counted per reason, logged once per reason per
 //!    minute.
-//! 4. `SYSTEM disconnect`: acked; the old socket takes no more work (any
-//!    event it still carries is left unacked, so the server redelivers it)
-//!    and is left to the server to close (bounded by a grace timer), while a
+//! 4. `SYSTEM disconnect`: acked. With [`Frames::AckAll`] (the personal
+//!    stream and portal mode) as the reference CLI does
+//!    (`internal/event/source/personal.go` `runAttempt`: it reads until the
+//!    server closes): the connection is served as before — every frame
+//!    acked, events acked once durable — until the server closes it, and
+//!    only then is a new one opened, so there are never two at once (a
+//!    gateway may allow one per user). A server that has not closed it
+//!    after the grace timer gets it closed by the bus. With [`Frames::Sdk`]
+//!    (the app stream): the old socket takes no more work (any event it
+//!    still carries is left unacked, so the server redelivers it) and is
+//!    left to the server to close (bounded by the grace timer), while a
 //!    replacement connection with a fresh ticket is opened at once
 //!    (make-before-break).
 //! 5. Liveness (only when [`Policy::keepalive`] is set: the app stream; the
@@ -44,7 +52,9 @@
 //! sources: `DWS_DINGTALK_BACKOFF_MIN_MS`, `DWS_DINGTALK_BACKOFF_MAX_MS`,
 //! `DWS_DINGTALK_PONG_TIMEOUT_MS` (default 5000: the "+ pong timeout"
 //! above) and `DWS_DINGTALK_DRAIN_GRACE_MS` (15000: how long a socket that
-//! received `disconnect` is kept for the server to close it).
+//! received `disconnect` is kept for the server to close it); and
+//! `DWS_DINGTALK_EXTRA_CA_FILE` (a PEM file of extra root certificates, so
+//! a loopback `https://`/`wss://` fake with a test CA is trusted).
 
 pub mod backoff;
 pub mod dispatch;

@@ -58,11 +58,27 @@ pub fn with_ticket(endpoint: &Url, ticket: &str, keep_embedded: bool) -> Url {
 
 // ------------------------------------------------------------------ TLS
 
+/// The test knob naming a PEM file of extra root certificates (a test CA
+/// for a loopback `wss://`/`https://` fake); unset in production.
+pub const EXTRA_CA_ENV: &str = "DWS_DINGTALK_EXTRA_CA_FILE";
+
 /// The client TLS configuration: rustls with the `ring` provider, TLS 1.2
-/// and 1.3, the webpki (Mozilla) root store, no client certificate.
+/// and 1.3, the webpki (Mozilla) root store (plus the certificates of
+/// [`EXTRA_CA_ENV`], for tests), no client certificate.
 pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = std::env::var_os(EXTRA_CA_ENV).filter(|p| !p.is_empty()) {
+        use rustls::pki_types::{pem::PemObject, CertificateDer};
+        let shown = std::path::Path::new(&path).display().to_string();
+        let pem = std::fs::read(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| format!("{shown}: not a PEM certificate: {e:?}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("{shown}: unusable certificate: {e}"))?;
+        }
+    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -109,8 +109,9 @@ pub async fn run<U: Upstream>(
 enum ConnEnd {
     /// The bus is shutting down.
     Shutdown,
-    /// The server sent `disconnect`: the old socket drains on its own task;
-    /// open a replacement now.
+    /// The server sent `disconnect`: with [`Frames::Sdk`] the old socket
+    /// drains on its own task; with [`Frames::AckAll`] it is closed already
+    /// (by the server, or by us after the grace). Open a replacement now.
     Disconnect { reason: String },
     /// The connection is gone; `healthy` per [`Policy::healthy`].
     Lost { why: String, healthy: bool },
@@ -350,6 +351,10 @@ impl<U: Upstream> Runner<U> {
         // one fsync instead of one each.
         let mut pending: VecDeque<(u64, String)> = VecDeque::new();
         let mut durable = self.hub.durable();
+        // [`Frames::AckAll`] after `disconnect`: when we stop waiting for the
+        // server to close, and the reason it gave.
+        let mut draining: Option<(Instant, String)> = None;
+        let far = Instant::now() + Duration::from_secs(86_400 * 365);
         let healthy_rule = self.policy.healthy;
         let healthy = |received: bool, acked: u64| match healthy_rule {
             Healthy::Frame => received,
@@ -385,6 +390,20 @@ impl<U: Upstream> Runner<U> {
                     continue;
                 }
                 m = stream.next() => m,
+                _ = tokio::time::sleep_until(draining.as_ref().map_or(far, |d| d.0)), if draining.is_some() => {
+                    // The server never closed it: acks already durable go
+                    // out, the rest are redelivered on the next connection.
+                    let done = durable.borrow().seq;
+                    while pending.front().is_some_and(|(s, _)| *s <= done) {
+                        if let Some((_, ack)) = pending.pop_front() {
+                            let _ = send(&mut sink, Message::text(ack), write_timeout).await;
+                        }
+                    }
+                    tracing::info!(source = self.name(), conn, unacked = pending.len(), "closing a connection the server did not close after disconnect");
+                    close(&mut sink).await;
+                    let reason = draining.map(|d| d.1).unwrap_or_default();
+                    return ConnEnd::Disconnect { reason };
+                }
                 _ = pings.tick(), if alive_on => {
                     ping_seq += 1;
                     let payload = bytes::Bytes::from(format!("dws-{ping_seq}"));
@@ -404,6 +423,18 @@ impl<U: Upstream> Runner<U> {
                     };
                 }
             };
+            let closed = matches!(msg, None | Some(Err(_)) | Some(Ok(Message::Close(_))));
+            if closed && draining.is_some() {
+                if matches!(msg, Some(Ok(Message::Close(_)))) {
+                    close(&mut sink).await;
+                }
+                // The server closed the connection it asked us to leave.
+                if !pending.is_empty() {
+                    tracing::info!(source = self.name(), conn, unacked = pending.len(), "connection closed after disconnect with acks not sent: the server redelivers those events");
+                }
+                let reason = draining.map(|d| d.1).unwrap_or_default();
+                return ConnEnd::Disconnect { reason };
+            }
             let msg = match msg {
                 None => {
                     return ConnEnd::Lost {
@@ -450,6 +481,19 @@ impl<U: Upstream> Runner<U> {
                                 (ack, None)
                             }
                         },
+                        Decision::Disconnect { reply, reason }
+                            if self.policy.frames == Frames::AckAll =>
+                        {
+                            // The reference: ack it, keep reading (and
+                            // acking) until the server closes, then
+                            // reconnect — never two connections at once.
+                            tracing::info!(source = name, conn, reason = %reason, "server sent disconnect; serving until it closes the connection");
+                            if draining.is_none() {
+                                let until = Instant::now() + self.tuning.drain_grace;
+                                draining = Some((until, scrub.clean(&reason)));
+                            }
+                            (reply, None)
+                        }
                         Decision::Disconnect { reply, reason } => {
                             // Acks already durable go out first; the rest
                             // are redelivered on the new connection (and

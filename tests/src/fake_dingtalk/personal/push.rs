@@ -31,6 +31,29 @@ impl FakeDingTalk {
             mid
         })
     }
+
+    /// The frame [`FakeDingTalk::push_personal`] would send for `ev`, not
+    /// tracked (send it with [`FakeDingTalk::push_raw_to`], e.g. on a
+    /// connection that received `disconnect`: never redelivered); returns
+    /// it with its `messageId`.
+    pub fn personal_frame(&self, ev: &PersonalEvent) -> (String, String) {
+        self.shared.update(|s| {
+            let mid = s.message_id();
+            let style = ev.style.unwrap_or(s.personal.header_style);
+            let wrap = ev.wrap.unwrap_or(s.personal.data_wrap);
+            let (headers, envelope) = spell(ev, style, &mid);
+            let mut data = envelope.to_string();
+            for _ in 0..wrap {
+                data = Value::String(data).to_string();
+            }
+            let kind = ev.kind.clone().unwrap_or_else(|| "EVENT".into());
+            let mut frame = json!({"specVersion": "1.0", "headers": headers, "data": data});
+            if !kind.is_empty() {
+                frame["type"] = json!(kind);
+            }
+            (frame.to_string(), mid)
+        })
+    }
 }
 
 /// The headers and data envelope of a personal push in `style`.

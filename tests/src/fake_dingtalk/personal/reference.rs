@@ -212,4 +212,56 @@ mod tests {
             "dws-cli-88b460eeefa9511c"
         );
     }
+
+    /// The fake's Go JSON against real Go (`tests/golden/idempotency`,
+    /// `scripts/goldens.sh`): every golden filter without field aliases
+    /// or content terms, and every key.
+    #[test]
+    fn marshal_and_keys_match_real_go() {
+        let goldens: Vec<Value> =
+            serde_json::from_str(include_str!("../../../golden/idempotency/goldens.json"))
+                .expect("goldens.json");
+        let s = |g: &Value, k: &str| g[k].as_str().unwrap_or("").to_owned();
+        for g in &goldens {
+            let filter = s(g, "filter_json");
+            let aliased = ["\"content\"", "\"sender", "\"conversation_id\""]
+                .iter()
+                .any(|a| filter.contains(a));
+            if !filter.is_empty() && s(g, "query").is_empty() && !aliased {
+                let v: Value = serde_json::from_str(&filter).expect("filter");
+                assert_eq!(go_marshal(&v), s(g, "filter_canonical"), "{}", s(g, "name"));
+            }
+            let identity = if !s(g, "corp_id").is_empty() && !s(g, "user_id").is_empty() {
+                corp_user_key(
+                    &s(g, "corp_id"),
+                    &s(g, "user_id"),
+                    &s(g, "client_id"),
+                    &s(g, "source_id"),
+                )
+            } else if !s(g, "local_subject").is_empty() {
+                [
+                    "local_subject",
+                    &s(g, "local_subject"),
+                    &s(g, "client_id"),
+                    &s(g, "source_id"),
+                ]
+                .join("\0")
+            } else {
+                continue;
+            };
+            let rule = s(g, "rule_canonical");
+            let mut body = serde_json::json!({"eventKey": s(g, "event_key"), "filterRule": rule,
+                "ext": {"ruleType": s(g, "rule_type")}});
+            let canon = s(g, "filter_canonical");
+            if !canon.is_empty() {
+                body["ext"]["filter"] = serde_json::from_str(&canon).expect("canonical filter");
+            }
+            assert_eq!(
+                idempotency_key(&identity, &body).as_deref(),
+                Some(s(g, "key").as_str()),
+                "{}",
+                s(g, "name")
+            );
+        }
+    }
 }

@@ -98,6 +98,26 @@ fn ticket(s: &mut FakeState, req: &HttpRequest) -> Answer {
         let e = envelope_error("CLIENT_ID_REQUIRED", "X-DWS-Client-Id is required");
         return (400, e, None);
     }
+    // The reference's personal ticket call also sends `Authorization:
+    // Bearer`, `X-DWS-Source-Id` and `Accept` (personal.go:262-267).
+    if !portal {
+        let bearer = format!("Bearer {}", s.options.user_token);
+        if req.header("authorization") != Some(bearer.as_str()) {
+            let e = envelope_error("UNAUTHORIZED", "Authorization: Bearer <token> is required");
+            return (401, e, None);
+        }
+        if req.header("x-dws-source-id") != Some(text("sourceId")) {
+            let e = envelope_error("INVALID_PARAM", "X-DWS-Source-Id must repeat sourceId");
+            return (400, e, None);
+        }
+    }
+    if !req
+        .header("accept")
+        .is_some_and(|a| a.contains("application/json"))
+    {
+        let e = envelope_error("INVALID_PARAM", "Accept: application/json is required");
+        return (406, e, None);
+    }
     if mode == "custom" {
         if text("clientId").is_empty() || text("clientSecret").is_empty() {
             let e = envelope_error(
@@ -124,7 +144,7 @@ fn ticket(s: &mut FakeState, req: &HttpRequest) -> Answer {
             used: false,
         },
     );
-    let base = format!("ws://{}{}", s.local, s.endpoint_path);
+    let base = s.endpoint();
     let pair = if s.personal.ticket_in_endpoint && !portal {
         let sep = if base.contains('?') { '&' } else { '?' };
         json!({"endpoint": format!("{base}{sep}ticket={t}"), "ticket": format!("decoy-{}", new_uuid())})
@@ -145,6 +165,12 @@ pub(in crate::fake_dingtalk) async fn handle_refresh(
     shared: Arc<Shared>,
     req: HttpRequest,
 ) {
+    let mut held = shared.refreshes_held.subscribe();
+    if *held.borrow() {
+        shared.update(|s| s.personal.refreshes_waiting += 1);
+        let _ = tokio::time::timeout(Duration::from_secs(60), held.wait_for(|h| !*h)).await;
+        shared.update(|s| s.personal.refreshes_waiting -= 1);
+    }
     let (status, body) = shared.update(|s| {
         let (status, answer, issued) = match s.personal.refresh_faults.pop_front() {
             Some((st, b)) => (st, b, None),
@@ -174,10 +200,14 @@ fn refresh(s: &mut FakeState, req: &HttpRequest) -> Answer {
             None,
         );
     }
-    if body.get("clientSecret").is_some() && text("clientSecret") != s.options.client_secret {
+    if body.get("clientSecret").is_some() {
+        // `refreshViaMCP` sends clientId, refreshToken and grantType only.
         return (
-            401,
-            envelope_error("INVALID_APP", "client secret refused"),
+            400,
+            envelope_error(
+                "INVALID_PARAM",
+                "clientSecret is not a parameter of the MCP refresh",
+            ),
             None,
         );
     }

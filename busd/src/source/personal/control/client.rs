@@ -229,13 +229,14 @@ impl Control {
 
     /// Creates an upstream subscription; returns its id.
     pub async fn create(&self, req: &CreateRequest) -> Result<String, ControlError> {
-        let body = || {
-            req.body(
-                &self.identity(),
-                &self.inner.config.subscription_name,
-                SystemTime::now(),
-            )
+        // The consumer's `--name`, else the profile's (the reference has
+        // one per subscription).
+        let name = if req.name.is_empty() {
+            self.inner.config.subscription_name.as_str()
+        } else {
+            req.name.as_str()
         };
+        let body = || req.body(&self.identity(), name, SystemTime::now());
         created_id(
             self.call(Method::POST, CREATE_PATH, &[], Some(&body))
                 .await?,

@@ -63,3 +63,5 @@ pub const CANCEL_PATH: &str = "/subscription/cancel";
 
 #[cfg(test)]
 mod fake_tests;
+#[cfg(test)]
+mod golden_tests;

@@ -7,7 +7,7 @@
 //! - `filterRule`: the rule parameter as a JSON *string*: `{}` (at, all),
 //!   `{"targetUid","targetUidType"}` (singleChat, sender),
 //!   `{"openConversationId"}` (group).
-//! - `ext.filter`: the `--filter-json` object (field aliases mapped), the
+//! - `ext.filter`: the `--filter-json` value (any JSON; field aliases mapped), the
 //!   content terms (`contains_any` over `payload.body.content`), or both
 //!   under `and` — in that order.
 //! - `ext.idempotencyKey`: `dws-cli-` + 8 bytes of SHA-256 over
@@ -15,7 +15,8 @@
 //!   canonical filter`, the identity key being `corp_user\0corp\0user\0client\0source`
 //!   or `local_subject\0subject\0client\0source`; canonical JSON is Go's
 //!   `json.Marshal` ([`go_json`]).
-//! - `ext.name` when the profile names its subscriptions.
+//! - `ext.name`: the consumer's `--name` (one per subscription, like the
+//!   reference's `--name`), else the profile's `subscription_name`.
 
 use std::time::{Duration, SystemTime};
 
@@ -154,6 +155,9 @@ pub struct CreateRequest {
     /// The content filter object, if any.
     pub filter: Option<Value>,
     pub ttl: Duration,
+    /// `ext.name` asked for by the consumer (`--name`); empty: the
+    /// profile's.
+    pub name: String,
 }
 
 /// `filter_json` field aliases (the reference CLI's).
@@ -232,11 +236,9 @@ impl CreateRequest {
         // then the content terms (its `--query` is comma-separated).
         let mut filters = vec![];
         if !spec.filter_json.trim().is_empty() {
+            // Any JSON value, as the reference takes it.
             let mut f: Value = serde_json::from_str(&spec.filter_json)
                 .map_err(|e| format!("invalid --filter-json: {e}"))?;
-            if !f.is_object() {
-                return Err("--filter-json must be a JSON object".into());
-            }
             map_field_aliases(&mut f);
             filters.push(f);
         }
@@ -263,6 +265,7 @@ impl CreateRequest {
             rule_param,
             filter,
             ttl,
+            name: spec.name.trim().to_owned(),
         })
     }
 
@@ -448,7 +451,7 @@ mod tests {
             (
                 keys("k"),
                 UpstreamSpec {
-                    filter_json: "[1]".into(),
+                    filter_json: "[1".into(),
                     ..spec("at")
                 },
             ),
