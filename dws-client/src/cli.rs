@@ -65,8 +65,9 @@ pub enum EventCmd {
     Restart(RestartArgs),
     Subscribe(SubscribeArgs),
     Unsubscribe(UnsubscribeArgs),
-    /// Operator verbs on one subscription: restart, skip, disable, enable,
-    /// seek, parked, replay-parked.
+    Get(GetArgs),
+    /// The subscriptions (list, info) and operator verbs on one: restart,
+    /// skip, disable, enable, seek, parked, replay-parked.
     #[command(subcommand, arg_required_else_help = true)]
     Subscription(SubscriptionVerb),
 }
@@ -101,9 +102,17 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub ephemeral: bool,
 
-    /// Where a new subscription starts: latest (default), earliest, or a seq.
-    #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
+    /// Where a new subscription starts: latest (default), earliest, a seq,
+    /// or a time (RFC 3339, e.g. 2026-11-30T12:00:00Z: the first retained
+    /// event received at or after it).
+    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = parse_from)]
     pub from: Option<From>,
+
+    /// How `data` is written: string (default: the payload as a JSON
+    /// string) or json (the payload as a JSON value when it is valid JSON,
+    /// the string otherwise).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = DataMode::String)]
+    pub data: DataMode,
 
     /// How long a subscription this run creates outlives a run that could
     /// not remove it (default 10m), or never.
@@ -151,6 +160,16 @@ pub struct ConsumeArgs {
     pub upstream: UpstreamArgs,
 }
 
+/// How an event's `data` is written (`--data`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum DataMode {
+    /// The payload as a JSON string (the contract's default).
+    #[default]
+    String,
+    /// The payload as a JSON value when it is valid JSON, else the string.
+    Json,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AckMode {
     Write,
@@ -193,6 +212,10 @@ pub enum OnPoison {
 /// state after the change; exit 1 when its state does not allow the verb.
 #[derive(Debug, Subcommand)]
 pub enum SubscriptionVerb {
+    /// List the subscriptions: id, state, keys, lag, pending, consumer.
+    List(ListArgs),
+    /// Show one subscription's status (as in `dws event status`).
+    Info(InfoArgs),
     /// A halted subscription tries the event it stopped at again (its count reset).
     Restart(VerbArgs),
     /// A halted subscription moves past the event it stopped at (which is parked).
@@ -207,6 +230,39 @@ pub enum SubscriptionVerb {
     Parked(VerbArgs),
     /// Deliver parked events again (all, or the given seqs).
     ReplayParked(ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// text: one line per subscription; json: an array of the status
+    /// document's `subscriptions[]` entries (schemas/subscription-list.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Subscription id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// text: `key: value` lines; json: the status document's entry
+    /// (schemas/subscription-info.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+/// Print one retained event by its seq, as the NDJSON line consume writes
+/// (without the per-delivery fields); exit 1 when the seq is not retained.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The event's seq.
+    #[arg(value_name = "SEQ")]
+    pub seq: u64,
+
+    /// How `data` is written: string (default) or json (see consume --data).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = DataMode::String)]
+    pub data: DataMode,
 }
 
 #[derive(Debug, Args)]
@@ -301,17 +357,57 @@ pub enum From {
     Latest,
     Earliest,
     Seq(u64),
+    /// A time, unix ms: the first retained event received at or after it.
+    Time(i64),
 }
 
 fn parse_from(s: &str) -> Result<From, String> {
     match s {
         "latest" => Ok(From::Latest),
         "earliest" => Ok(From::Earliest),
-        _ => s
+        _ if s.bytes().all(|b| b.is_ascii_digit()) => s
             .parse()
             .map(From::Seq)
-            .map_err(|_| "expected latest, earliest or a sequence number".to_owned()),
+            .map_err(|_| "the sequence number is too large".to_owned()),
+        _ => parse_time_ms(s).map(From::Time).ok_or_else(|| {
+            "expected latest, earliest, a sequence number or a time like 2026-11-30T12:00:00Z"
+                .to_owned()
+        }),
     }
+}
+
+/// An RFC 3339 time (`Z` or an offset like `+08:00`; as `seek --to`
+/// accepts) as unix ms; `None` if it is not one or is before 1970.
+pub fn parse_time_ms(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let (local, offset_ms) = match split_offset(s) {
+        Some((local, ms)) => (local, ms),
+        None => (s, 0),
+    };
+    let ms = humantime::parse_rfc3339_weak(local)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok())?;
+    Some(ms - offset_ms).filter(|ms| *ms >= 0)
+}
+
+/// `…T12:00:00+08:00` → (`…T12:00:00`, +8 h in ms).
+fn split_offset(s: &str) -> Option<(&str, i64)> {
+    let cut = s.len().checked_sub(6)?;
+    let (local, tail) = (s.get(..cut)?, s.get(cut..)?);
+    let b = tail.as_bytes();
+    let sign = match b[0] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    let digits = |x: &[u8]| -> Option<i64> {
+        x.iter().all(u8::is_ascii_digit).then_some(())?;
+        Some(i64::from(x[0] - b'0') * 10 + i64::from(x[1] - b'0'))
+    };
+    let (h, m) = (digits(&b[1..3])?, digits(&b[4..6])?);
+    (b[3] == b':' && local.contains('T') && h < 24 && m < 60)
+        .then_some((local, sign * (h * 60 + m) * 60_000))
 }
 
 /// A TTL: a duration (see [`parse_nonzero_duration`]) or `never`
@@ -460,8 +556,9 @@ pub struct SubscribeArgs {
     #[arg(long, value_name = "RE")]
     pub filter: Option<String>,
 
-    /// Where it starts: latest (default), earliest, or a seq.
-    #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
+    /// Where it starts: latest (default), earliest, a seq, or a time (RFC
+    /// 3339: the first retained event received at or after it).
+    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = parse_from)]
     pub from: Option<From>,
 
     /// How long it lives without a consumer: a duration, or never (the
@@ -527,6 +624,31 @@ mod tests {
             proto::limits::ttl_to_ms(Duration::MAX),
             proto::limits::TTL_NEVER_MS
         );
+    }
+
+    #[test]
+    fn from_takes_a_seq_or_a_time() {
+        assert_eq!(parse_from("7"), Ok(From::Seq(7)));
+        assert_eq!(parse_from("earliest"), Ok(From::Earliest));
+        assert_eq!(
+            parse_from("2026-11-30T12:00:00Z"),
+            Ok(From::Time(1_796_040_000_000))
+        );
+        assert_eq!(
+            parse_from("2026-11-30T12:00:00.250Z"),
+            Ok(From::Time(1_796_040_000_250))
+        );
+        assert_eq!(
+            parse_from("2026-11-30T20:00:00+08:00"),
+            Ok(From::Time(1_796_040_000_000))
+        );
+        assert_eq!(
+            parse_from("2026-11-30T11:30:00-00:30"),
+            Ok(From::Time(1_796_040_000_000))
+        );
+        assert!(parse_from("2026-11-30T20:00:00+8:00").is_err());
+        assert!(parse_from("yesterday").is_err());
+        assert!(parse_from("99999999999999999999999").is_err());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`], [`restart`]: the other subcommands; [`metrics`]: status
+//! - [`status`], [`commands`], [`restart`], [`reading`] (get, subscription
+//!   list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
 //! - [`validate`]: flag checks shared by the commands;
 //! - [`docs`]: completion scripts and man pages from the clap definitions.
@@ -24,6 +25,7 @@ pub mod exit;
 pub mod metrics;
 pub mod output;
 pub mod pump;
+pub mod reading;
 pub mod restart;
 pub mod spawn;
 pub mod status;
@@ -211,6 +213,7 @@ fn run(cli: Cli) -> Result<()> {
         EventCmd::Restart(args) => runtime.block_on(restart::restart(args, &endpoint)),
         EventCmd::Subscribe(args) => runtime.block_on(commands::subscribe(args, &endpoint)),
         EventCmd::Unsubscribe(args) => runtime.block_on(commands::unsubscribe(args, &endpoint)),
+        EventCmd::Get(args) => runtime.block_on(reading::get(args, &endpoint)),
         EventCmd::Subscription(verb) => runtime.block_on(subscription::run(verb, &endpoint)),
     }
 }
