@@ -212,9 +212,9 @@ mod tests {
         let t = table(&[sub("s1", Some(42)), sub("a-longer-id", None)]);
         assert_eq!(
             t,
-            "ID           STATE   KEYS    LAG  PENDING  CONSUMER\n\
-             s1           halted  a.*,b   12   3        pid 42\n\
-             a-longer-id  halted  a.*,b   12   3        detached\n"
+            "ID           STATE   KEYS   LAG  PENDING  CONSUMER\n\
+             s1           halted  a.*,b  12   3        pid 42\n\
+             a-longer-id  halted  a.*,b  12   3        detached\n"
         );
         assert_eq!(table(&[]), "ID  STATE  KEYS  LAG  PENDING  CONSUMER\n");
         // Not an object: question marks, no panic.
