@@ -105,7 +105,7 @@ pub struct ConsumeArgs {
     /// Where a new subscription starts: latest (default), earliest, a seq,
     /// or a time (RFC 3339, e.g. 2026-11-30T12:00:00Z: the first retained
     /// event received at or after it).
-    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = parse_from)]
+    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = crate::start::parse_from)]
     pub from: Option<From>,
 
     /// How `data` is written: string (default: the payload as a JSON
@@ -361,55 +361,6 @@ pub enum From {
     Time(i64),
 }
 
-fn parse_from(s: &str) -> Result<From, String> {
-    match s {
-        "latest" => Ok(From::Latest),
-        "earliest" => Ok(From::Earliest),
-        _ if s.bytes().all(|b| b.is_ascii_digit()) => s
-            .parse()
-            .map(From::Seq)
-            .map_err(|_| "the sequence number is too large".to_owned()),
-        _ => parse_time_ms(s).map(From::Time).ok_or_else(|| {
-            "expected latest, earliest, a sequence number or a time like 2026-11-30T12:00:00Z"
-                .to_owned()
-        }),
-    }
-}
-
-/// An RFC 3339 time (`Z` or an offset like `+08:00`; as `seek --to`
-/// accepts) as unix ms; `None` if it is not one or is before 1970.
-pub fn parse_time_ms(s: &str) -> Option<i64> {
-    let s = s.trim();
-    let (local, offset_ms) = match split_offset(s) {
-        Some((local, ms)) => (local, ms),
-        None => (s, 0),
-    };
-    let ms = humantime::parse_rfc3339_weak(local)
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .and_then(|d| i64::try_from(d.as_millis()).ok())?;
-    Some(ms - offset_ms).filter(|ms| *ms >= 0)
-}
-
-/// `…T12:00:00+08:00` → (`…T12:00:00`, +8 h in ms).
-fn split_offset(s: &str) -> Option<(&str, i64)> {
-    let cut = s.len().checked_sub(6)?;
-    let (local, tail) = (s.get(..cut)?, s.get(cut..)?);
-    let b = tail.as_bytes();
-    let sign = match b[0] {
-        b'+' => 1,
-        b'-' => -1,
-        _ => return None,
-    };
-    let digits = |x: &[u8]| -> Option<i64> {
-        x.iter().all(u8::is_ascii_digit).then_some(())?;
-        Some(i64::from(x[0] - b'0') * 10 + i64::from(x[1] - b'0'))
-    };
-    let (h, m) = (digits(&b[1..3])?, digits(&b[4..6])?);
-    (b[3] == b':' && local.contains('T') && h < 24 && m < 60)
-        .then_some((local, sign * (h * 60 + m) * 60_000))
-}
-
 /// A TTL: a duration (see [`parse_nonzero_duration`]) or `never`
 /// (`Duration::MAX`: the subscription lives until removed).
 pub fn parse_ttl(s: &str) -> Result<Duration, String> {
@@ -558,7 +509,7 @@ pub struct SubscribeArgs {
 
     /// Where it starts: latest (default), earliest, a seq, or a time (RFC
     /// 3339: the first retained event received at or after it).
-    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = parse_from)]
+    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = crate::start::parse_from)]
     pub from: Option<From>,
 
     /// How long it lives without a consumer: a duration, or never (the
@@ -624,31 +575,6 @@ mod tests {
             proto::limits::ttl_to_ms(Duration::MAX),
             proto::limits::TTL_NEVER_MS
         );
-    }
-
-    #[test]
-    fn from_takes_a_seq_or_a_time() {
-        assert_eq!(parse_from("7"), Ok(From::Seq(7)));
-        assert_eq!(parse_from("earliest"), Ok(From::Earliest));
-        assert_eq!(
-            parse_from("2026-11-30T12:00:00Z"),
-            Ok(From::Time(1_796_040_000_000))
-        );
-        assert_eq!(
-            parse_from("2026-11-30T12:00:00.250Z"),
-            Ok(From::Time(1_796_040_000_250))
-        );
-        assert_eq!(
-            parse_from("2026-11-30T20:00:00+08:00"),
-            Ok(From::Time(1_796_040_000_000))
-        );
-        assert_eq!(
-            parse_from("2026-11-30T11:30:00-00:30"),
-            Ok(From::Time(1_796_040_000_000))
-        );
-        assert!(parse_from("2026-11-30T20:00:00+8:00").is_err());
-        assert!(parse_from("yesterday").is_err());
-        assert!(parse_from("99999999999999999999999").is_err());
     }
 
     #[test]

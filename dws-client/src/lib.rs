@@ -10,7 +10,8 @@
 //! - [`status`], [`commands`], [`restart`], [`reading`] (get, subscription
 //!   list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
-//! - [`validate`]: flag checks shared by the commands;
+//! - [`validate`]: flag checks shared by the commands; [`start`]: `--from`
+//!   (a seq or an RFC 3339 time);
 //! - [`docs`]: completion scripts and man pages from the clap definitions.
 //!
 //! `dws` never connects upstream: it only talks to its bus.
@@ -28,6 +29,7 @@ pub mod pump;
 pub mod reading;
 pub mod restart;
 pub mod spawn;
+pub mod start;
 pub mod status;
 pub mod subscription;
 pub mod validate;

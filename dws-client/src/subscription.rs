@@ -67,7 +67,7 @@ fn seek_target(to: &str) -> Result<String> {
     match to {
         "earliest" | "latest" => Ok(to.into()),
         t if t.parse::<u64>().is_ok() => Ok(t.into()),
-        t => crate::cli::parse_time_ms(t)
+        t => crate::start::parse_time_ms(t)
             .map(|ms| format!("t:{ms}"))
             .ok_or_else(|| {
                 CliError::usage(format!(
