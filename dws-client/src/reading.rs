@@ -33,8 +33,7 @@ pub async fn get(args: GetArgs, endpoint: &Endpoint) -> Result<()> {
                 seq: args.seq,
             })
         })
-        .await
-        .map_err(older_bus)?;
+        .await?;
     bus.bye().await;
     let S::EventReply(v1::EventReply {
         event: Some(event), ..
@@ -53,19 +52,6 @@ fn line(event: &v1::Event, data: DataMode) -> String {
     // Writing into a Vec cannot fail.
     let _ = EventWriter::new(Format::Ndjson, data).event(&mut out, event);
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A bus older than `GetEvent` decodes it as a frame with no message and
-/// answers "empty frame": say what to do instead.
-fn older_bus(e: CliError) -> CliError {
-    if e.message.starts_with("empty frame") {
-        CliError::runtime(
-            "the running bus is older than `dws event get`; \
-             `dws event restart` runs the installed one",
-        )
-    } else {
-        e
-    }
 }
 
 /// The status document's `subscriptions[]`, and a note when the bus cut

@@ -221,6 +221,7 @@ impl Connection {
             idle_timeout_ms: cfg.idle_timeout.as_millis() as u64,
             source_kind: cfg.source_kind.clone(),
             source_state: Some(state),
+            features: proto::FEATURES.iter().map(|f| (*f).to_owned()).collect(),
         }));
         self.phase = Phase::Ready;
     }
