@@ -155,13 +155,18 @@ fn row(s: &Value) -> [String; 6] {
             .join(","),
         None => "?".into(),
     };
+    // As in status' STATE column: where a halted one stopped.
+    let state = match s.get("halted").and_then(|h| h.get("seq")) {
+        Some(seq) => format!("{}@{seq}", text("state")),
+        None => text("state"),
+    };
     let consumer = match s.get("attached_pid").and_then(Value::as_u64) {
         Some(pid) => format!("pid {pid}"),
         None => "detached".into(),
     };
     [
         text("id"),
-        text("state"),
+        state,
         keys,
         num("lag"),
         num("pending"),
@@ -190,7 +195,7 @@ mod tests {
 
     fn sub(id: &str, pid: Option<u32>) -> Value {
         json!({"id": id, "patterns": ["a.*", "b"], "state": "halted", "lag": 12,
-               "pending": 3, "attached_pid": pid})
+               "pending": 3, "attached_pid": pid, "halted": {"seq": 7}})
     }
 
     #[test]
@@ -198,9 +203,9 @@ mod tests {
         let t = table(&[sub("s1", Some(42)), sub("a-longer-id", None)]);
         assert_eq!(
             t,
-            "ID           STATE   KEYS   LAG  PENDING  CONSUMER\n\
-             s1           halted  a.*,b  12   3        pid 42\n\
-             a-longer-id  halted  a.*,b  12   3        detached\n"
+            "ID           STATE     KEYS   LAG  PENDING  CONSUMER\n\
+             s1           halted@7  a.*,b  12   3        pid 42\n\
+             a-longer-id  halted@7  a.*,b  12   3        detached\n"
         );
         assert_eq!(table(&[]), "ID  STATE  KEYS  LAG  PENDING  CONSUMER\n");
         // Not an object: question marks, no panic.
