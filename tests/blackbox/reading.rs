@@ -113,22 +113,20 @@ fn consume_from_a_time_starts_at_the_first_event_received_at_or_after_it() {
     } else {
         format!("{date}T{:02}{rest}-08:00", hour - 8)
     };
-    {
-        let out = dws(
-            &env,
-            &[
-                "event",
-                "consume",
-                "rd.*",
-                "--from",
-                &shifted,
-                "--max-events",
-                "2",
-            ],
-        );
-        out.assert_clean_exit("limit", 2);
-        assert_eq!(ids_of(&complete_events(&out)), ["c", "d"], "{out}");
-    }
+    let out = dws(
+        &env,
+        &[
+            "event",
+            "consume",
+            "rd.*",
+            "--from",
+            &shifted,
+            "--max-events",
+            "2",
+        ],
+    );
+    out.assert_clean_exit("limit", 2);
+    assert_eq!(ids_of(&complete_events(&out)), ["c", "d"], "{out}");
 
     // A time older than the log: from the oldest retained event, no gap line.
     let out = dws(
@@ -242,6 +240,38 @@ fn get_prints_one_retained_event_by_seq_and_exit_1_when_it_is_not_retained() {
     }
     let out = dws(&env, &["event", "get", "x"]);
     out.assert_code(2);
+}
+
+#[test]
+fn get_of_a_seq_retention_evicted_is_exit_1_and_a_time_before_the_log_starts_at_the_oldest() {
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_RETENTION_EVENTS", "3")]);
+    let seqs = publish_all(&env, &["a", "b", "c", "d", "e"]);
+    env.wait_status(EXIT_TIMEOUT, "retention keeps 3 events", |st| {
+        st["log"]["events"] == 3
+    });
+    let out = dws(&env, &["event", "get", &seqs[1].to_string()]);
+    out.assert_code(1);
+    assert_eq!(
+        out.stderr,
+        format!("Error: seq {} is not retained\n", seqs[1]),
+        "{out}"
+    );
+    assert_eq!(get(&env, seqs[2], &[])["event_id"], "c");
+    // From a time before every event: the oldest retained, no gap line.
+    let out = dws(
+        &env,
+        &[
+            "event",
+            "consume",
+            "rd.*",
+            "--from",
+            "2000-01-01T00:00:00Z",
+            "--max-events",
+            "3",
+        ],
+    );
+    out.assert_clean_exit("limit", 3);
+    assert_eq!(ids_of(&complete_events(&out)), ["c", "d", "e"], "{out}");
 }
 
 #[test]
