@@ -490,3 +490,39 @@ fn data_json_writes_a_json_payload_as_a_value_and_any_other_as_the_string() {
     assert_eq!(get(&env, seq, &["--data", "json"])["data"], json!([1, 2]));
     assert_eq!(get(&env, seq, &[])["data"], json!("[1,2]"));
 }
+
+/// On a cluster, a named subscription from a time starts there on every
+/// host: the host that defines it resolves the time against its log (here a
+/// follower's), and the others adopt that start.
+#[test]
+fn cluster_a_named_subscription_from_a_time_starts_there_on_every_host() {
+    let server = dws_tests::pg::PgServer::start();
+    let a = cluster_host(&server, "host-a");
+    let b = cluster_host(&server, "host-b");
+    // Both buses run (get never starts one).
+    b.publish("warm.up", "{}", &[]);
+    let (seqs, c_at) = two_batches(&a);
+    // b has read the log through d.
+    let d = seqs[3].to_string();
+    b.wait_until(EXIT_TIMEOUT, "host b to hold d", || {
+        dws(&b, &["event", "get", &d]).code == Some(0)
+    });
+    assert_eq!(received_at(&b, seqs[2]), c_at, "one log, one time");
+    subscribe_ok(&b, &["rd.*", "--id", "tc", "--from", &rfc3339(c_at)], "tc");
+    wait_subscription_known(&a, "tc");
+    for host in [&a, &b] {
+        let out = dws(
+            host,
+            &[
+                "event",
+                "consume",
+                "--subscribe-id",
+                "tc",
+                "--max-events",
+                "2",
+            ],
+        );
+        out.assert_clean_exit("limit", 2);
+        assert_eq!(ids_of(&complete_events(&out)), ["c", "d"], "{out}");
+    }
+}
