@@ -167,6 +167,19 @@ impl BusConn {
     }
 
     pub async fn send(&mut self, kind: C) -> Result<()> {
+        if let Some(feature) = needs(&kind) {
+            if !self.hello.features.iter().any(|f| f == feature) {
+                return Err(CliError::runtime(format!(
+                    "the running bus (build {}) does not know {}: it is older than this dws; \
+                     `dws event restart` runs the installed one",
+                    crate::exit::clip(&self.hello.bus_build),
+                    match feature {
+                        proto::FEATURE_START_TIME => "--from TIME",
+                        _ => "`dws event get`",
+                    }
+                )));
+            }
+        }
         self.writer
             .send(v1::ClientFrame { kind: Some(kind) })
             .await
@@ -293,6 +306,18 @@ async fn dial(endpoint: &Endpoint, deadline: Instant) -> std::result::Result<Bus
     }
 }
 
+/// The `HelloAck.features` entry a bus must list before `kind` is sent to
+/// it (an older bus would misread or refuse it), if any.
+fn needs(kind: &C) -> Option<&'static str> {
+    match kind {
+        C::Subscribe(s) if s.start == v1::StartPosition::StartTime as i32 => {
+            Some(proto::FEATURE_START_TIME)
+        }
+        C::GetEvent(_) => Some(proto::FEATURE_GET_EVENT),
+        _ => None,
+    }
+}
+
 /// Hello, then the bus's first answer: HelloAck (greeted), Bye (it is
 /// exiting: try again) or Error (a refusal, e.g. a full connection table:
 /// fatal, another bus would not help).
@@ -391,5 +416,49 @@ mod tests {
             handshake_against(Vec::new()).await,
             Err(DialError::Gone)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_bus_without_a_feature_is_never_sent_what_it_would_misread() {
+        let greet = |features: Vec<String>| {
+            handshake_against(vec![frame(S::HelloAck(v1::HelloAck {
+                bus_build: "0.9.0".into(),
+                features,
+                ..v1::HelloAck::default()
+            }))])
+        };
+        let by_time = C::Subscribe(v1::Subscribe {
+            start: v1::StartPosition::StartTime as i32,
+            ..v1::Subscribe::default()
+        });
+        let get = C::GetEvent(v1::GetEvent::default());
+        let Ok(mut old) = greet(Vec::new()).await else {
+            panic!("a HelloAck must greet")
+        };
+        for (kind, what) in [(by_time, "--from TIME"), (get, "`dws event get`")] {
+            let e = old.send(kind).await.expect_err("refused before sending");
+            assert_eq!(e.code, crate::exit::RUNTIME);
+            assert!(!e.bus_gone);
+            assert_eq!(
+                e.message,
+                format!(
+                    "the running bus (build 0.9.0) does not know {what}: it is older than \
+                     this dws; `dws event restart` runs the installed one"
+                )
+            );
+        }
+        // Everything else goes out as before (here: to a closed socket).
+        let e = old
+            .send(C::StatusRequest(v1::StatusRequest::default()))
+            .await;
+        assert!(e.as_ref().map_or_else(|e| e.bus_gone, |()| true), "{e:?}");
+        // A bus that lists the features is sent both.
+        let all = proto::FEATURES.iter().map(|f| (*f).to_owned()).collect();
+        let Ok(mut new) = greet(all).await else {
+            panic!("a HelloAck must greet")
+        };
+        let get = C::GetEvent(v1::GetEvent::default());
+        let e = new.send(get).await;
+        assert!(e.as_ref().map_or_else(|e| e.bus_gone, |()| true), "{e:?}");
     }
 }

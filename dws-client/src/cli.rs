@@ -66,8 +66,9 @@ pub enum EventCmd {
     Doctor(DoctorArgs),
     Subscribe(SubscribeArgs),
     Unsubscribe(UnsubscribeArgs),
-    /// Operator verbs on one subscription: restart, skip, disable, enable,
-    /// seek, parked, replay-parked.
+    Get(GetArgs),
+    /// The subscriptions (list, info) and operator verbs on one: restart,
+    /// skip, disable, enable, seek, parked, replay-parked.
     #[command(subcommand, arg_required_else_help = true)]
     Subscription(SubscriptionVerb),
 }
@@ -107,9 +108,17 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub ephemeral: bool,
 
-    /// Where a new subscription starts: latest (default), earliest, or a seq.
-    #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
+    /// Where a new subscription starts: latest (default), earliest, a seq,
+    /// or a time (RFC 3339, e.g. 2026-11-30T12:00:00Z: the first retained
+    /// event received at or after it).
+    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = crate::start::parse_from)]
     pub from: Option<From>,
+
+    /// How `data` is written: string (default: the payload as a JSON
+    /// string) or json (the payload as a JSON value when it is valid JSON,
+    /// the string otherwise).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = DataMode::String)]
+    pub data: DataMode,
 
     /// How long a subscription this run creates outlives a run that could
     /// not remove it (default 10m), or never.
@@ -157,6 +166,16 @@ pub struct ConsumeArgs {
     pub upstream: UpstreamArgs,
 }
 
+/// How an event's `data` is written (`--data`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum DataMode {
+    /// The payload as a JSON string (the contract's default).
+    #[default]
+    String,
+    /// The payload as a JSON value when it is valid JSON, else the string.
+    Json,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AckMode {
     Write,
@@ -199,6 +218,10 @@ pub enum OnPoison {
 /// state after the change; exit 1 when its state does not allow the verb.
 #[derive(Debug, Subcommand)]
 pub enum SubscriptionVerb {
+    /// List the subscriptions: id, state, keys, lag, pending, consumer.
+    List(ListArgs),
+    /// Show one subscription's status (as in `dws event status`).
+    Info(InfoArgs),
     /// A halted subscription tries the event it stopped at again (its count reset).
     Restart(VerbArgs),
     /// A halted subscription moves past the event it stopped at (which is parked).
@@ -213,6 +236,39 @@ pub enum SubscriptionVerb {
     Parked(VerbArgs),
     /// Deliver parked events again (all, or the given seqs).
     ReplayParked(ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// text: one line per subscription; json: an array of the status
+    /// document's `subscriptions[]` entries (schemas/subscription-list.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Subscription id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// text: `key: value` lines; json: the status document's entry
+    /// (schemas/subscription-info.schema.json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
+    pub format: TextOrJson,
+}
+
+/// Print one retained event by its seq, as the NDJSON line consume writes
+/// (without the per-delivery fields); exit 1 when the seq is not retained.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The event's seq.
+    #[arg(value_name = "SEQ")]
+    pub seq: u64,
+
+    /// How `data` is written: string (default) or json (see consume --data).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = DataMode::String)]
+    pub data: DataMode,
 }
 
 #[derive(Debug, Args)]
@@ -312,17 +368,8 @@ pub enum From {
     Latest,
     Earliest,
     Seq(u64),
-}
-
-fn parse_from(s: &str) -> Result<From, String> {
-    match s {
-        "latest" => Ok(From::Latest),
-        "earliest" => Ok(From::Earliest),
-        _ => s
-            .parse()
-            .map(From::Seq)
-            .map_err(|_| "expected latest, earliest or a sequence number".to_owned()),
-    }
+    /// A time, unix ms: the first retained event received at or after it.
+    Time(i64),
 }
 
 /// A TTL: a duration (see [`parse_nonzero_duration`]) or `never`
@@ -493,8 +540,9 @@ pub struct SubscribeArgs {
     #[arg(long = "where", value_name = "EXPR")]
     pub where_exprs: Vec<String>,
 
-    /// Where it starts: latest (default), earliest, or a seq.
-    #[arg(long, value_name = "latest|earliest|SEQ", value_parser = parse_from)]
+    /// Where it starts: latest (default), earliest, a seq, or a time (RFC
+    /// 3339: the first retained event received at or after it).
+    #[arg(long, value_name = "latest|earliest|SEQ|TIME", value_parser = crate::start::parse_from)]
     pub from: Option<From>,
 
     /// How long it lives without a consumer: a duration, or never (the

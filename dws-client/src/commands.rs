@@ -179,7 +179,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             "--where cannot be combined with --delivery shared (yet)",
         ));
     }
-    let (start, start_seq) = validate::start(args.from);
+    let (start, start_seq, start_unix_ms) = validate::start(args.from);
     let upstream = validate::upstream(&keys, &args.upstream)?;
     let (max_deliver, on_poison) = crate::consume::poison(&args.poison)?;
     let backoff_ms = crate::consume::backoff(&args.poison)?;
@@ -192,6 +192,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             where_exprs: wheres.clone(),
             start: start as i32,
             start_seq,
+            start_unix_ms,
             ttl_ms: args.ttl.map_or(0, proto::limits::ttl_to_ms),
             attach: false,
             takeover: false,

@@ -7,9 +7,11 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`], [`restart`], [`doctor`]: the other subcommands; [`metrics`]: status
+//! - [`status`], [`commands`], [`restart`], [`doctor`], [`reading`] (get,
+//!   subscription list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
-//! - [`validate`]: flag checks shared by the commands;
+//! - [`validate`]: flag checks shared by the commands; [`start`]: `--from`
+//!   (a seq or an RFC 3339 time);
 //! - [`docs`]: completion scripts and man pages from the clap definitions.
 //!
 //! `dws` never connects upstream: it only talks to its bus.
@@ -25,8 +27,10 @@ pub mod exit;
 pub mod metrics;
 pub mod output;
 pub mod pump;
+pub mod reading;
 pub mod restart;
 pub mod spawn;
+pub mod start;
 pub mod status;
 pub mod subscription;
 pub mod validate;
@@ -213,6 +217,7 @@ fn run(cli: Cli) -> Result<()> {
         EventCmd::Doctor(args) => runtime.block_on(doctor::run(args, &endpoint)),
         EventCmd::Subscribe(args) => runtime.block_on(commands::subscribe(args, &endpoint)),
         EventCmd::Unsubscribe(args) => runtime.block_on(commands::unsubscribe(args, &endpoint)),
+        EventCmd::Get(args) => runtime.block_on(reading::get(args, &endpoint)),
         EventCmd::Subscription(verb) => runtime.block_on(subscription::run(verb, &endpoint)),
     }
 }

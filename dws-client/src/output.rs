@@ -6,17 +6,22 @@ use std::io::{self, Write};
 
 use proto::{ndjson::EventLine, v1};
 
-use crate::cli::Format;
+use crate::cli::{DataMode, Format};
 
 /// Writes events in one format; knows the framing of `json` (an array).
 pub struct EventWriter {
     format: Format,
+    data: DataMode,
     written: u64,
 }
 
 impl EventWriter {
-    pub fn new(format: Format) -> EventWriter {
-        EventWriter { format, written: 0 }
+    pub fn new(format: Format, data: DataMode) -> EventWriter {
+        EventWriter {
+            format,
+            data,
+            written: 0,
+        }
     }
 
     /// For `json`: the opening bracket, written before the first event.
@@ -28,7 +33,10 @@ impl EventWriter {
     }
 
     pub fn event(&mut self, out: &mut impl Write, e: &v1::Event) -> io::Result<()> {
-        let line = EventLine::from(e);
+        let line = match self.data {
+            DataMode::String => EventLine::from(e),
+            DataMode::Json => EventLine::from(e).data_as_json(),
+        };
         match self.format {
             Format::Ndjson => {
                 serde_json::to_writer(&mut *out, &line)?;
@@ -78,7 +86,7 @@ mod tests {
     #[test]
     fn ndjson_field_order_and_omission() {
         let mut out = vec![];
-        EventWriter::new(Format::Ndjson)
+        EventWriter::new(Format::Ndjson, DataMode::String)
             .event(&mut out, &ev())
             .unwrap();
         assert_eq!(
@@ -89,10 +97,23 @@ mod tests {
     }
 
     #[test]
+    fn data_json_writes_the_payload_as_a_value() {
+        let mut out = vec![];
+        EventWriter::new(Format::Ndjson, DataMode::Json)
+            .event(&mut out, &ev())
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "{\"type\":\"event\",\"seq\":3,\"event_id\":\"ev-2\",\"event_type\":\"demo.hello\",\
+             \"data\":{\"n\":2},\"received_at_unix_ms\":10,\"redelivered\":false}\n"
+        );
+    }
+
+    #[test]
     fn json_array_is_valid() {
         for n in 0..3 {
             let mut out = vec![];
-            let mut w = EventWriter::new(Format::Json);
+            let mut w = EventWriter::new(Format::Json, DataMode::String);
             w.begin(&mut out).unwrap();
             for _ in 0..n {
                 w.event(&mut out, &ev()).unwrap();
@@ -106,7 +127,7 @@ mod tests {
     #[test]
     fn raw_is_payload() {
         let mut out = vec![];
-        EventWriter::new(Format::Raw)
+        EventWriter::new(Format::Raw, DataMode::String)
             .event(&mut out, &ev())
             .unwrap();
         assert_eq!(out, b"{\"n\":2}\n");

@@ -1,4 +1,5 @@
-//! `dws event subscription VERB ID`: the operator verbs. Each sends one
+//! `dws event subscription VERB ID`: the operator verbs (`list` and
+//! `info` are in [`crate::reading`]). Each sends one
 //! `SubscriptionControl` request and prints the subscription's state after
 //! it (text, or the bus's JSON document with `--format json`). A verb the
 //! subscription's state does not allow is exit 1 (the bus says why).
@@ -18,6 +19,8 @@ use crate::{
 
 pub async fn run(verb: SubscriptionVerb, endpoint: &Endpoint) -> Result<()> {
     let (name, args, target, seqs) = match verb {
+        SubscriptionVerb::List(a) => return crate::reading::list(a, endpoint).await,
+        SubscriptionVerb::Info(a) => return crate::reading::info(a, endpoint).await,
         SubscriptionVerb::Restart(a) => ("restart", a, String::new(), vec![]),
         SubscriptionVerb::Skip(a) => ("skip", a, String::new(), vec![]),
         SubscriptionVerb::Disable(a) => ("disable", a, String::new(), vec![]),
@@ -64,10 +67,8 @@ fn seek_target(to: &str) -> Result<String> {
     match to {
         "earliest" | "latest" => Ok(to.into()),
         t if t.parse::<u64>().is_ok() => Ok(t.into()),
-        t => humantime::parse_rfc3339_weak(t)
-            .ok()
-            .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| format!("t:{}", d.as_millis()))
+        t => crate::start::parse_time_ms(t)
+            .map(|ms| format!("t:{ms}"))
             .ok_or_else(|| {
                 CliError::usage(format!(
                     "--to {}: use earliest, latest, a seq or a time like 2026-11-30T12:00:00Z",

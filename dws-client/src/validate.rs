@@ -189,12 +189,13 @@ pub fn upstream(keys: &[String], args: &UpstreamArgs) -> Result<Option<UpstreamS
     }))
 }
 
-/// `--from` as the wire's start position.
-pub fn start(from: Option<From>) -> (StartPosition, u64) {
+/// `--from` as the wire's start position, seq and time (unix ms).
+pub fn start(from: Option<From>) -> (StartPosition, u64, i64) {
     match from.unwrap_or(From::Latest) {
-        From::Latest => (StartPosition::StartLatest, 0),
-        From::Earliest => (StartPosition::StartEarliest, 0),
-        From::Seq(n) => (StartPosition::StartSeq, n),
+        From::Latest => (StartPosition::StartLatest, 0, 0),
+        From::Earliest => (StartPosition::StartEarliest, 0, 0),
+        From::Seq(n) => (StartPosition::StartSeq, n, 0),
+        From::Time(ms) => (StartPosition::StartTime, 0, ms),
     }
 }
 

@@ -37,6 +37,15 @@ pub use codec::{encode_event_frame, encode_frame, CodecError, FrameCodec, MAX_FR
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Version string of this build, reported in Hello/HelloAck and `bus.meta`.
+/// What this build's bus understands beyond [`PROTOCOL_VERSION`], sent in
+/// `HelloAck.features`: additions an older bus of the same protocol version
+/// would misread or refuse, so a client uses them only when listed.
+pub const FEATURES: &[&str] = &[FEATURE_START_TIME, FEATURE_GET_EVENT];
+/// `Subscribe.start = START_TIME` (an older bus would start at the latest).
+pub const FEATURE_START_TIME: &str = "start_time";
+/// The `GetEvent` frame (an older bus closes the connection).
+pub const FEATURE_GET_EVENT: &str = "get_event";
+
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");
 
 /// What `dws --version` and `busd --version` print after their name: the

@@ -59,14 +59,29 @@ struct Head<'a> {
     event_unified_app_id: &'a str,
 }
 
+/// `data`: the payload as a JSON string (the contract's default), or with
+/// `--data json` the JSON value it holds.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Data<'a> {
+    Text(&'a str),
+    Json(serde_json::Value),
+}
+
+impl Data<'_> {
+    fn is_empty(&self) -> bool {
+        matches!(self, Data::Text(""))
+    }
+}
+
 #[derive(Serialize)]
 struct Tail<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     source_id: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     rule_type: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    data: &'a str,
+    #[serde(skip_serializing_if = "Data::is_empty")]
+    data: Data<'a>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     headers: &'a BTreeMap<String, String>,
     received_at_unix_ms: i64,
@@ -81,6 +96,20 @@ impl<'a> From<&'a v1::Event> for EventLine<'a> {
             redelivered: e.redelivered,
             delivery: e.delivery,
         }
+    }
+}
+
+impl EventLine<'_> {
+    /// `--data json`: `data` becomes the JSON value the payload holds when
+    /// it is valid JSON (object key order kept, numbers as i64, u64 or f64);
+    /// any other payload stays the string. An empty payload is omitted.
+    pub fn data_as_json(mut self) -> Self {
+        if let Data::Text(text) = self.tail.data {
+            if let Ok(value) = serde_json::from_str(text) {
+                self.tail.data = Data::Json(value);
+            }
+        }
+        self
     }
 }
 
@@ -100,7 +129,7 @@ fn tail(e: &v1::Event) -> Tail<'_> {
     Tail {
         source_id: &e.source_id,
         rule_type: &e.rule_type,
-        data: &e.data,
+        data: Data::Text(&e.data),
         headers: &e.headers,
         received_at_unix_ms: e.received_at_unix_ms,
     }
@@ -178,6 +207,31 @@ mod tests {
              \"subscribe_id\":\"s1\",\"data\":\"{\\\"n\\\":2}\",\"received_at_unix_ms\":10,\
              \"redelivered\":false,\"delivery\":1}\n"
         );
+    }
+
+    #[test]
+    fn data_as_json_when_the_payload_is_json() {
+        let line = |data: &str| {
+            let e = v1::Event {
+                seq: 1,
+                event_type: "t".into(),
+                data: data.into(),
+                ..Default::default()
+            };
+            let v: serde_json::Value =
+                serde_json::to_value(EventLine::from(&e).data_as_json()).unwrap();
+            v.get("data").cloned()
+        };
+        assert_eq!(
+            serde_json::to_string(&line("{\"z\":1,\"a\":[true,null]}")).unwrap(),
+            "{\"z\":1,\"a\":[true,null]}"
+        );
+        assert_eq!(line("hello"), Some(serde_json::json!("hello")));
+        assert_eq!(line("{\"a\":"), Some(serde_json::json!("{\"a\":")));
+        assert_eq!(line("42"), Some(serde_json::json!(42)));
+        assert_eq!(line(""), None);
+        let deep = "[".repeat(10_000);
+        assert_eq!(line(&deep), Some(serde_json::json!(deep)));
     }
 
     fn text() -> impl Strategy<Value = String> {

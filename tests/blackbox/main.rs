@@ -25,6 +25,8 @@
 //! - [`subscriptions`]: named, owned and detached subscriptions: resume
 //!   after `kill -9`, redelivery, takeover, TTL, gaps, stalled consumers,
 //!   stop, status.
+//! - [`reading`]: `consume` / `subscribe --from TIME`, `dws event get SEQ`,
+//!   `subscription list` / `info` (against their schemas), `--data json`.
 //! - [`sources`]: the exec source and profile configuration errors.
 //! - [`dingtalk`]: the app stream against the loopback fake gateway
 //!   (conformance IDs, reconnects, portal ticket mode).
@@ -98,6 +100,7 @@ mod lifecycle;
 mod limits;
 mod personal;
 mod postgres;
+mod reading;
 mod repo;
 mod service;
 mod slow;

@@ -112,6 +112,7 @@ fn definition_record(hub: &Hub, req: &v1::Subscribe, selector: &Selector) -> Sub
         v1::StartPosition::StartLatest => head,
         v1::StartPosition::StartEarliest => 0,
         v1::StartPosition::StartSeq => req.start_seq.saturating_sub(1),
+        v1::StartPosition::StartTime => hub.seq_at_time(req.start_unix_ms).saturating_sub(1),
     };
     let ttl = crate::hub::requested_ttl(req, hub.config().default_ttl);
     let now = now_ms();

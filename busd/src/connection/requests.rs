@@ -1,7 +1,8 @@
 //! Frame dispatch: what the connection does with each decoded `ClientFrame`
 //! — Hello first (and the version check), then subscribe (binding an
 //! upstream subscription first where the source has a control plane),
-//! unsubscribe, acks, subscription control, publish, stop, status,
+//! unsubscribe, acks, subscription control, reading one event by seq,
+//! publish, stop, status,
 //! heartbeat and the client's Bye — and with a frame that could not be
 //! decoded ([`Connection::bad_frame`]). Replies that must wait for the store
 //! go through [`Connection::reply_after`].
@@ -86,6 +87,17 @@ impl Connection {
                     json,
                 }));
             }
+            C::GetEvent(req) => match self.hub.get_event(req.seq) {
+                Some(event) => self.send(S::EventReply(v1::EventReply {
+                    request_id: req.request_id,
+                    event: Some(event),
+                })),
+                None => self.error(
+                    req.request_id,
+                    ErrorCode::NotFound,
+                    format!("seq {} is not retained", req.seq),
+                ),
+            },
             C::StopRequest(req) => self.stop(req),
             C::Publish(req) => self.publish(req),
             C::Heartbeat(_) => self.send(S::Heartbeat(v1::Heartbeat {
@@ -209,6 +221,7 @@ impl Connection {
             idle_timeout_ms: cfg.idle_timeout.as_millis() as u64,
             source_kind: cfg.source_kind.clone(),
             source_state: Some(state),
+            features: proto::FEATURES.iter().map(|f| (*f).to_owned()).collect(),
         }));
         self.phase = Phase::Ready;
     }

@@ -9,7 +9,33 @@ use super::{
 use crate::upstream::Refusal;
 use proto::v1::{self, ErrorCode};
 
+/// The seq of the first retained event received at or after `ms` (unix
+/// ms), or the next seq when there is none: where `seek --to TIME` and
+/// `consume --from TIME` start. A time older than the log gives its oldest
+/// event (what went before is not known by time, so no gap is counted).
+pub(super) fn first_at_or_after(log: &crate::eventlog::EventLog, ms: i64) -> u64 {
+    log.since(0)
+        .find(|e| e.received_at_unix_ms >= ms)
+        .map_or(log.head_seq() + 1, |e| e.seq)
+}
+
 impl Hub {
+    /// [`first_at_or_after`] on this hub's log: where a subscription
+    /// created with `START_TIME` starts.
+    pub fn seq_at_time(&self, ms: i64) -> u64 {
+        first_at_or_after(&self.state().log, ms)
+    }
+
+    /// `dws event get SEQ`: the retained event with this seq, without its
+    /// per-delivery fields; `None` when it is not retained or damaged.
+    pub fn get_event(&self, seq: u64) -> Option<v1::Event> {
+        let logged = self.state().log.get(seq)?;
+        if logged.damaged {
+            return None;
+        }
+        prost::Message::decode(logged.encoded.as_ref()).ok()
+    }
+
     /// `dws event subscription VERB ID`: applies the verb (or, with
     /// `dry_run`, shows what it would do) and returns the subscription's
     /// state after it, with the generation to save before replying.
@@ -61,10 +87,7 @@ impl Hub {
                             let ms: i64 = ms.parse().map_err(|_| {
                                 refuse(format!("seek: bad time {:?}", proto::limits::clip(t)))
                             })?;
-                            st.log
-                                .since(0)
-                                .find(|e| e.received_at_unix_ms >= ms)
-                                .map_or(head + 1, |e| e.seq)
+                            first_at_or_after(&st.log, ms)
                         }
                         None => t.parse::<u64>().map_err(|_| {
                             refuse(format!(

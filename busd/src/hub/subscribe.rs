@@ -184,6 +184,9 @@ impl Hub {
                 v1::StartPosition::StartLatest => head + 1,
                 v1::StartPosition::StartEarliest => 0,
                 v1::StartPosition::StartSeq => req.start_seq,
+                v1::StartPosition::StartTime => {
+                    super::control::first_at_or_after(&st.log, req.start_unix_ms)
+                }
             };
             let ttl = super::requested_ttl(req, cfg.default_ttl);
             let mut sub = Subscription::new(

@@ -37,7 +37,7 @@ impl<'a> Formatter<'a> {
     pub(super) fn new(plan: &'a Plan) -> Formatter<'a> {
         Formatter {
             plan,
-            writer: EventWriter::new(plan.format),
+            writer: EventWriter::new(plan.format, plan.data),
             chunk: Chunk::default(),
             received: 0,
             seqs: Vec::new(),

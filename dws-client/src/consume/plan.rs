@@ -12,7 +12,7 @@ use std::{
 use proto::{paths::Endpoint, v1};
 
 use crate::{
-    cli::{ConsumeArgs, Format, From},
+    cli::{ConsumeArgs, DataMode, Format, From},
     exit::{CliError, Result},
     validate,
 };
@@ -31,6 +31,8 @@ pub struct Plan {
     pub max_events: Option<u64>,
     pub duration: Option<Duration>,
     pub format: Format,
+    /// `--data`: the payload as a string (the default) or a JSON value.
+    pub data: DataMode,
     pub quiet: bool,
     pub takeover: bool,
     pub dry_run: bool,
@@ -137,6 +139,7 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         max_events: args.max_events,
         duration: args.duration,
         format: args.format,
+        data: args.data,
         quiet: args.quiet,
         takeover: args.takeover,
         dry_run: args.dry_run,
@@ -172,6 +175,7 @@ impl Plan {
                 From::Latest => serde_json::json!("latest"),
                 From::Earliest => serde_json::json!("earliest"),
                 From::Seq(n) => serde_json::json!(n),
+                From::Time(ms) => serde_json::json!({ "time_unix_ms": ms }),
             },
             "ttl_ms": self.ttl.map(proto::limits::ttl_to_ms),
             "max_events": self.max_events,

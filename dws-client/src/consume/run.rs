@@ -27,7 +27,7 @@ use super::{
 use crate::{
     acks::Input,
     bus::BusConn,
-    cli::Format,
+    cli::{DataMode, Format},
     exit::{CliError, Result},
     pump::{Chunk, Direct, Progress, ProgressWatch, StdoutPump, WriteFailure},
     validate,
@@ -220,7 +220,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
 
 /// The Subscribe request of a run: create (or resume) and attach.
 fn subscribe(plan: &Plan, request_id: u64) -> C {
-    let (start, start_seq) = validate::start(Some(plan.from));
+    let (start, start_seq, start_unix_ms) = validate::start(Some(plan.from));
     C::Subscribe(v1::Subscribe {
         request_id,
         subscription_id: plan.subscribe_id.clone().unwrap_or_default(),
@@ -229,6 +229,7 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         where_exprs: plan.wheres.clone(),
         start: start as i32,
         start_seq,
+        start_unix_ms,
         ttl_ms: plan.ttl.map_or(0, proto::limits::ttl_to_ms),
         attach: true,
         takeover: plan.takeover,
@@ -242,7 +243,8 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         explicit_ack: plan.explicit_ack.is_some(),
         ack_wait_ms: plan.explicit_ack.map_or(0, |d| d.as_millis() as u64),
         // NDJSON is what the bus can render once for every consumer.
-        ndjson_lines: plan.format == Format::Ndjson,
+        // --data json needs the payload parsed, which the client does.
+        ndjson_lines: plan.format == Format::Ndjson && plan.data == DataMode::String,
         // A consume run attaches; the mode is the subscription's own.
         shared: false,
     })
