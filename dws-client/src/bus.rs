@@ -161,12 +161,23 @@ impl BusConn {
         }
     }
 
+    /// The bus lists `feature` in its `HelloAck`.
+    fn has(&self, feature: &str) -> bool {
+        self.hello.features.iter().any(|f| f == feature)
+    }
+
     fn request_id(&mut self) -> u64 {
         self.next_request += 1;
         self.next_request
     }
 
-    pub async fn send(&mut self, kind: C) -> Result<()> {
+    pub async fn send(&mut self, mut kind: C) -> Result<()> {
+        // An older bus reads an ack wait of 0 as 1 ms: name the default.
+        if let C::Subscribe(s) = &mut kind {
+            if s.explicit_ack && s.ack_wait_ms == 0 && !self.has(proto::FEATURE_ACK_WAIT_DEFAULT) {
+                s.ack_wait_ms = proto::limits::DEFAULT_ACK_WAIT.as_millis() as u64;
+            }
+        }
         if let Some(feature) = needs(&kind) {
             if !self.hello.features.iter().any(|f| f == feature) {
                 return Err(CliError::runtime(format!(
@@ -175,6 +186,7 @@ impl BusConn {
                     crate::exit::clip(&self.hello.bus_build),
                     match feature {
                         proto::FEATURE_START_TIME => "--from TIME",
+                        proto::FEATURE_ACK_WAIT_DEFAULT => "`subscribe --ack-wait`",
                         _ => "`dws event get`",
                     }
                 )));
@@ -314,6 +326,7 @@ fn needs(kind: &C) -> Option<&'static str> {
             Some(proto::FEATURE_START_TIME)
         }
         C::GetEvent(_) => Some(proto::FEATURE_GET_EVENT),
+        C::Subscribe(s) if s.default_ack_wait_ms > 0 => Some(proto::FEATURE_ACK_WAIT_DEFAULT),
         _ => None,
     }
 }

@@ -67,6 +67,10 @@ pub enum EventCmd {
     Subscribe(SubscribeArgs),
     Unsubscribe(UnsubscribeArgs),
     Get(GetArgs),
+    /// The running bus's subscription ids, one a line (for completion
+    /// scripts; prints nothing without a bus, never starts one).
+    #[command(name = "__subscription-ids", hide = true)]
+    SubscriptionIds,
     /// The subscriptions (list, info) and operator verbs on one: restart,
     /// skip, disable, enable, seek, parked, replay-parked.
     #[command(subcommand, arg_required_else_help = true)]
@@ -549,6 +553,11 @@ pub struct SubscribeArgs {
     /// default: it lives until removed with unsubscribe).
     #[arg(long, value_name = "DUR|never", value_parser = parse_ttl)]
     pub ttl: Option<Duration>,
+
+    /// The ack wait of its explicit-ack consumers that do not name one
+    /// (`consume --ack explicit` without --ack-wait); default 30s.
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    pub ack_wait: Option<Duration>,
 
     #[command(flatten)]
     pub poison: PoisonArgs,

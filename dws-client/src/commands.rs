@@ -203,6 +203,7 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
             max_deliver,
             on_poison: on_poison as i32,
             backoff_ms: backoff_ms.clone(),
+            default_ack_wait_ms: args.ack_wait.map_or(0, |d| d.as_millis() as u64),
             shared: args.delivery == Delivery::Shared,
             ..v1::Subscribe::default()
         })

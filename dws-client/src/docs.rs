@@ -13,11 +13,71 @@ use crate::{
     print_stdout,
 };
 
-/// Prints the completion script for one shell.
+/// Prints the completion script for one shell: clap's, plus (bash, fish)
+/// completion of subscription ids from the running bus.
 pub fn completions(args: CompletionsArgs) -> Result<()> {
     let mut out = Vec::new();
     clap_complete::generate(args.shell, &mut Cli::command(), "dws", &mut out);
-    print_stdout(&String::from_utf8_lossy(&out))
+    let mut text = String::from_utf8_lossy(&out).into_owned();
+    match args.shell {
+        clap_complete::Shell::Bash => text.push_str(BASH_IDS),
+        clap_complete::Shell::Fish => text.push_str(FISH_IDS),
+        _ => {}
+    }
+    print_stdout(&text)
+}
+
+/// Bash: `--subscribe-id`, `unsubscribe` and `subscription VERB` complete
+/// the running bus's subscription ids; everything else is clap's `_dws`.
+const BASH_IDS: &str = r#"
+# Subscription ids from the running bus (never starts one).
+_dws_subscription_ids() {
+    local profile=() i
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        [[ "${COMP_WORDS[i]}" == --profile ]] && profile=(--profile "${COMP_WORDS[i+1]}")
+    done
+    "${COMP_WORDS[0]}" "${profile[@]}" event __subscription-ids 2>/dev/null
+}
+_dws_ids() {
+    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
+    local sub="${COMP_WORDS[2]}"
+    if [[ "$prev" == --subscribe-id ]] ||
+        { [[ "${COMP_WORDS[1]}" == event && "$cur" != -* ]] &&
+            { [[ "$sub" == unsubscribe && COMP_CWORD -ge 3 ]] ||
+                [[ "$sub" == subscription && COMP_CWORD -ge 4 && "$prev" != --* ]]; }; }; then
+        COMPREPLY=($(compgen -W "$(_dws_subscription_ids)" -- "$cur"))
+        return 0
+    fi
+    _dws "$@"
+}
+complete -F _dws_ids -o bashdefault -o default dws
+"#;
+
+/// Fish: the same ids as candidates of `--subscribe-id`, `unsubscribe`
+/// and `subscription VERB`.
+const FISH_IDS: &str = r#"
+# Subscription ids from the running bus (never starts one).
+function __fish_dws_subscription_ids
+    dws event __subscription-ids 2>/dev/null
+end
+complete -c dws -l subscribe-id -x -a "(__fish_dws_subscription_ids)"
+complete -c dws -n "__fish_seen_subcommand_from unsubscribe" -x -a "(__fish_dws_subscription_ids)"
+complete -c dws -n "__fish_seen_subcommand_from subscription; and __fish_seen_subcommand_from restart skip disable enable seek parked replay-parked info" -x -a "(__fish_dws_subscription_ids)"
+"#;
+
+/// `dws event __subscription-ids`: the running bus's subscription ids, one
+/// a line; nothing (and exit 0) without a bus or on any error, so a
+/// completion never prints noise.
+pub async fn subscription_ids(endpoint: &proto::paths::Endpoint) -> Result<()> {
+    let Ok(Some(fetched)) = crate::status::fetch(endpoint).await else {
+        return Ok(());
+    };
+    let mut text = String::new();
+    for s in &fetched.doc.subscriptions {
+        text.push_str(&s.id);
+        text.push('\n');
+    }
+    print_stdout(&text)
 }
 
 /// Writes every page into `args.dir` and prints their paths, one a line.

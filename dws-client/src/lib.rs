@@ -218,6 +218,7 @@ fn run(cli: Cli) -> Result<()> {
         EventCmd::Subscribe(args) => runtime.block_on(commands::subscribe(args, &endpoint)),
         EventCmd::Unsubscribe(args) => runtime.block_on(commands::unsubscribe(args, &endpoint)),
         EventCmd::Get(args) => runtime.block_on(reading::get(args, &endpoint)),
+        EventCmd::SubscriptionIds => runtime.block_on(docs::subscription_ids(&endpoint)),
         EventCmd::Subscription(verb) => runtime.block_on(subscription::run(verb, &endpoint)),
     }
 }

@@ -40,7 +40,14 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// What this build's bus understands beyond [`PROTOCOL_VERSION`], sent in
 /// `HelloAck.features`: additions an older bus of the same protocol version
 /// would misread or refuse, so a client uses them only when listed.
-pub const FEATURES: &[&str] = &[FEATURE_START_TIME, FEATURE_GET_EVENT];
+pub const FEATURES: &[&str] = &[
+    FEATURE_START_TIME,
+    FEATURE_GET_EVENT,
+    FEATURE_ACK_WAIT_DEFAULT,
+];
+/// `Subscribe.default_ack_wait_ms`, and `ack_wait_ms = 0` meaning the
+/// subscription's default (an older bus would read 0 as 1 ms).
+pub const FEATURE_ACK_WAIT_DEFAULT: &str = "ack_wait_default";
 /// `Subscribe.start = START_TIME` (an older bus would start at the latest).
 pub const FEATURE_START_TIME: &str = "start_time";
 /// The `GetEvent` frame (an older bus closes the connection).

@@ -6,6 +6,9 @@ use crate::codec::MAX_FRAME_LEN;
 
 /// Most event-key patterns in one subscription.
 pub const MAX_PATTERNS: usize = 256;
+/// How long an explicit-ack consumer's event may stay unacked before it is
+/// delivered again, when neither the consumer nor its subscription says.
+pub const DEFAULT_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Longest `--filter` regex, in bytes.
 pub const MAX_FILTER_LEN: usize = 4096;
 /// Compiled size limit of a `--filter` regex (the regex crate's own bound).

@@ -227,6 +227,9 @@ pub struct SubscriptionStatus {
     pub delayed: u64,
     /// When the first of them is due again.
     pub next_due_unix_ms: Option<i64>,
+    /// The ack wait of explicit-ack consumers that name none (`subscribe
+    /// --ack-wait`); `None`: 30 s.
+    pub ack_wait_ms: Option<u64>,
     /// The `--where` expressions (ANDed); empty: none.
     #[serde(rename = "where")]
     pub where_exprs: Vec<String>,

@@ -127,6 +127,40 @@ fn a_nack_and_the_ack_wait_deliver_again_and_garbage_on_stdin_changes_nothing() 
     }
 }
 
+/// `subscribe --ack-wait` sets the ack wait of its explicit-ack consumers
+/// that name none; one that names its own keeps it. (The default, 30 s,
+/// would not redeliver within this test's 15 s.)
+#[test]
+fn subscribe_ack_wait_is_the_wait_of_consumers_that_name_none() {
+    let env = TestEnv::new();
+    env.subscribe(&["k.*", "--id", "s1", "--ack-wait", "1s"]);
+    assert_eq!(listed(&env.status(), "s1")["ack_wait_ms"], 1000);
+    crate::ecosystem::assert_valid("status", &env.status());
+    publish_n(&env, 1);
+    let mut c = explicit(&env, &[]);
+    event_line(&mut c, 1);
+    // Never acked: after the subscription's 1 s it comes again.
+    let lines = c.wait_stdout_lines(2, Duration::from_secs(15));
+    let again = json(&lines[1]);
+    assert_eq!(
+        (again["seq"].as_u64(), again["delivery"].as_u64()),
+        (Some(1), Some(2))
+    );
+    stop_term(c);
+    // A consumer's own --ack-wait wins: 60 s, so nothing comes again soon.
+    let mut c = explicit(&env, &["--ack-wait", "60s"]);
+    event_line(&mut c, 1);
+    assert!(
+        c.try_wait_stdout_lines(2, Duration::from_secs(3)).is_none(),
+        "{}",
+        c.report()
+    );
+    stop_term(c);
+    // Without a subscription default: 30 s, as before.
+    env.subscribe(&["k.*", "--id", "s2"]);
+    assert_eq!(listed(&env.status(), "s2")["ack_wait_ms"], Value::Null);
+}
+
 #[test]
 fn a_parent_that_dies_mid_batch_gets_everything_unacked_again() {
     let env = TestEnv::new();

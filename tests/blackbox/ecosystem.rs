@@ -562,6 +562,49 @@ fn completion_scripts_for_every_shell_and_bash_completes_subcommands() {
         "{flags:?}"
     );
     env.wait_no_busd(Duration::ZERO, "completions start no bus");
+    // Without a bus, a subscription id completes to nothing (and starts none).
+    let ids = |words: &str| {
+        let out = env
+            .command(
+                "bash",
+                [
+                    "-c",
+                    format!(
+                        "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}}-1)); \
+                         _dws_ids dws \"${{COMP_WORDS[-1]}}\" \"${{COMP_WORDS[-2]}}\"; \
+                         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+                        script.display()
+                    )
+                    .as_str(),
+                ],
+            )
+            .run_with_timeout(EXIT_TIMEOUT);
+        out.assert_code(0);
+        let mut v: Vec<String> = out
+            .stdout
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(ids("dws event consume --subscribe-id ''").is_empty());
+    env.wait_no_busd(Duration::ZERO, "completing an id starts no bus");
+    // With one: the running bus's ids, where an id goes.
+    env.subscribe(&["c.*", "--id", "alpha"]);
+    env.subscribe(&["c.*", "--id", "beta"]);
+    assert_eq!(
+        ids("dws event consume --subscribe-id ''"),
+        ["alpha", "beta"]
+    );
+    assert_eq!(ids("dws event consume --subscribe-id al"), ["alpha"]);
+    assert_eq!(ids("dws event unsubscribe ''"), ["alpha", "beta"]);
+    assert_eq!(ids("dws event subscription skip b"), ["beta"]);
+    // Elsewhere, clap's completion as before.
+    let subs = ids("dws event co");
+    assert!(subs.iter().any(|l| l == "consume"), "{subs:?}");
 }
 
 #[test]

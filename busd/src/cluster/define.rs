@@ -143,6 +143,7 @@ fn definition_record(hub: &Hub, req: &v1::Subscribe, selector: &Selector) -> Sub
         // Where a shared subscription starts on every host.
         shared_from: if req.shared { start_after } else { 0 },
         where_exprs: selector.where_strs().to_vec(),
+        ack_wait_ms: (req.default_ack_wait_ms > 0).then_some(req.default_ack_wait_ms),
     };
     instance_for_host(&spec, now)
 }

@@ -221,6 +221,7 @@ impl Hub {
                     delayed: delayed as u64,
                     next_due_unix_ms: next_due.map(|at| subscription::wall_ms(at, wall)),
                     where_exprs: s.selector.where_strs().to_vec(),
+                    ack_wait_ms: s.ack_wait.map(|d| d.as_millis() as u64),
                     where_errors: s.counters.where_errors,
                 }
             })

@@ -209,6 +209,8 @@ impl Hub {
                 .iter()
                 .map(|&ms| Duration::from_millis(ms))
                 .collect();
+            sub.ack_wait = (req.default_ack_wait_ms > 0)
+                .then(|| Duration::from_millis(req.default_ack_wait_ms));
             if req.shared {
                 if !cfg.clustered {
                     return Err(Refusal::new(
@@ -274,9 +276,11 @@ impl Hub {
                 .subs
                 .get_mut(&id)
                 .ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
-            let explicit = req
-                .explicit_ack
-                .then(|| Duration::from_millis(req.ack_wait_ms.max(1)));
+            // 0: the subscription's own default (`subscribe --ack-wait`).
+            let explicit = req.explicit_ack.then(|| match req.ack_wait_ms {
+                0 => sub.ack_wait.unwrap_or(proto::limits::DEFAULT_ACK_WAIT),
+                ms => Duration::from_millis(ms),
+            });
             sub.attach(conn, window as usize, explicit);
             if let Some(c) = st.conns.get_mut(&conn) {
                 c.attached = Some(id.clone());

@@ -181,6 +181,10 @@ pub struct SubRecord {
     /// `--where` expressions (ANDed), part of the spec like `patterns`.
     #[serde(rename = "where", default, skip_serializing_if = "Vec::is_empty")]
     pub where_exprs: Vec<String>,
+    /// The ack wait of an explicit-ack consumer that names none
+    /// (`subscribe --ack-wait`); `None`: 30 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_wait_ms: Option<u64>,
 }
 
 fn is_zero(v: &u64) -> bool {

@@ -201,6 +201,7 @@ mod tests {
             patterns: vec!["a.b".into()],
             filter: String::new(),
             where_exprs: vec![],
+            ack_wait_ms: None,
             ttl_ms: 600_000,
             created_at_unix_ms: 1,
             upstream_id: None,

@@ -146,6 +146,8 @@ pub struct Subscription {
     /// nack without a delay is `backoff[N-1]`, the last step repeating;
     /// empty: at once.
     pub backoff: Vec<Duration>,
+    /// The ack wait of an explicit-ack consumer that names none.
+    pub ack_wait: Option<Duration>,
     pub state: State,
     /// Shared delivery (cluster): events enter `pending` only when this
     /// host claimed them ([`Subscription::push_claimed`]), never by `offer`.
@@ -230,6 +232,7 @@ impl Subscription {
             max_deliver: 0,
             on_poison: PoisonPolicy::PoisonHalt,
             backoff: Vec::new(),
+            ack_wait: None,
             state: State::Active,
             shared: false,
             shared_from: start_after,

@@ -61,6 +61,7 @@ impl Subscription {
             .iter()
             .map(|&ms| Duration::from_millis(ms))
             .collect();
+        sub.ack_wait = rec.ack_wait_ms.map(Duration::from_millis);
         sub.shared_from = if rec.shared {
             rec.shared_from
         } else {
@@ -202,6 +203,7 @@ impl Subscription {
                 .collect(),
             shared_from: if self.shared { self.shared_from } else { 0 },
             where_exprs: self.selector.where_strs().to_vec(),
+            ack_wait_ms: self.ack_wait.map(|d| d.as_millis() as u64),
         }
     }
 }

@@ -39,14 +39,16 @@ pub struct Plan {
     pub upstream: Option<v1::UpstreamSpec>,
     /// `--ack explicit`: how long an unacked event waits before it comes again.
     pub explicit_ack: Option<Duration>,
+    /// `--ack-wait` was given (else the subscription's default, or 30 s).
+    pub ack_wait_named: bool,
     pub max_deliver: u32,
     pub on_poison: v1::PoisonPolicy,
     /// `--backoff`, in ms (empty: redeliver at once).
     pub backoff_ms: Vec<u64>,
 }
 
-/// `--ack-wait` when not given.
-pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+/// `--ack-wait` when neither the run nor its subscription names one.
+pub const DEFAULT_ACK_WAIT: Duration = proto::limits::DEFAULT_ACK_WAIT;
 
 /// `--max-deliver` / `--on-poison`, checked: what a new subscription gets.
 pub fn poison(args: &crate::cli::PoisonArgs) -> Result<(u32, v1::PoisonPolicy)> {
@@ -145,6 +147,7 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         dry_run: args.dry_run,
         upstream,
         explicit_ack,
+        ack_wait_named: args.ack_wait.is_some(),
         max_deliver,
         on_poison,
         backoff_ms,

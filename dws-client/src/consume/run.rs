@@ -241,7 +241,13 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         on_poison: plan.on_poison as i32,
         backoff_ms: plan.backoff_ms.clone(),
         explicit_ack: plan.explicit_ack.is_some(),
-        ack_wait_ms: plan.explicit_ack.map_or(0, |d| d.as_millis() as u64),
+        // Not named: 0, the subscription's own default (`subscribe
+        // --ack-wait`) or 30 s; an older bus gets 30 s (`BusConn::send`).
+        ack_wait_ms: match plan.explicit_ack {
+            Some(d) if plan.ack_wait_named => d.as_millis() as u64,
+            _ => 0,
+        },
+        default_ack_wait_ms: 0,
         // NDJSON is what the bus can render once for every consumer.
         // --data json needs the payload parsed, which the client does.
         ndjson_lines: plan.format == Format::Ndjson && plan.data == DataMode::String,

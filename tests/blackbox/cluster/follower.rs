@@ -298,6 +298,9 @@ fn a_follower_away_past_the_hard_cap_reports_its_unacked_event_lost() {
 
     let mut c = explicit(&b, "fs");
     c.wait_stdout_lines(1, T);
+    // stdout and stderr are read apart: the gap line may show up after
+    // the first event line has.
+    c.try_wait_stderr_line(T, is_gap);
     let gaps = gaps(&c.stderr_so_far());
     assert!(
         gaps.iter()

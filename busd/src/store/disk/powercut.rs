@@ -68,6 +68,7 @@ fn snapshot(head: u64, floor: u64, cursor: u64) -> Snapshot {
             patterns: vec!["*".into()],
             filter: String::new(),
             where_exprs: vec![],
+            ack_wait_ms: None,
             ttl_ms: 0,
             created_at_unix_ms: 0,
             upstream_id: None,

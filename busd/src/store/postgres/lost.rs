@@ -75,6 +75,7 @@ mod tests {
             delayed: vec![],
             shared_from: 0,
             where_exprs: vec![],
+            ack_wait_ms: None,
         }
     }
 

@@ -119,6 +119,7 @@ pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
         delayed: vec![],
         shared_from: record.shared_from,
         where_exprs: record.where_exprs.clone(),
+        ack_wait_ms: record.ack_wait_ms,
     }
 }
 

@@ -50,6 +50,7 @@ fn sub(id: &str, cursor: u64) -> SubRecord {
         shared: false,
         shared_from: 0,
         where_exprs: vec![],
+        ack_wait_ms: None,
         id: id.into(),
         patterns: vec!["a.*".into()],
         filter: String::new(),
