@@ -7,38 +7,17 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use crate::test_ca::Ca;
 use dws_tests::{pg::PgServer, TestEnv, EXIT_TIMEOUT};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::Value;
-
-/// A CA: its certificate (PEM) and what signs with it.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-fn new_ca(name: &str) -> Ca {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let key = KeyPair::generate().expect("CA key");
-    let cert = params.self_signed(&key).expect("self-sign the CA");
-    Ca {
-        pem: cert.pem(),
-        issuer: Issuer::new(params, key),
-    }
-}
 
 /// A server certificate for `names`, signed by `ca`: `(cert, key)` PEM.
 fn server_cert(ca: &Ca, names: &[&str]) -> (String, String) {
-    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-    let mut params = CertificateParams::new(names).expect("server params");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "dws test server");
-    let key = KeyPair::generate().expect("server key");
-    let cert = params.signed_by(&key, &ca.issuer).expect("sign");
-    (cert.pem(), key.serialize_pem())
+    ca.server_cert(names, "dws test server")
+}
+
+fn new_ca(name: &str) -> Ca {
+    Ca::new(name)
 }
 
 /// `pem` written to a file in `dir`.

@@ -14,31 +14,18 @@ use std::{
     time::Duration,
 };
 
+use crate::test_ca::Ca;
 use dws_tests::{
     fake_dingtalk::{personal::PersonalEvent, Event, FakeDingTalk},
     Child, TestEnv, EXIT_TIMEOUT,
 };
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
 
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
 fn new_ca(name: &str) -> Ca {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let key = KeyPair::generate().expect("CA key");
-    let cert = params.self_signed(&key).expect("self-sign the CA");
-    Ca {
-        pem: cert.pem(),
-        issuer: Issuer::new(params, key),
-    }
+    Ca::new(name)
 }
 
 /// A TLS server in front of the fake: every connection's TLS is ended here
@@ -53,17 +40,11 @@ struct TlsFront {
 impl TlsFront {
     /// A front for `backend` with a `localhost` certificate signed by `ca`.
     fn start(ca: &Ca, backend: SocketAddr) -> TlsFront {
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "fake dingtalk");
-        let key = KeyPair::generate().expect("server key");
-        let cert = params.signed_by(&key, &ca.issuer).expect("sign");
-        let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(cert.pem().as_bytes())
-                .collect::<Result<_, _>>()
-                .expect("cert PEM");
-        let key = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key PEM");
+        let (cert, key) = ca.server_cert(&["localhost"], "fake dingtalk");
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<_, _>>()
+            .expect("cert PEM");
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key PEM");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

@@ -30,41 +30,17 @@
 
 use std::{
     os::unix::{fs::PermissionsExt, net::UnixDatagram},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
 
+use dws_tests::common::{repo, tool};
 use dws_tests::{dws_bin, fake_dingtalk::FakeDingTalk, Child, Ready, Sig, TestEnv, EXIT_TIMEOUT};
 use serde_json::{json, Value};
 
 /// Bound of the waits in this module.
 const T: Duration = Duration::from_secs(30);
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
-/// `name` on this process's PATH. Missing: `None` with a note, or a failure
-/// under CI.
-fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "`{name}` is not on PATH, and CI must not skip the checks that need it"
-        );
-        eprintln!("note: `{name}` is not on PATH: skipping the checks that need it");
-    }
-    found
-}
 
 /// The real python3 executable (not a version-manager shim, which would
 /// look for its config under the test's HOME).

@@ -108,6 +108,7 @@ mod sources;
 mod spawn;
 mod state_files;
 mod subscriptions;
+mod test_ca;
 mod where_filter;
 mod wire;
 mod workdir;

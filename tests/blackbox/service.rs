@@ -21,34 +21,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use dws_tests::common::{repo, tool};
 use dws_tests::{Child, Sig, TestEnv, EXIT_TIMEOUT};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
-/// `name` on PATH, or `None` with the reason printed (CI must have it).
-fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "`{name}` is not on PATH, and CI must not skip the checks that need it"
-        );
-        eprintln!("note: `{name}` is not on PATH: skipping the checks that need it");
-    }
-    found
-}
 
 /// Binds `path` as systemd's `ListenStream=` would (its directory 0700).
 fn listen_at(path: &Path) -> UnixListener {

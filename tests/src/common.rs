@@ -143,3 +143,29 @@ pub fn wait_subscription_known(env: &TestEnv, id: &str) {
         },
     );
 }
+
+/// The repository's root (the parent of `tests/`).
+pub fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// `name` on this process's PATH. Missing: `None` with a note, or a
+/// failure under CI (which must not skip the checks that need it).
+pub fn tool(name: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "`{name}` is not on PATH, and CI must not skip the checks that need it"
+        );
+        eprintln!("note: `{name}` is not on PATH: skipping the checks that need it");
+    }
+    found
+}
