@@ -94,7 +94,7 @@ pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Sh
                     }
                     Err(why) => {
                         link.epoch.store(0, Ordering::Release);
-                        link.hub.store_failed(format!("lost the cluster's upstream lease: {why}"));
+                        link.hub.lease_lost(format!("lost the cluster's upstream lease: {why}"));
                         return;
                     }
                 }

@@ -160,6 +160,9 @@ struct State {
     store: StoreInfo,
     /// Set once the store failed; the bus is stopping.
     store_error: Option<Arc<str>>,
+    /// The cluster lease is lost for good: the committer fails the store
+    /// once the batch it is appending, if any, is resolved.
+    lease_lost: Option<String>,
     /// The committer flushes what is left and stops.
     closing: bool,
     refused: Refused,
@@ -328,6 +331,7 @@ impl Hub {
             subs_saved_gen: 0,
             store,
             store_error: None,
+            lease_lost: None,
             closing: false,
             refused: Refused::default(),
             cluster: None,

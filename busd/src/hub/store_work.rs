@@ -135,6 +135,11 @@ impl Hub {
             if st.store_error.is_some() {
                 return CommitWork::Stop;
             }
+            if let Some(why) = st.lease_lost.take() {
+                drop(st);
+                self.store_failed(why);
+                return CommitWork::Stop;
+            }
             let due = last_save + SAVE_INTERVAL;
             let pick = pick_work(Wants {
                 staged: !st.staged.is_empty(),
@@ -273,6 +278,15 @@ impl Hub {
             .durable
             .send_modify(|d| d.failed = Some(why.clone()));
         self.shared.shutdown.trigger(ByeReason::Shutdown);
+    }
+
+    /// The cluster's upstream lease is lost for good. Not failed at once:
+    /// a batch the committer is appending may have committed before another
+    /// host took the lease (its answer lost), and its publishers must hear
+    /// that. The committer resolves it, then fails the store with `why`.
+    pub fn lease_lost(&self, why: String) {
+        self.state().lease_lost = Some(why);
+        self.shared.commit_wake.notify_one();
     }
 
     /// Asks the committer to flush what is staged, save the subscriptions

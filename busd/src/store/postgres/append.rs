@@ -60,18 +60,30 @@ pub(super) async fn append_through_outage(
     let mut failed_once = false;
     loop {
         let e = epoch.load(Ordering::Acquire);
-        if e == REGAINING {
-            if Instant::now() >= deadline {
-                return Err(PgError::Fenced(format!(
-                    "the lease was not regained within {}s",
-                    OUTAGE_BOUND.as_secs()
-                )));
-            }
+        let fenced = if e == REGAINING && Instant::now() >= deadline {
+            Some(format!(
+                "the lease was not regained within {}s",
+                OUTAGE_BOUND.as_secs()
+            ))
+        } else if e == REGAINING {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
-        }
-        if e <= 0 {
-            return Err(PgError::Fenced(log::NO_LEASE.into()));
+        } else if e <= 0 {
+            Some(log::NO_LEASE.to_owned())
+        } else {
+            None
+        };
+        if let Some(why) = fenced {
+            // An attempt whose answer was lost may have committed before
+            // the lease went: then the batch is durable, and so reported.
+            if failed_once {
+                if let Ok(client) = ensure(conn, settings).await {
+                    if already_in(client, settings, events).await {
+                        return Ok(());
+                    }
+                }
+            }
+            return Err(PgError::Fenced(why));
         }
         let result = match ensure(conn, settings).await {
             Ok(client) => log::append(client, &settings.cluster, e, events).await,
