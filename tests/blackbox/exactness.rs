@@ -85,18 +85,7 @@ fn verb_json(env: &TestEnv, args: &[&str]) -> Value {
 fn with_event_1_parked(env: &TestEnv) {
     env.subscribe(&["k.*", "--id", "s1"]);
     env.publish("k.e", "{\"n\":1}", &["--id", "e1"]);
-    let mut c = env
-        .dws([
-            "event",
-            "consume",
-            "--subscribe-id",
-            "s1",
-            "--ack",
-            "explicit",
-        ])
-        .stdin_pipe()
-        .spawn();
-    c.wait_ready();
+    let mut c = crate::acks::explicit(env, &[]);
     c.wait_stdout_lines(1, LONG);
     c.write_stdin(b"term 1 later\n");
     env.wait_status(LONG, "event 1 parked", |st| listed(st, "s1")["parked"] == 1);
@@ -403,18 +392,7 @@ fn the_gap_of_an_evicted_nacked_event_names_the_seq_after_it() {
     const N: u64 = 1001;
     let env = TestEnv::with_env(&[("DWS_EVENT_BUS_RETENTION_EVENTS", "1010")]);
     env.subscribe(&["k.*", "--id", "s1"]);
-    let mut c = env
-        .dws([
-            "event",
-            "consume",
-            "--subscribe-id",
-            "s1",
-            "--ack",
-            "explicit",
-        ])
-        .stdin_pipe()
-        .spawn();
-    c.wait_ready();
+    let mut c = crate::acks::explicit(&env, &[]);
     publish_many(&env, "k.e", "a", N, 16);
     c.wait_stdout_lines(N as usize, LONG);
     let nacks: String = (1..=N).map(|i| format!("nack {i} 1h\n")).collect();
