@@ -1398,6 +1398,18 @@ impl UnreadChild {
             .unwrap_or_else(|e| panic!("kill -{sig} {}: {e}", self.pid()));
     }
 
+    /// Takes the stdout pipe for a caller that reads it itself (the
+    /// benchmark checks every line as it comes); `None` once taken.
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.stdout.take()
+    }
+
+    /// The exit status, once the process has exited (reaps it).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        let _ = self.is_running();
+        self.status
+    }
+
     /// Starts reading stdout now (a reader that stalled and came back).
     pub fn start_reading(self) -> Child {
         // `UnreadChild`'s `Drop` kills the process: move the fields out

@@ -1,6 +1,7 @@
 //! A raw client of the bus socket for black-box tests: frames encoded with
 //! `proto::codec::encode_frame` and decoded by hand (4-byte big-endian length
-//! + `prost` decode), so a test does not share the daemon's decoder.
+//! + `prost` decode, [`decode_frame`]), so a test does not share the daemon's
+//! decoder. `dws-bench` reads its publish acks through [`decode_frame`] too.
 
 use std::{
     io::{ErrorKind, Read, Write},
@@ -79,20 +80,7 @@ impl Wire {
 
     /// Decodes one complete frame from the buffer, if there is one.
     pub fn take_frame(&mut self) -> Option<ServerFrame> {
-        if self.buf.len() < 4 {
-            return None;
-        }
-        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
-        assert!(
-            len <= proto::MAX_FRAME_LEN,
-            "bus sent a frame of {len} bytes"
-        );
-        if self.buf.len() < 4 + len {
-            return None;
-        }
-        self.buf.advance(4);
-        let body = self.buf.split_to(len);
-        Some(ServerFrame::decode(&body[..]).expect("bus sent an undecodable frame"))
+        decode_frame(&mut self.buf).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Reads until one frame arrives; panics if none comes within `timeout`
@@ -172,6 +160,47 @@ impl Wire {
     }
 }
 
+/// Why bytes from the bus are not a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length prefix exceeds `proto::MAX_FRAME_LEN`.
+    TooLong(usize),
+    /// The body is not a `ServerFrame`.
+    Undecodable(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::TooLong(len) => write!(f, "bus sent a frame of {len} bytes"),
+            FrameError::Undecodable(e) => write!(f, "bus sent an undecodable frame: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Takes one complete frame (4-byte big-endian length + `ServerFrame`
+/// protobuf body) off the front of `buf`; `Ok(None)` while it is incomplete
+/// (nothing is consumed then).
+pub fn decode_frame(buf: &mut BytesMut) -> Result<Option<ServerFrame>, FrameError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > proto::MAX_FRAME_LEN {
+        return Err(FrameError::TooLong(len));
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    buf.advance(4);
+    let body = buf.split_to(len);
+    ServerFrame::decode(&body[..])
+        .map(Some)
+        .map_err(|e| FrameError::Undecodable(e.to_string()))
+}
+
 /// What one read brought.
 #[derive(Debug, PartialEq, Eq)]
 enum Got {
@@ -180,4 +209,63 @@ enum Got {
     /// EOF or reset.
     Closed,
     Failed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::v1::{server_frame, PublishAck};
+
+    fn ack_bytes(id: u64) -> BytesMut {
+        let frame = ServerFrame {
+            kind: Some(server_frame::Kind::PublishAck(PublishAck {
+                request_id: id,
+                ..Default::default()
+            })),
+        };
+        let body = frame.encode_to_vec();
+        let mut b = BytesMut::new();
+        b.put_u32(body.len() as u32);
+        b.put_slice(&body);
+        b
+    }
+
+    #[test]
+    fn decodes_whole_frames_and_waits_for_partial_ones() {
+        let mut all = ack_bytes(7);
+        all.extend_from_slice(&ack_bytes(8));
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&all[..all.len() - 1]);
+        let first = decode_frame(&mut buf).expect("valid").expect("complete");
+        assert!(matches!(
+            first.kind,
+            Some(server_frame::Kind::PublishAck(PublishAck {
+                request_id: 7,
+                ..
+            }))
+        ));
+        let left = buf.len();
+        assert_eq!(decode_frame(&mut buf), Ok(None));
+        assert_eq!(buf.len(), left, "an incomplete frame is not consumed");
+        buf.extend_from_slice(&all[all.len() - 1..]);
+        assert!(decode_frame(&mut buf).expect("valid").is_some());
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn refuses_oversized_and_garbage_frames() {
+        let mut buf = BytesMut::new();
+        buf.put_u32(proto::MAX_FRAME_LEN as u32 + 1);
+        assert_eq!(
+            decode_frame(&mut buf),
+            Err(FrameError::TooLong(proto::MAX_FRAME_LEN + 1))
+        );
+        let mut buf = BytesMut::new();
+        buf.put_u32(2);
+        buf.put_slice(&[0xff, 0xff]);
+        assert!(matches!(
+            decode_frame(&mut buf),
+            Err(FrameError::Undecodable(_))
+        ));
+    }
 }

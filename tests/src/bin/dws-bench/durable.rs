@@ -1,0 +1,276 @@
+//! Durable publishing: P publisher connections flood a bus with no
+//! consumers (a PublishAck means the event is written, and fdatasync'ed on
+//! the fsync store), and publish→ack latency at a fixed rate.
+
+use std::{path::PathBuf, sync::Barrier, thread};
+
+use serde_json::Value;
+
+use crate::{
+    fanout::Mode,
+    opts::{Opts, StoreSel},
+    procs::{bus_info, guarded, interrupted, BusEnv, CMD_TIMEOUT},
+    publisher::Publisher,
+    report::{percentile, size_name},
+    table::{Col, Row, Table},
+    unix_nanos, Res, EVENT_TYPE,
+};
+
+pub struct DurableResult {
+    /// Acked publishes/s: events / (last ack − first send).
+    pub rate: f64,
+    pub ack_p50_us: f64,
+    pub ack_p99_us: f64,
+    pub ack_max_us: f64,
+    pub acks: usize,
+}
+
+/// Starts the bus of `env` without a consumer (by publishing one event of
+/// another type through `dws event publish`) and checks it runs on `store`.
+/// Returns the bus socket.
+pub fn start_bus(env: &BusEnv, store: StoreSel) -> Res<PathBuf> {
+    let r = env.run_dws(&["event", "publish", "bench.start"], CMD_TIMEOUT)?;
+    if !r.ok {
+        return Err(format!(
+            "`dws event publish bench.start` failed ({:?}): {} {}\n{}",
+            r.code,
+            r.stdout.trim(),
+            r.stderr.trim(),
+            env.log_tail()
+        ));
+    }
+    let status = env.status()?;
+    if status["running"] != Value::Bool(true) {
+        return Err(format!(
+            "no bus running after `dws event publish`: {status}"
+        ));
+    }
+    store.check(&status)?;
+    Ok(bus_info(&status)?.0)
+}
+
+/// `publishers` connections to a fresh bus on `store` with no consumers
+/// publish `events` events of `size` bytes between them (the first ones
+/// take one more when it does not divide), each from its own thread: in
+/// `Mode::Flood`, as fast as acks allow with at most `inflight` unacked per
+/// connection, all starting together; in `Mode::Rate(r)`, at `r`/s each.
+/// The events are not consumed; default retention drops old ones.
+pub fn run_durable(
+    store: StoreSel,
+    size: usize,
+    publishers: usize,
+    events: u64,
+    mode: Mode,
+    inflight: u64,
+) -> Res<DurableResult> {
+    let mut env = BusEnv::new(&store.env());
+    let socket = start_bus(&env, store)?;
+    let head_before = env.status()?["log"]["head_seq"].as_u64().unwrap_or(0);
+    let mut pubs = Vec::with_capacity(publishers);
+    for _ in 0..publishers {
+        let mut p = Publisher::connect(&socket)?;
+        p.track_latency();
+        pubs.push(p);
+    }
+    let per = events / publishers as u64;
+    let extra = events % publishers as u64;
+    let start = Barrier::new(publishers);
+    let outcomes: Vec<Res<(u64, u64, Vec<u64>)>> = thread::scope(|s| {
+        let handles: Vec<_> = pubs
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut p)| {
+                let n = per + u64::from((i as u64) < extra);
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let first = match mode {
+                        Mode::Flood => p.flood(n, size, inflight, None)?,
+                        Mode::Rate(rate) => p.paced(n, size, rate, inflight)?,
+                    };
+                    let last = unix_nanos();
+                    let lat = p.take_latencies();
+                    p.close();
+                    Ok((first, last, lat))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut first = u64::MAX;
+    let mut last = 0;
+    let mut lat = Vec::with_capacity(events as usize);
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let (f, l, mut v) =
+            o.map_err(|e| format!("publisher {}: {e}\n{}", i + 1, env.log_tail()))?;
+        first = first.min(f);
+        last = last.max(l);
+        lat.append(&mut v);
+    }
+    let status = env.status()?;
+    let head = status["log"]["head_seq"].as_u64().unwrap_or(0);
+    if head < head_before + events {
+        return Err(format!(
+            "all {events} publishes acked, but the log head moved only from {head_before} to {head}"
+        ));
+    }
+    if !status["store"]["last_error"].is_null() {
+        return Err(format!("store error: {}", status["store"]["last_error"]));
+    }
+    if lat.len() as u64 != events {
+        return Err(format!(
+            "{} ack latencies recorded for {events} publishes",
+            lat.len()
+        ));
+    }
+    env.stop()?;
+    lat.sort_unstable();
+    Ok(DurableResult {
+        rate: events as f64 / (last.saturating_sub(first).max(1) as f64 / 1e9),
+        ack_p50_us: percentile(&lat, 0.50),
+        ack_p99_us: percentile(&lat, 0.99),
+        ack_max_us: lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
+        acks: lat.len(),
+    })
+}
+
+/// Runs `f` `runs` times and keeps the median result by `key`.
+pub fn median_of<T>(runs: usize, key: impl Fn(&T) -> f64, f: impl Fn() -> Res<T>) -> Res<T> {
+    let mut rs = (0..runs).map(|_| guarded(&f)).collect::<Res<Vec<_>>>()?;
+    rs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    Ok(rs.swap_remove(rs.len() / 2))
+}
+
+/// Durable-publish throughput (durability × payload × publishers) and the
+/// publish→ack latency at a fixed rate.
+pub fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
+    println!();
+    println!(
+        "Durable publish: P publisher connections flood `{EVENT_TYPE}` (pipelined, ≤{} unacked each), no consumers, disk store",
+        opts.inflight
+    );
+    println!(
+        "(publishes/s = events / (last PublishAck − first send); ack µs = frame written → its PublishAck read, \
+         under saturation; median of {} run(s) by publishes/s, each on a fresh bus)",
+        opts.durable_runs
+    );
+    println!();
+    println!(
+        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}",
+        "durability",
+        "payload",
+        "publishers",
+        "events",
+        "publishes/s",
+        "MiB/s",
+        "ack p50 µs",
+        "ack p99 µs",
+        "ack max µs"
+    );
+    for store in durable_stores(opts) {
+        for &size in &[256usize, 4096] {
+            for &p in &opts.durable_publishers {
+                if interrupted() {
+                    return;
+                }
+                let events = if size == 256 {
+                    opts.durable_events_small
+                } else {
+                    opts.durable_events_large
+                };
+                let result = median_of(
+                    opts.durable_runs,
+                    |r: &DurableResult| r.rate,
+                    || run_durable(store, size, p, events, Mode::Flood, opts.inflight),
+                );
+                if let (Ok(r), StoreSel::DISK_FSYNC, 256) = (&result, store, size) {
+                    table.record_durable_flood(p, r.rate);
+                }
+                match result {
+                    Ok(r) => println!(
+                        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12.0}  {:>8.1}  {:>10.0}  {:>10.0}  {:>10.0}",
+                        store.durability,
+                        size_name(size),
+                        p,
+                        events,
+                        r.rate,
+                        r.rate * size as f64 / (1024.0 * 1024.0),
+                        r.ack_p50_us,
+                        r.ack_p99_us,
+                        r.ack_max_us
+                    ),
+                    Err(e) => {
+                        println!(
+                            "{:>10}  {:>7}  {:>10}  {:>7}  FAILED (see below)",
+                            store.durability,
+                            size_name(size),
+                            p,
+                            events
+                        );
+                        failures.push(format!(
+                            "durable publish durability={} payload={} publishers={p}: {e}",
+                            store.durability,
+                            size_name(size)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    let events = ((opts.durable_rate as f64 * opts.rate_secs).round() as u64).max(1);
+    println!();
+    println!(
+        "Publish→ack latency at a fixed rate: 1 publisher, {} publishes/s for {:.1} s, 256 B, no consumers, disk store",
+        opts.durable_rate, opts.rate_secs
+    );
+    for store in durable_stores(opts) {
+        if interrupted() {
+            return;
+        }
+        match guarded(|| {
+            run_durable(
+                store,
+                256,
+                1,
+                events,
+                Mode::Rate(opts.durable_rate),
+                opts.inflight,
+            )
+        }) {
+            Ok(r) => {
+                if store == StoreSel::DISK_FSYNC {
+                    table.set(Row::AckP50, Col::BusDisk, Some(r.ack_p50_us));
+                    table.set(Row::AckP99, Col::BusDisk, Some(r.ack_p99_us));
+                }
+                println!(
+                    "  {:<5}  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   ({} acks)",
+                    store.durability, r.ack_p50_us, r.ack_p99_us, r.ack_max_us, r.acks
+                )
+            }
+            Err(e) => {
+                println!("  {:<5}  FAILED (see below)", store.durability);
+                failures.push(format!(
+                    "publish→ack latency durability={}: {e}",
+                    store.durability
+                ));
+            }
+        }
+    }
+}
+
+/// The stores of the durable-publish section: the disk store fsynced and
+/// not, and the cluster store with `--store postgres`.
+pub fn durable_stores(opts: &Opts) -> Vec<StoreSel> {
+    let mut stores = vec![StoreSel::DISK_FSYNC, StoreSel::DISK_NONE];
+    if opts.store == StoreSel::POSTGRES {
+        stores.push(StoreSel::POSTGRES);
+    }
+    stores
+}

@@ -1,0 +1,339 @@
+//! `--peers`: the rest of issue 20's table. The bus cells the other sections
+//! did not measure (both stores, the table's scenarios), then every peer
+//! workload through `dws-peers`, then the table and every goal's ratio.
+
+use std::time::Duration;
+
+use crate::{
+    durable::{median_of, run_durable, DurableResult},
+    fanout::{run_fanout, run_fanout_median, Mode},
+    opts::{Opts, StoreSel},
+    peers,
+    procs::{guarded, interrupted},
+    report::size_name,
+    table::{Col, Row, Table},
+};
+
+/// The (N, payload) fan-out scenarios of the table.
+const FANOUT_SCENARIOS: [(usize, usize); 3] = [(4, 256), (16, 256), (4, 4096)];
+/// The longest a peer workload may take per run it makes.
+const PEER_TIMEOUT_PER_RUN: Duration = Duration::from_secs(120);
+
+/// One `dws-peers` invocation and where its summary keys go.
+struct PeerJob {
+    workload: &'static str,
+    args: Vec<String>,
+    /// Pass `--dir` (a temp dir on the same file system as the buses').
+    with_dir: bool,
+    runs: usize,
+    /// (summary key, row, column).
+    cells: Vec<(&'static str, Row, Col)>,
+}
+
+pub fn run_issue20_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
+    println!();
+    println!("Issue 20's table: the bus on both stores and the peers, in one run");
+    let bin = match peers::locate(opts.peers_bin.as_deref()) {
+        Ok(b) => Some(b),
+        Err(why) => {
+            println!("  the peers will be skipped: {why}");
+            None
+        }
+    };
+    fill_bus_cells(opts, failures, table);
+    if let Some(bin) = bin {
+        println!();
+        println!(
+            "The peers (`{}`, each starting its own server in a temp dir):",
+            bin.display()
+        );
+        for job in peer_jobs(opts) {
+            if interrupted() {
+                return;
+            }
+            run_job(&bin, &job, failures, table);
+        }
+    }
+    println!();
+    println!(
+        "{}",
+        table.render(opts.rate, opts.rate_consumers, opts.durable_rate)
+    );
+    println!(
+        "(deliveries/s: medians of {} run(s); CPU: the bus with its publisher, as the peers count theirs; \
+         fixed rate: {} consumers, 256 B; durable: 256 B, {} run(s); fdatasync alone: a small append \
+         fdatasync'ed at {}/s in a temp dir of the same file system)",
+        opts.runs, opts.rate_consumers, opts.durable_runs, opts.durable_rate
+    );
+    println!();
+    print!("{}", table.render_judgement());
+}
+
+/// The bus cells of the table that no earlier section measured.
+fn fill_bus_cells(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
+    for store in [StoreSel::MEMORY, StoreSel::DISK_FSYNC] {
+        let Some(col) = Col::of_store(store) else {
+            continue;
+        };
+        for (n, size) in FANOUT_SCENARIOS {
+            let Some((rate_row, _)) = Row::of_fanout(n, size) else {
+                continue;
+            };
+            if interrupted() || table.get(rate_row, col).is_some() {
+                continue;
+            }
+            let events = if size == 256 {
+                opts.events_small
+            } else {
+                opts.events_large
+            };
+            let what = format!(
+                "bus fan-out N={n} {} on the {}",
+                size_name(size),
+                store.kind
+            );
+            match run_fanout_median(opts.runs, n, size, events, opts.inflight, store) {
+                Ok(r) => {
+                    println!("  {what}: {:.0} deliveries/s", r.aggregate);
+                    table.record_fanout(store, n, size, &r);
+                }
+                Err(e) => fail(failures, &what, e),
+            }
+        }
+        if !interrupted() && table.get(Row::LatP99, col).is_none() {
+            let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
+            let what = format!("bus fixed-rate latency on the {}", store.kind);
+            let r = guarded(|| {
+                run_fanout(
+                    opts.rate_consumers,
+                    256,
+                    events,
+                    Mode::Rate(opts.rate),
+                    opts.inflight,
+                    store,
+                )
+            });
+            match r {
+                Ok(r) => {
+                    println!("  {what}: p50 {:.0} µs, p99 {:.0} µs", r.p50_us, r.p99_us);
+                    table.record_latency(store, &r);
+                }
+                Err(e) => fail(failures, &what, e),
+            }
+        }
+    }
+    for p in [1usize, 8] {
+        let row = if p == 1 { Row::Pub1 } else { Row::Pub8 };
+        if interrupted() || table.get(row, Col::BusDisk).is_some() {
+            continue;
+        }
+        let what = format!("bus durable publish, {p} publisher(s), 256 B, fsync");
+        let r = median_of(
+            opts.durable_runs,
+            |r: &DurableResult| r.rate,
+            || {
+                run_durable(
+                    StoreSel::DISK_FSYNC,
+                    256,
+                    p,
+                    opts.durable_events_small,
+                    Mode::Flood,
+                    opts.inflight,
+                )
+            },
+        );
+        match r {
+            Ok(r) => {
+                println!("  {what}: {:.0} publishes/s", r.rate);
+                table.record_durable_flood(p, r.rate);
+            }
+            Err(e) => fail(failures, &what, e),
+        }
+    }
+    if !interrupted() && table.get(Row::AckP99, Col::BusDisk).is_none() {
+        let events = ((opts.durable_rate as f64 * opts.rate_secs).round() as u64).max(1);
+        let what = format!("bus publish→ack at {}/s, fsync", opts.durable_rate);
+        let r = guarded(|| {
+            run_durable(
+                StoreSel::DISK_FSYNC,
+                256,
+                1,
+                events,
+                Mode::Rate(opts.durable_rate),
+                opts.inflight,
+            )
+        });
+        match r {
+            Ok(r) => {
+                println!(
+                    "  {what}: p50 {:.0} µs, p99 {:.0} µs",
+                    r.ack_p50_us, r.ack_p99_us
+                );
+                table.set(Row::AckP50, Col::BusDisk, Some(r.ack_p50_us));
+                table.set(Row::AckP99, Col::BusDisk, Some(r.ack_p99_us));
+            }
+            Err(e) => fail(failures, &what, e),
+        }
+    }
+}
+
+fn fail(failures: &mut Vec<String>, what: &str, e: String) {
+    println!("  {what}: FAILED (see below)");
+    failures.push(format!("{what}: {e}"));
+}
+
+/// Every peer workload of the table, with the bus's own parameters.
+fn peer_jobs(opts: &Opts) -> Vec<PeerJob> {
+    let s = |v: &dyn ToString| v.to_string();
+    let mut jobs = Vec::new();
+    let fanouts: [(&str, Col, &[(usize, usize)]); 4] = [
+        ("redis-fanout", Col::RedisPubsub, &FANOUT_SCENARIOS),
+        ("nats-fanout", Col::NatsCore, &FANOUT_SCENARIOS),
+        (
+            "redis-streams-fanout",
+            Col::RedisStreams,
+            &FANOUT_SCENARIOS[..2],
+        ),
+        ("jetstream-fanout", Col::JetStream, &FANOUT_SCENARIOS[..2]),
+    ];
+    for (workload, col, scenarios) in fanouts {
+        for &(n, size) in scenarios {
+            let Some((rate, cpu)) = Row::of_fanout(n, size) else {
+                continue;
+            };
+            let msgs = if size == 256 {
+                opts.peers_msgs_small
+            } else {
+                opts.peers_msgs_large
+            };
+            let mut cells = vec![("total_rate", rate, col)];
+            if let Some(cpu) = cpu {
+                cells.push(("cpu_us_per_delivery", cpu, col));
+            }
+            jobs.push(PeerJob {
+                workload,
+                args: vec![
+                    "--subs".into(),
+                    s(&n),
+                    "--msgs".into(),
+                    s(&msgs),
+                    "--size".into(),
+                    s(&size),
+                    "--runs".into(),
+                    s(&opts.runs),
+                ],
+                with_dir: false,
+                runs: opts.runs,
+                cells,
+            });
+        }
+    }
+    jobs.push(PeerJob {
+        workload: "redis-latency",
+        args: vec![
+            "--subs".into(),
+            s(&opts.rate_consumers),
+            "--rate".into(),
+            s(&opts.rate),
+            "--duration".into(),
+            s(&opts.rate_secs),
+        ],
+        with_dir: false,
+        runs: 3,
+        cells: vec![
+            ("p50_us", Row::LatP50, Col::RedisPubsub),
+            ("p99_us", Row::LatP99, Col::RedisPubsub),
+        ],
+    });
+    for (workload, col) in [
+        ("redis-streams-publish", Col::RedisStreams),
+        ("jetstream-publish", Col::JetStream),
+    ] {
+        for (p, row) in [(1usize, Row::Pub1), (8, Row::Pub8)] {
+            jobs.push(PeerJob {
+                workload,
+                args: vec![
+                    "--pubs".into(),
+                    s(&p),
+                    "--msgs".into(),
+                    s(&opts.durable_events_small),
+                    "--size".into(),
+                    "256".into(),
+                    "--runs".into(),
+                    s(&opts.durable_runs),
+                ],
+                with_dir: false,
+                runs: opts.durable_runs,
+                cells: vec![("publish_rate", row, col)],
+            });
+        }
+    }
+    let at_rate = vec![
+        "--rate".into(),
+        s(&opts.durable_rate),
+        "--duration".into(),
+        s(&opts.rate_secs),
+    ];
+    let mut one_pub = vec!["--pubs".into(), "1".into(), "--size".into(), "256".into()];
+    one_pub.extend(at_rate.iter().cloned());
+    jobs.push(PeerJob {
+        workload: "redis-streams-publish",
+        args: one_pub,
+        with_dir: false,
+        runs: 3,
+        cells: vec![
+            ("p50_us", Row::AckP50, Col::RedisStreams),
+            ("p99_us", Row::AckP99, Col::RedisStreams),
+        ],
+    });
+    jobs.push(PeerJob {
+        workload: "fdatasync-latency",
+        args: at_rate,
+        with_dir: true,
+        runs: 3,
+        cells: vec![
+            ("p50_us", Row::AckP50, Col::Fsync),
+            ("p99_us", Row::AckP99, Col::Fsync),
+        ],
+    });
+    jobs
+}
+
+fn run_job(bin: &std::path::Path, job: &PeerJob, failures: &mut Vec<String>, table: &mut Table) {
+    let line = format!("dws-peers {} {}", job.workload, job.args.join(" "));
+    if let Some(server) = peers::server_of(job.workload).filter(|s| !peers::on_path(s)) {
+        println!("  {line}   skipped: `{server}` is not on PATH (apt-get install redis-server nats-server)");
+        return;
+    }
+    let timeout = Duration::from_secs(60) + PEER_TIMEOUT_PER_RUN * job.runs.max(1) as u32;
+    match peers::run(bin, job.workload, &job.args, job.with_dir, timeout) {
+        Ok(r) => {
+            let figures: Vec<String> = job
+                .cells
+                .iter()
+                .map(|&(key, row, col)| {
+                    let v = r.median(key);
+                    table.set(row, col, v);
+                    format!("{key} {}", v.map_or("?".into(), |v| format!("{v:.2}")))
+                })
+                .collect();
+            let lost = r.lost();
+            let lost = if lost.iter().any(|&l| l > 0) {
+                format!("; lost per run {lost:?}")
+            } else {
+                String::new()
+            };
+            println!(
+                "  {line}   ({} {}, {:.1} s): {}{lost}",
+                r.system,
+                r.version,
+                r.took.as_secs_f64(),
+                figures.join(", ")
+            );
+        }
+        Err(e) => {
+            println!("  {line}   FAILED (see below)");
+            failures.push(format!("peer {}: {e}", job.workload));
+        }
+    }
+}
