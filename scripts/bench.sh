@@ -4,13 +4,14 @@
 # run, and busd's peak RSS with one stalled consumer. Builds in release mode,
 # then runs target/release/dws-bench against target/release/{dws,busd}; each
 # scenario runs in its own temp dir with its own bus, stopped at the end.
-# With --peers it also runs Redis pub/sub in the same run and prints ours vs
-# Redis; that needs python3 and redis-server on PATH (apt-get install
-# redis-server python3), the peer scripts redis_fanout.py and
-# redis_latency.py in --peers-dir DIR (default bench/peers, from the repo
-# root) and their compiled client redis_client in $PEERS_BIN (default
-# DIR/bin); docs/benchmark.md ("Comparing with Redis") says more:
-#   scripts/bench.sh --peers --peers-dir DIR --store memory
+# With --peers it also runs the peers in the same run (Redis pub/sub, NATS
+# core, Redis Streams with appendfsync always, JetStream on its file store,
+# and a raw fdatasync) through the repository's own peer benchmark dws-peers
+# (tests/src/bin/dws-peers, built next to dws-bench), and prints issue 20's
+# table with every goal's ratio, met or missed; that needs redis-server and
+# nats-server on PATH (docs/benchmark.md, "Comparing with the peers"):
+#   apt-get install redis-server nats-server
+#   scripts/bench.sh --peers --runs 3
 # Usage: scripts/bench.sh [dws-bench options]   (scripts/bench.sh --help)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,8 @@
 //! A raw client of the bus socket for black-box tests: frames encoded with
-//! `proto::codec::encode_frame` and decoded by hand (4-byte big-endian length
-//! + `prost` decode, [`decode_frame`]), so a test does not share the daemon's
-//! decoder. `dws-bench` reads its publish acks through [`decode_frame`] too.
+//! `proto::codec::encode_frame` and decoded by hand ([`decode_frame`]: a
+//! 4-byte big-endian length, then a `prost` decode), so a test does not
+//! share the daemon's decoder. `dws-bench` reads its publish acks through
+//! [`decode_frame`] too.
 
 use std::{
     io::{ErrorKind, Read, Write},

@@ -16,6 +16,8 @@ use crate::{
 
 /// The (N, payload) fan-out scenarios of the table.
 const FANOUT_SCENARIOS: [(usize, usize); 3] = [(4, 256), (16, 256), (4, 4096)];
+/// Some of [`FANOUT_SCENARIOS`].
+type Scenarios = &'static [(usize, usize)];
 /// The longest a peer workload may take per run it makes.
 const PEER_TIMEOUT_PER_RUN: Duration = Duration::from_secs(120);
 
@@ -88,7 +90,7 @@ fn fill_bus_cells(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
                 opts.events_large
             };
             let what = format!(
-                "bus fan-out N={n} {} on the {}",
+                "bus fan-out N={n} {} on the {} store",
                 size_name(size),
                 store.kind
             );
@@ -102,7 +104,7 @@ fn fill_bus_cells(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
         }
         if !interrupted() && table.get(Row::LatP99, col).is_none() {
             let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
-            let what = format!("bus fixed-rate latency on the {}", store.kind);
+            let what = format!("bus fixed-rate latency on the {} store", store.kind);
             let r = guarded(|| {
                 run_fanout(
                     opts.rate_consumers,
@@ -186,7 +188,7 @@ fn fail(failures: &mut Vec<String>, what: &str, e: String) {
 fn peer_jobs(opts: &Opts) -> Vec<PeerJob> {
     let s = |v: &dyn ToString| v.to_string();
     let mut jobs = Vec::new();
-    let fanouts: [(&str, Col, &[(usize, usize)]); 4] = [
+    let fanouts: [(&str, Col, Scenarios); 4] = [
         ("redis-fanout", Col::RedisPubsub, &FANOUT_SCENARIOS),
         ("nats-fanout", Col::NatsCore, &FANOUT_SCENARIOS),
         (
@@ -326,7 +328,7 @@ fn run_job(bin: &std::path::Path, job: &PeerJob, failures: &mut Vec<String>, tab
             println!(
                 "  {line}   ({} {}, {:.1} s): {}{lost}",
                 r.system,
-                r.version,
+                peers::short_version(&r.version),
                 r.took.as_secs_f64(),
                 figures.join(", ")
             );

@@ -146,7 +146,7 @@ fn main() {
     }
     if opts.peers && !interrupted() {
         issue20::run_issue20_section(&opts, &mut failures, &mut table);
-    } else if !opts.peers {
+    } else if !opts.peers && !interrupted() {
         println!();
         println!(
             "Peer comparison (issue 20's table): not run; pass --peers (needs redis-server and nats-server on \

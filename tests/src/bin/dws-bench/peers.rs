@@ -64,6 +64,18 @@ pub fn parse_summary(stdout: &str, took: Duration) -> Result<PeerRun, String> {
     })
 }
 
+/// "7.0.15" out of "Redis server v=7.0.15 sha=…", "v2.9.10" out of
+/// "nats-server: v2.9.10"; else the whole string.
+pub fn short_version(full: &str) -> &str {
+    full.split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))
+        .or_else(|| {
+            full.split_whitespace()
+                .find(|w| w.starts_with('v') && w[1..].starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .unwrap_or(full)
+}
+
 /// Where `dws-peers` is: `--peers-bin`, else next to this executable.
 pub fn locate(explicit: Option<&Path>) -> Result<PathBuf, String> {
     let p = match explicit {
@@ -149,15 +161,16 @@ pub fn run(
         let out = child.wait_exit(Duration::from_secs(5));
         let took = started.elapsed();
         if out.code != Some(0) {
-            let reason = out
-                .stderr
-                .lines()
-                .chain(out.stdout.lines())
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("no reason given")
-                .trim()
-                .to_owned();
+            let last = |s: &str| {
+                s.lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .map(str::trim)
+                    .map(str::to_owned)
+            };
+            let reason = last(&out.stderr)
+                .or_else(|| last(&out.stdout))
+                .unwrap_or_else(|| "no reason given".into());
             return Err(format!(
                 "`{what}` failed ({}): {reason}",
                 out.code.map_or("killed".into(), |c| format!("exit {c}"))
@@ -188,6 +201,19 @@ mod tests {
         assert!(parse_summary("", Duration::ZERO).is_err());
         assert!(parse_summary("{\"summary\": 1}\n", Duration::ZERO).is_err());
         assert!(parse_summary("{\"summary\": {}}\ntrailing words\n", Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn short_versions() {
+        assert_eq!(
+            short_version("Redis server v=7.0.15 sha=00000000:0 bits=64"),
+            "7.0.15"
+        );
+        assert_eq!(short_version("nats-server: v2.9.10"), "v2.9.10");
+        assert_eq!(
+            short_version("ext4 on /dev/vda (/)"),
+            "ext4 on /dev/vda (/)"
+        );
     }
 
     #[test]

@@ -107,6 +107,13 @@ impl Row {
     }
 }
 
+/// A bus column's ratios to the peers in one row: bus / peer.
+pub struct Ratios {
+    pub row: Row,
+    pub bus: Col,
+    pub peers: Vec<(Col, f64)>,
+}
+
 /// The cells measured so far.
 #[derive(Default)]
 pub struct Table {
@@ -244,6 +251,7 @@ impl Table {
                 let verdict = ours.zip(theirs).map(|(o, t)| g.rule.judge(o, t));
                 Judged {
                     what: g.what,
+                    rule: g.rule,
                     ours,
                     theirs,
                     verdict,
@@ -253,8 +261,8 @@ impl Table {
     }
 
     /// Every ratio of a bus column to a peer column in the rows both
-    /// measured: `(row, bus column, [(peer, bus / peer)])`.
-    pub fn ratios(&self) -> Vec<(Row, Col, Vec<(Col, f64)>)> {
+    /// measured.
+    pub fn ratios(&self) -> Vec<Ratios> {
         let rows = [
             Row::Rate256N4,
             Row::Rate256N16,
@@ -284,7 +292,7 @@ impl Table {
                     }
                 }
                 if !peers.is_empty() {
-                    out.push((row, bus, peers));
+                    out.push(Ratios { row, bus, peers });
                 }
             }
         }
@@ -301,9 +309,10 @@ impl Table {
                 None => "not measured".to_string(),
             };
             let detail = match (j.ours, j.theirs, j.verdict) {
-                (Some(o), Some(t), Some(v)) => {
-                    format!("{} vs {} (×{:.2})", num(o), num(t), v.ratio)
-                }
+                (Some(o), Some(t), Some(v)) => match j.rule {
+                    Rule::LePlus(d) => format!("{} vs {} + {}", num(o), num(t), num(d)),
+                    _ => format!("{} vs {} (×{:.2})", num(o), num(t), v.ratio),
+                },
                 _ => "—".to_string(),
             };
             out.push_str(&format!("  {:<78} {:<32} {verdict}\n", j.what, detail));
@@ -313,7 +322,7 @@ impl Table {
              behind catching up at ≥ 500k events/s: not measured by dws-bench\n",
         );
         out.push_str("\nEvery ratio, bus / peer (throughput: higher is better; CPU, latency: lower is better):\n");
-        for (row, bus, peers) in self.ratios() {
+        for Ratios { row, bus, peers } in self.ratios() {
             let list: Vec<String> = peers
                 .iter()
                 .map(|(p, r)| format!("×{r:.2} {}", p.name()))
@@ -392,14 +401,14 @@ enum Than {
 }
 
 /// How a goal judges ours against theirs.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Rule {
     /// ours ≥ k × theirs.
-    AtLeast(f64),
+    Ge(f64),
     /// ours ≤ k × theirs.
-    AtMost(f64),
+    Le(f64),
     /// ours ≤ theirs + µs.
-    AtMostPlus(f64),
+    LePlus(f64),
 }
 
 impl Rule {
@@ -410,9 +419,9 @@ impl Rule {
             f64::NAN
         };
         let met = match self {
-            Rule::AtLeast(k) => ours >= k * theirs,
-            Rule::AtMost(k) => ours <= k * theirs,
-            Rule::AtMostPlus(d) => ours <= theirs + d,
+            Rule::Ge(k) => ours >= k * theirs,
+            Rule::Le(k) => ours <= k * theirs,
+            Rule::LePlus(d) => ours <= theirs + d,
         };
         Verdict { ratio, met }
     }
@@ -436,6 +445,7 @@ struct Goal {
 #[derive(Debug)]
 pub struct Judged {
     pub what: &'static str,
+    rule: Rule,
     pub ours: Option<f64>,
     pub theirs: Option<f64>,
     /// `None` when either side was not measured.
@@ -460,121 +470,121 @@ const GOALS: [Goal; 20] = {
             "memory store ≥ 1.5× Redis pub/sub, 256 B N=4",
             (Rate256N4, BusMemory),
             Than::Cell(Rate256N4, RedisPubsub),
-            Rule::AtLeast(1.5),
+            Rule::Ge(1.5),
         ),
         goal(
             "memory store ≥ 1.5× Redis pub/sub, 256 B N=16",
             (Rate256N16, BusMemory),
             Than::Cell(Rate256N16, RedisPubsub),
-            Rule::AtLeast(1.5),
+            Rule::Ge(1.5),
         ),
         goal(
             "memory store ≥ 1.5× Redis pub/sub, 4 KiB N=4",
             (Rate4kN4, BusMemory),
             Than::Cell(Rate4kN4, RedisPubsub),
-            Rule::AtLeast(1.5),
+            Rule::Ge(1.5),
         ),
         goal(
             "memory store p99 at the fixed rate ≤ Redis pub/sub's",
             (LatP99, BusMemory),
             Than::Cell(LatP99, RedisPubsub),
-            Rule::AtMost(1.0),
+            Rule::Le(1.0),
         ),
         goal(
             "disk store ≥ 1× Redis pub/sub, 256 B N=4",
             (Rate256N4, BusDisk),
             Than::Cell(Rate256N4, RedisPubsub),
-            Rule::AtLeast(1.0),
+            Rule::Ge(1.0),
         ),
         goal(
             "disk store ≥ 1× Redis pub/sub, 256 B N=16",
             (Rate256N16, BusDisk),
             Than::Cell(Rate256N16, RedisPubsub),
-            Rule::AtLeast(1.0),
+            Rule::Ge(1.0),
         ),
         goal(
             "disk store ≥ 1× Redis pub/sub, 4 KiB N=4",
             (Rate4kN4, BusDisk),
             Than::Cell(Rate4kN4, RedisPubsub),
-            Rule::AtLeast(1.0),
+            Rule::Ge(1.0),
         ),
         goal(
             "disk store ≥ 4× Redis Streams fan-out, 256 B N=4",
             (Rate256N4, BusDisk),
             Than::Cell(Rate256N4, RedisStreams),
-            Rule::AtLeast(4.0),
+            Rule::Ge(4.0),
         ),
         goal(
             "disk store ≥ 4× Redis Streams fan-out, 256 B N=16",
             (Rate256N16, BusDisk),
             Than::Cell(Rate256N16, RedisStreams),
-            Rule::AtLeast(4.0),
+            Rule::Ge(4.0),
         ),
         goal(
             "disk store ≥ 4× JetStream fan-out, 256 B N=4",
             (Rate256N4, BusDisk),
             Than::Cell(Rate256N4, JetStream),
-            Rule::AtLeast(4.0),
+            Rule::Ge(4.0),
         ),
         goal(
             "disk store ≥ 4× JetStream fan-out, 256 B N=16",
             (Rate256N16, BusDisk),
             Than::Cell(Rate256N16, JetStream),
-            Rule::AtLeast(4.0),
+            Rule::Ge(4.0),
         ),
         goal(
             "disk store p99 at the fixed rate ≤ raw fdatasync p99 + 300 µs",
             (LatP99, BusDisk),
             Than::Cell(AckP99, Fsync),
-            Rule::AtMostPlus(300.0),
+            Rule::LePlus(300.0),
         ),
         goal(
             "durable publishes ≥ 2× Redis Streams, 1 publisher",
             (Pub1, BusDisk),
             Than::Cell(Pub1, RedisStreams),
-            Rule::AtLeast(2.0),
+            Rule::Ge(2.0),
         ),
         goal(
             "durable publishes ≥ 2× Redis Streams, 8 publishers",
             (Pub8, BusDisk),
             Than::Cell(Pub8, RedisStreams),
-            Rule::AtLeast(2.0),
+            Rule::Ge(2.0),
         ),
         goal(
             "publish→durable reply p99 at the fixed rate ≤ Redis Streams's",
             (AckP99, BusDisk),
             Than::Cell(AckP99, RedisStreams),
-            Rule::AtMost(1.0),
+            Rule::Le(1.0),
         ),
         goal(
             "CPU per delivery ≤ Redis pub/sub's, memory store, N=4",
             (CpuN4, BusMemory),
             Than::Cell(CpuN4, RedisPubsub),
-            Rule::AtMost(1.0),
+            Rule::Le(1.0),
         ),
         goal(
             "CPU per delivery ≤ Redis pub/sub's, memory store, N=16",
             (CpuN16, BusMemory),
             Than::Cell(CpuN16, RedisPubsub),
-            Rule::AtMost(1.0),
+            Rule::Le(1.0),
         ),
         goal(
             "CPU per delivery ≤ Redis pub/sub's, disk store, N=4",
             (CpuN4, BusDisk),
             Than::Cell(CpuN4, RedisPubsub),
-            Rule::AtMost(1.0),
+            Rule::Le(1.0),
         ),
         goal(
             "CPU per delivery ≤ Redis pub/sub's, disk store, N=16",
             (CpuN16, BusDisk),
             Than::Cell(CpuN16, RedisPubsub),
-            Rule::AtMost(1.0),
+            Rule::Le(1.0),
         ),
         goal(
             "memory store RSS ≤ 1.3× the retained payload (B per 256 B event)",
             (RssPerEvent, BusMemory),
             Than::Const(256.0),
-            Rule::AtMost(1.3),
+            Rule::Le(1.3),
         ),
     ]
 };
@@ -653,7 +663,7 @@ mod tests {
         assert_eq!(t.get(Row::Pub1, Col::BusDisk), None, "NaN is not a figure");
         let ratios = t.ratios();
         assert_eq!(ratios.len(), 1);
-        let (row, bus, peers) = &ratios[0];
+        let Ratios { row, bus, peers } = &ratios[0];
         assert_eq!((*row, *bus), (Row::Rate256N4, Col::BusDisk));
         assert_eq!(
             peers.iter().map(|p| p.0).collect::<Vec<_>>(),
