@@ -7,6 +7,14 @@
 //! `{"system", "version", "summary": {KEY: {median, min, max}, "lost_per_run"}}`
 //! that dws-bench reads.
 
+/// `println!` that does not panic when stdout is gone (piped into `head`).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 mod nats_roles;
 mod procs;
 mod redis_roles;

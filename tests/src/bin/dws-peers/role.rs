@@ -88,7 +88,7 @@ pub fn run(a: &RoleArgs) -> Result<(), PeersError> {
         }
         NatsPub | NatsSub | JsPub | JsLatpub | JsSub => nats_roles::run(a)?,
     };
-    println!("{v}");
+    say!("{v}");
     Ok(())
 }
 

@@ -138,7 +138,7 @@ pub fn fanout(sys: Sys, o: &Opts) -> Result<(), PeersError> {
             r.insert("store_bytes".into(), json!(dir_bytes(&b.data_dir())));
         }
         drop(b);
-        println!(
+        say!(
             "run {i}: {} N={} {} B: total={:.0} deliveries/s per-sub median={:.0} min={:.0} pub={:.0} msg/s lost={} \
              gaps={} reordered={}{} recv={} cpu/delivery={:.2}us",
             sys.name(),
@@ -215,7 +215,7 @@ pub fn redis_latency(o: &Opts) -> Result<(), PeersError> {
             "lost".into(),
             json!((u64::from(o.subs) * expected) as i64 - delivered as i64),
         );
-        println!(
+        say!(
             "run {i}: redis {rate}/s x {}s, {} subs: p50={:.1}us p99={:.1}us max={:.1}us samples={} lost={}",
             o.duration, o.subs, fv(&r, "p50_us"), fv(&r, "p99_us"), fv(&r, "max_us"), r["samples"], r["lost"]
         );
@@ -297,7 +297,7 @@ pub fn publish(sys: Sys, o: &Opts) -> Result<(), PeersError> {
         };
         drop(b);
         if o.rate.is_some() {
-            println!(
+            say!(
                 "run {i}: {} {}/s x {}s one at a time: p50={:.1}us p99={:.1}us max={:.1}us achieved={:.0}/s late={} \
                  stored={} lost={}",
                 sys.name(), o.rate.unwrap_or(0.0), o.duration, fv(&r, "p50_us"), fv(&r, "p99_us"), fv(&r, "max_us"),
@@ -305,7 +305,7 @@ pub fn publish(sys: Sys, o: &Opts) -> Result<(), PeersError> {
             );
         } else {
             r.insert("pubs".into(), json!(o.pubs));
-            println!(
+            say!(
                 "run {i}: {} pubs={}: {:.0} acked publishes/s ({:.1} MiB/s) ack p50={:.0}us p99={:.0}us (per {}) \
                  stored={} lost={} cpu/publish={:.2}us",
                 sys.name(), o.pubs, fv(&r, "publish_rate"), fv(&r, "MiBps"), fv(&r, "ack_p50_us"), fv(&r, "ack_p99_us"),
@@ -422,7 +422,7 @@ pub fn fdatasync(o: &Opts) -> Result<(), PeersError> {
             num(total as f64 / (end.saturating_sub(t0) as f64 / 1e9)),
         );
         r.insert("late_sends".into(), json!(lag.late));
-        println!(
+        say!(
             "run {i}: fdatasync of {} B appends at {rate}/s x {}s on {where_}: p50={:.1}us p99={:.1}us max={:.1}us \
              late={}",
             o.size, o.duration, fv(&r, "p50_us"), fv(&r, "p99_us"), fv(&r, "max_us"), lag.late
@@ -433,7 +433,7 @@ pub fn fdatasync(o: &Opts) -> Result<(), PeersError> {
         "system": "fdatasync", "version": where_, "mode": "rate", "rate": rate, "duration": o.duration,
         "size": o.size, "summary": summarize(&runs, stats::RATE_KEYS),
     });
-    println!("{out}");
+    say!("{out}");
     Ok(())
 }
 
@@ -445,18 +445,18 @@ fn fv(r: &Map<String, Value>, k: &str) -> f64 {
 fn emit(sys: Sys, runs: &[Value], keys: &[&str], durability: Value, extra: Value) {
     let ver = version(sys.kind().program());
     if sys.durable() {
-        println!(
+        say!(
             "{} ({ver}): durable means: {}",
             sys.name(),
             durability["durable_means"].as_str().unwrap_or("")
         );
-        println!(
+        say!(
             "server arguments: {}",
             durability["server_args"].as_str().unwrap_or("")
         );
-        println!("data on: {}", durability["data_fs"].as_str().unwrap_or("?"));
+        say!("data on: {}", durability["data_fs"].as_str().unwrap_or("?"));
     } else {
-        println!("{} ({ver})", sys.name());
+        say!("{} ({ver})", sys.name());
     }
     let mut out = json!({"system": sys.name(), "version": ver});
     stats::merge(&mut out, extra);
@@ -472,5 +472,5 @@ fn emit(sys: Sys, runs: &[Value], keys: &[&str], durability: Value, extra: Value
         }
     }
     out["summary"] = summarize(runs, keys);
-    println!("{out}");
+    say!("{out}");
 }
