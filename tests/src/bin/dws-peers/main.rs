@@ -15,9 +15,18 @@ macro_rules! say {
     }};
 }
 
+/// `eprintln!` that does not panic when stderr is gone.
+macro_rules! warn {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod nats_roles;
 mod procs;
 mod redis_roles;
+mod resp;
 mod role;
 mod server;
 mod stats;
@@ -149,7 +158,7 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dws-peers: {e}");
+            warn!("dws-peers: {e}");
             ExitCode::from(e.exit_code())
         }
     }

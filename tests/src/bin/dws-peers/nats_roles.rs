@@ -32,10 +32,37 @@ pub fn block_on<T>(f: impl Future<Output = Result<T, PeersError>>) -> Result<T, 
         .block_on(f)
 }
 
+/// Connects on a thread of its own: the connection's reader/writer task runs
+/// there, the caller's loop on the calling thread (as the C client's flusher
+/// and reader threads). Tokio's channels and timers work across the two.
 async fn connect(url: &str) -> Result<async_nats::Client, PeersError> {
-    async_nats::connect(url)
-        .await
-        .map_err(|e| err("connect")(&e))
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = tx.send(Err(PeersError::io("start a tokio runtime", e)));
+                return;
+            }
+        };
+        rt.block_on(async move {
+            let c = async_nats::connect(url)
+                .await
+                .map_err(|e| err("connect")(&e));
+            let up = c.is_ok();
+            let _ = tx.send(c);
+            if up {
+                // Keep serving the connection until the process exits.
+                std::future::pending::<()>().await;
+            }
+        });
+    });
+    rx.await
+        .map_err(|_| PeersError::Client("nats connect: the connection thread ended".into()))?
 }
 
 pub fn run(a: &RoleArgs) -> Result<Value, PeersError> {
@@ -55,10 +82,12 @@ pub fn run(a: &RoleArgs) -> Result<Value, PeersError> {
 async fn core_pub(a: &RoleArgs) -> Result<Value, PeersError> {
     let c = connect(&a.url).await?;
     let mut buf = new_payload(a.size);
+    // Built once: each publish clones it (a reference count, no copy).
+    let subject = async_nats::Subject::from(a.topic.clone());
     let start = now_ns();
     for i in 0..a.msgs {
         stamp(&mut buf, i, now_ns());
-        c.publish(a.topic.clone(), Bytes::copy_from_slice(&buf))
+        c.publish(subject.clone(), Bytes::copy_from_slice(&buf))
             .await
             .map_err(|e| err("publish")(&e))?;
     }
@@ -145,7 +174,7 @@ async fn js_pub(a: &RoleArgs) -> Result<Value, PeersError> {
                 Err(e) => {
                     errors += 1;
                     if errors <= 5 {
-                        eprintln!("dws-peers: puback error: {e}");
+                        warn!("dws-peers: puback error: {e}");
                     }
                 }
             }
@@ -155,13 +184,14 @@ async fn js_pub(a: &RoleArgs) -> Result<Value, PeersError> {
     });
     let mut buf = new_payload(a.size);
     let mut sent_at = Vec::with_capacity(a.msgs as usize);
+    let subject = async_nats::Subject::from(a.topic.clone());
     let start = now_ns();
     for i in 0..a.msgs {
         let t = now_ns();
         stamp(&mut buf, i, t);
         sent_at.push(t);
         let f = js
-            .publish(a.topic.clone(), Bytes::copy_from_slice(&buf))
+            .publish(subject.clone(), Bytes::copy_from_slice(&buf))
             .await
             .map_err(|e| err("publish")(&e))?;
         if tx.send(f).await.is_err() {
@@ -188,6 +218,7 @@ async fn js_latpub(a: &RoleArgs) -> Result<Value, PeersError> {
     let mut buf = new_payload(a.size);
     let total = a.lat_msgs();
     let period = 1e9 / a.rate;
+    let subject = async_nats::Subject::from(a.topic.clone());
     let (mut lag, mut lat, mut sent, mut errors) = (Lag::default(), Vec::new(), 0u64, 0u64);
     let start = now_ns();
     for i in 0..total {
@@ -197,7 +228,7 @@ async fn js_latpub(a: &RoleArgs) -> Result<Value, PeersError> {
         lag.note(sched, t, period);
         stamp(&mut buf, i, t);
         let r = match js
-            .publish(a.topic.clone(), Bytes::copy_from_slice(&buf))
+            .publish(subject.clone(), Bytes::copy_from_slice(&buf))
             .await
         {
             Ok(f) => f.await.map(|_| ()).map_err(|e| e.to_string()),
@@ -211,7 +242,7 @@ async fn js_latpub(a: &RoleArgs) -> Result<Value, PeersError> {
             Err(e) => {
                 errors += 1;
                 if errors <= 5 {
-                    eprintln!("dws-peers: publish: {e}");
+                    warn!("dws-peers: publish: {e}");
                 }
             }
         }

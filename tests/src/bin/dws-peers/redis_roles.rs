@@ -113,20 +113,40 @@ fn latpub(a: &RoleArgs) -> Result<serde_json::Value, PeersError> {
     Ok(pub_json(total, start, end, lag.json()))
 }
 
-/// SUBSCRIBE, READY, then count messages until --msgs (or rate×duration for a
-/// latency subscriber) or --idle-ms without one.
+/// SUBSCRIBE, READY on its confirmation, then count messages until --msgs (or
+/// rate×duration for a latency subscriber) or --idle-ms without one. The
+/// pushes are read by [`crate::resp`], not by the crate's PubSub.
 fn subscribe(a: &RoleArgs) -> Result<serde_json::Value, PeersError> {
+    use std::io::Write;
     let latency = a.kind == RoleKind::RedisLatsub;
-    let mut con = connect(&a.url, Duration::from_secs(30))?;
-    let mut ps = con.as_pubsub();
-    ps.subscribe(&a.topic)?;
-    ps.set_read_timeout(Some(Duration::from_millis(a.idle_ms.max(1))))?;
-    print_ready();
+    let path = a
+        .url
+        .strip_prefix("redis+unix://")
+        .ok_or_else(|| PeersError::Run(format!("not a unix socket URL: {}", a.url)))?;
+    let mut sock = std::os::unix::net::UnixStream::connect(path)
+        .map_err(|e| PeersError::io("connect to redis", e))?;
+    sock.set_read_timeout(Some(Duration::from_millis(a.idle_ms.max(1))))
+        .map_err(|e| PeersError::io("set a timeout", e))?;
+    sock.write_all(&redis::cmd("SUBSCRIBE").arg(&a.topic).get_packed_command())
+        .map_err(|e| PeersError::io("subscribe", e))?;
     let expect = if latency { a.lat_msgs() } else { a.msgs };
     let mut st = SubStats::new(latency);
-    while st.recv < expect {
-        let Ok(m) = ps.get_message() else { break };
-        st.add(m.get_payload_bytes(), now_ns());
+    let read = crate::resp::read_pushes(&mut sock, |kind, payload| {
+        if kind == b"subscribe" {
+            print_ready();
+        } else if kind == b"message" {
+            st.add(payload, now_ns());
+        }
+        st.recv < expect
+    });
+    match read {
+        Ok(()) => {}
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        Err(e) => return Err(PeersError::io("read pushes", e)),
     }
     write_samples(a.latfile.as_deref(), st.samples.as_deref().unwrap_or(&[]))?;
     Ok(st.to_json(json!({})))
