@@ -78,8 +78,8 @@ pub fn parse_push(buf: &[u8]) -> Frame<'_> {
         if buf.len() < end + 2 {
             return Frame::Partial;
         }
-        if i < 3 {
-            parts[i] = &buf[start..end];
+        if let Some(slot) = parts.get_mut(i) {
+            *slot = &buf[start..end];
         }
         at = end + 2;
     }
