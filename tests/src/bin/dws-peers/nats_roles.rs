@@ -111,10 +111,7 @@ async fn core_sub(a: &RoleArgs) -> Result<Value, PeersError> {
         // timer per message cost more than the rest of the loop).
         let next = match sub.next().now_or_never() {
             Some(m) => m,
-            None => match tokio::time::timeout(idle, sub.next()).await {
-                Ok(m) => m,
-                Err(_) => None,
-            },
+            None => tokio::time::timeout(idle, sub.next()).await.ok().flatten(),
         };
         let Some(m) = next else { break };
         st.add(&m.payload, now_ns());
