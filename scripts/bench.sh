@@ -7,13 +7,13 @@
 # With --peers it also runs the peers in the same run (Redis pub/sub, NATS
 # core, Redis Streams with appendfsync always, JetStream on its file store,
 # and a raw fdatasync) through the repository's own peer benchmark dws-peers
-# (tests/src/bin/dws-peers, built next to dws-bench), and prints issue 20's
-# table with every goal's ratio, met or missed; that needs redis-server and
+# (tests/src/bin/dws-peers, built next to dws-bench), and prints the
+# comparison table with every goal's ratio, met or missed; that needs redis-server and
 # nats-server on PATH (docs/benchmark.md, "Comparing with the peers"):
 #   apt-get install redis-server nats-server
 #   scripts/bench.sh --peers --runs 3
 # Usage: scripts/bench.sh [dws-bench options]   (scripts/bench.sh --help)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --workspace --bins --quiet
+cargo build --release --workspace --bins --features dws-tests/peers --quiet
 exec target/release/dws-bench --bin-dir "$PWD/target/release" "$@"

@@ -1,4 +1,4 @@
-//! `--where EXPR` (issue 25): a jq expression on the event's line, run by
+//! `--where EXPR` : a jq expression on the event's line, run by
 //! the bus. Matching on the line's fields and on `data` parsed, several
 //! expressions ANDed, the README's examples on the personal stream's
 //! message shape; refusal before any side effect (exit 2 with the column);

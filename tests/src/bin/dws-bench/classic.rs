@@ -11,7 +11,7 @@ use crate::{
 };
 
 /// The fan-out table, the fixed-rate latency run and the memory run; what
-/// issue 20's table needs goes into `table` too.
+/// the peer comparison table needs goes into `table` too.
 pub fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
     println!();
     println!("Fan-out throughput: 1 publisher (pipelined, ≤{} in flight) → N × `dws event consume --format raw`", opts.inflight);

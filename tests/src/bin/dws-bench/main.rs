@@ -24,10 +24,10 @@
 //!   consumers, disk store fsync and none; acked publishes/s and
 //!   publish→ack latency, then publish→ack at a fixed rate.
 //! - **Disk store vs memory store**, and **the cost of `--where`** ([`compare`]).
-//! - **The peers** (`--peers`, [`issue20`]): Redis pub/sub, NATS core, Redis
+//! - **The peers** (`--peers`, [`peer_table`]): Redis pub/sub, NATS core, Redis
 //!   Streams (`appendfsync always`) and JetStream (file store) through the
 //!   repository's `dws-peers` ([`peers`]), with the bus cells the other
-//!   sections did not measure, then issue 20's table and every goal's ratio,
+//!   sections did not measure, then the peer comparison table and every goal's ratio,
 //!   met or missed ([`table`]).
 //!
 //! The fan-out table runs on the store chosen with `--store` /
@@ -44,7 +44,7 @@ mod classic;
 mod compare;
 mod durable;
 mod fanout;
-mod issue20;
+mod peer_table;
 mod memory;
 mod opts;
 mod peers;
@@ -145,11 +145,11 @@ fn main() {
         }
     }
     if opts.peers && !interrupted() {
-        issue20::run_issue20_section(&opts, &mut failures, &mut table);
+        peer_table::run_peer_section(&opts, &mut failures, &mut table);
     } else if !opts.peers && !interrupted() {
         println!();
         println!(
-            "Peer comparison (issue 20's table): not run; pass --peers (needs redis-server and nats-server on \
+            "Peer comparison: not run; pass --peers (needs redis-server and nats-server on \
              PATH: apt-get install redis-server nats-server; see docs/benchmark.md)"
         );
     }

@@ -118,7 +118,7 @@ struct Cli {
 
     /// Also run the peers (Redis pub/sub, NATS core, Redis Streams with
     /// appendfsync always, JetStream file store) through `dws-peers` on the
-    /// same scenarios, and print issue 20's table with every goal's ratio.
+    /// same scenarios, and print the peer comparison table with every goal's ratio.
     /// Needs redis-server and nats-server on PATH
     /// (apt-get install redis-server nats-server).
     #[arg(long, help_heading = "The peers in the same run (docs/benchmark.md)")]
@@ -228,7 +228,7 @@ pub struct Opts {
     pub durable_runs: usize,
     pub durable_rate: u64,
     pub compare_consumers: usize,
-    /// `--peers`: the peers through `dws-peers`, and issue 20's table.
+    /// `--peers`: the peers through `dws-peers`, and the peer comparison table.
     pub peers: bool,
     pub peers_bin: Option<PathBuf>,
     pub peers_msgs_small: u64,

@@ -238,7 +238,7 @@ impl Table {
         out
     }
 
-    /// Every goal of issue 20 that one run can judge.
+    /// Every performance goal that one run can judge.
     pub fn goals(&self) -> Vec<Judged> {
         GOALS
             .iter()
@@ -301,7 +301,7 @@ impl Table {
 
     /// The goals and the ratios as text, one line each.
     pub fn render_judgement(&self) -> String {
-        let mut out = String::from("Goals of issue 20 (ratios in this run; ours / theirs):\n");
+        let mut out = String::from("Performance goals (ratios in this run; ours / theirs):\n");
         for j in self.goals() {
             let verdict = match j.verdict {
                 Some(Verdict { met: true, .. }) => "met".to_string(),

@@ -1,4 +1,4 @@
-//! `--peers`: the rest of issue 20's table. The bus cells the other sections
+//! `--peers`: the rest of the peer comparison table. The bus cells the other sections
 //! did not measure (both stores, the table's scenarios), then every peer
 //! workload through `dws-peers`, then the table and every goal's ratio.
 
@@ -32,7 +32,7 @@ struct PeerJob {
     cells: Vec<(&'static str, Row, Col)>,
 }
 
-pub fn run_issue20_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
+pub fn run_peer_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
     println!();
     println!("Issue 20's table: the bus on both stores and the peers, in one run");
     let bin = match peers::locate(opts.peers_bin.as_deref()) {
