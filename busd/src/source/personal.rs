@@ -33,6 +33,7 @@ pub mod event;
 pub mod oauth;
 pub mod refresh_lock;
 pub mod ticket;
+pub mod token_file;
 
 use std::{sync::Arc, time::Duration};
 

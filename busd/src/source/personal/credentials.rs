@@ -21,6 +21,10 @@
 //!   refresh of a rejected token is not retried for that token within 3 s
 //!   (the reference's `rejectedTokenRefreshFailureCooldown`); callers get
 //!   the same failure.
+//! - Who the user is ([`Credentials::identity`]): the corp and user id a
+//!   JSON token file carries ([`token_file`], the reference's saved login),
+//!   else those the last refresh answer told (`parseMCPTokenResponse`); a
+//!   JSON token file written back gains them.
 //! - Once a refresh told the token's lifetime, [`Credentials::usable_token`]
 //!   refreshes ahead of expiry (5 minutes before it, like the reference's
 //!   `TokenData.IsAccessTokenValid`, or half the lifetime when that is
@@ -39,6 +43,7 @@ use std::{
 use super::{
     config::{RefreshConfig, TokenSource, UserAuth},
     oauth, refresh_lock,
+    token_file::{self, Field, UserIdentity},
 };
 use crate::{
     section::Secret,
@@ -85,6 +90,8 @@ struct State {
     /// The last failed refresh of a rejected token: when, which token,
     /// why (the reference's cooldown).
     failed: Option<(Instant, Secret, oauth::RefreshError)>,
+    /// The identity the refresh answers told.
+    learned: UserIdentity,
 }
 
 pub struct Credentials {
@@ -144,7 +151,7 @@ impl Credentials {
             Some(t) => t,
             None => self
                 .access
-                .read()
+                .read(Field::Access)
                 .map_err(|e| format!("cannot read the user access token: {e}"))?,
         };
         if token.expose().is_empty() {
@@ -163,7 +170,7 @@ impl Credentials {
             None => r
                 .cfg
                 .refresh_token
-                .read()
+                .read(Field::Refresh)
                 .map_err(|e| format!("cannot read the refresh token: {e}"))
                 .and_then(|t| {
                     if t.expose().is_empty() {
@@ -174,6 +181,17 @@ impl Credentials {
                     }
                 }),
         })
+    }
+
+    /// The user's corp and user id as far as known: a JSON token file's
+    /// (the access token's, then the refresh token's), else the last
+    /// refresh answer's; each field on its own.
+    pub fn identity(&self) -> UserIdentity {
+        let mut id = self.access.identity();
+        if let Some(r) = &self.refresher {
+            id = id.or(&r.cfg.refresh_token.identity());
+        }
+        id.or(&self.state().learned)
     }
 
     /// The reference's local subject of the identity: `refresh:` + the
@@ -348,6 +366,10 @@ impl Credentials {
         if let Some(t) = &grant.refresh_token {
             self.learn(t);
         }
+        {
+            let mut st = self.state();
+            st.learned = grant.identity.clone().or(&st.learned);
+        }
         self.store(&grant);
         tracing::info!(
             lifetime = ?grant.lifetime,
@@ -359,19 +381,24 @@ impl Credentials {
     /// Writes a grant back where the tokens came from; a token that cannot
     /// be written (no file, or the write failed) is held in memory.
     fn store(&self, grant: &oauth::Grant) {
-        let write = |source: &TokenSource, token: &Secret, what: &str| match source.file() {
-            Some(f) => match write_private_atomic(f, token.expose()) {
+        let learned = self.state().learned.clone();
+        let write = |source: &TokenSource, token: &Secret, field: Field| match source.file() {
+            Some(f) => match write_private_atomic(f, &contents(f, token, &learned, field)) {
                 Ok(()) => None,
                 Err(e) => {
+                    let what = match field {
+                        Field::Access => "refreshed access token",
+                        Field::Refresh => "rotated refresh token",
+                    };
                     tracing::error!(file = %f.display(), error = %e, "personal: the {what} could not be written back; it is kept in memory only");
                     Some(token.clone())
                 }
             },
             None => Some(token.clone()),
         };
-        let held_access = write(&self.access, &grant.access_token, "refreshed access token");
+        let held_access = write(&self.access, &grant.access_token, Field::Access);
         let held_refresh = match (&grant.refresh_token, &self.refresher) {
-            (Some(new), Some(r)) => write(&r.cfg.refresh_token, new, "rotated refresh token"),
+            (Some(new), Some(r)) => write(&r.cfg.refresh_token, new, Field::Refresh),
             _ => None,
         };
         let mut st = self.state();
@@ -390,6 +417,13 @@ impl Credentials {
     pub fn scrub(&self) -> Scrub {
         self.state().scrub.clone()
     }
+}
+
+/// What a token file gets for a new token: the token, or its JSON saved
+/// login updated ([`token_file::updated`]).
+fn contents(f: &Path, token: &Secret, learned: &UserIdentity, field: Field) -> String {
+    let old = std::fs::read_to_string(f).ok();
+    token_file::updated(old.as_deref(), field, token, learned)
 }
 
 /// Replaces `path` with `contents` (and a newline) atomically: a new 0600
