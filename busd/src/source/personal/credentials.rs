@@ -46,8 +46,9 @@ use super::{
     token_file::{self, Field, UserIdentity},
 };
 use crate::{
-    section::Secret,
+    section::{ConfigError, Secret},
     source::stream::{net, net::Url, Scrub},
+    urls::UrlError,
 };
 
 /// How long before expiry a known-lifetime token is refreshed.
@@ -58,6 +59,20 @@ const RETRY_EARLY_REFRESH: Duration = Duration::from_secs(3);
 /// After a failed refresh of a rejected token, the same token gets that
 /// failure again for this long without a call (`force_refresh.go:30`).
 const REJECTED_REFRESH_COOLDOWN: Duration = Duration::from_secs(3);
+
+/// Why no token can be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("cannot read the user access token: {0}")]
+    Unreadable(ConfigError),
+    #[error("the user access token is empty")]
+    Empty,
+}
+
+/// Why the credentials cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid oauth_url: {0}")]
+pub struct OauthUrlError(#[from] UrlError);
 
 /// What [`Credentials::refresh_rejected`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,10 +130,13 @@ impl Credentials {
 
     /// Credentials that refresh through `http` when `auth` has a refresh
     /// token.
-    pub fn with_refresh(auth: &UserAuth, http: &reqwest::Client) -> Result<Credentials, String> {
+    pub fn with_refresh(
+        auth: &UserAuth,
+        http: &reqwest::Client,
+    ) -> Result<Credentials, OauthUrlError> {
         let mut c = Credentials::new(auth.access_token.clone());
         if let Some(r) = &auth.refresh {
-            let url = net::parse(&r.oauth_url).map_err(|e| format!("invalid oauth_url: {e}"))?;
+            let url = net::parse(&r.oauth_url)?;
             if let Some(s) = &r.client_secret {
                 c.learn(s);
             }
@@ -145,17 +163,17 @@ impl Credentials {
     }
 
     /// The current access token (re-read from its file, if it has one).
-    pub fn token(&self) -> Result<Secret, String> {
+    pub fn token(&self) -> Result<Secret, TokenError> {
         let held = self.state().access.clone();
         let token = match held {
             Some(t) => t,
             None => self
                 .access
                 .read(Field::Access)
-                .map_err(|e| format!("cannot read the user access token: {e}"))?,
+                .map_err(TokenError::Unreadable)?,
         };
         if token.expose().is_empty() {
-            return Err("the user access token is empty".into());
+            return Err(TokenError::Empty);
         }
         self.learn(&token);
         Ok(token)
@@ -213,7 +231,7 @@ impl Credentials {
     /// The token to use now: refreshed first when its known lifetime is
     /// nearly over (a failed early refresh is logged; the current token is
     /// used).
-    pub async fn usable_token(&self) -> Result<Secret, String> {
+    pub async fn usable_token(&self) -> Result<Secret, TokenError> {
         if self.refresher.is_some() && self.refresh_due() {
             let _one = self.refreshing.lock().await;
             if let (true, Ok(current)) = (self.refresh_due(), self.token()) {

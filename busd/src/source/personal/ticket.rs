@@ -94,7 +94,7 @@ impl TicketClient {
             .creds
             .usable_token()
             .await
-            .map_err(TicketError::Fatal)?;
+            .map_err(|e| TicketError::Fatal(e.to_string()))?;
         let detail = match self.call(&token).await {
             Call::Done(r) => return r,
             Call::Unauthorized(detail) => detail,

@@ -199,7 +199,11 @@ impl Control {
             token_unreadable: true,
             ..ControlError::default()
         };
-        let mut token = i.creds.usable_token().await.map_err(unreadable)?;
+        let mut token = i
+            .creds
+            .usable_token()
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
         let mut retried = false;
         loop {
             let corp = self.identity().corp_id;
