@@ -327,7 +327,7 @@ impl Credentials {
             Some(p) => Some(
                 refresh_lock::acquire(&p)
                     .await
-                    .map_err(oauth::RefreshError::transient)?,
+                    .map_err(|e| oauth::RefreshError::transient(e.to_string()))?,
             ),
             None => None,
         };

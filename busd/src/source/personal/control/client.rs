@@ -33,7 +33,7 @@ use crate::{
         personal::{
             config::PersonalConfig,
             credentials::{Credentials, Refreshed},
-            ticket::{header_value, secret_header},
+            ticket::{header_value, secret_header, HeaderError},
             token_file::UserIdentity,
         },
         stream::net,
@@ -85,7 +85,7 @@ impl ControlConfig {
 
 /// The headers of every control-plane call; `corp` is the user's corp id
 /// as known ([`Control::identity`]).
-pub fn headers(token: &Secret, c: &ControlConfig, corp: &str) -> Result<HeaderMap, String> {
+pub fn headers(token: &Secret, c: &ControlConfig, corp: &str) -> Result<HeaderMap, HeaderError> {
     let mut h = HeaderMap::new();
     h.insert(
         AUTHORIZATION,
@@ -207,7 +207,8 @@ impl Control {
         let mut retried = false;
         loop {
             let corp = self.identity().corp_id;
-            let headers = headers(&token, &i.config, &corp).map_err(ControlError::transport)?;
+            let headers = headers(&token, &i.config, &corp)
+                .map_err(|e| ControlError::transport(e.to_string()))?;
             let mut req = i
                 .http
                 .request(method.clone(), url.as_str())
