@@ -415,7 +415,7 @@ mod tests {
         .unwrap();
         let r = p.auth.refresh.unwrap();
         assert_eq!(r.oauth_url, "http://127.0.0.1:9/oauth2/refreshToken");
-        assert_eq!(r.refresh_token.read().unwrap().expose(), "R");
+        assert_eq!(r.refresh_token.read(Field::Refresh).unwrap().expose(), "R");
         assert_eq!(r.client_id, "cid");
         let e = personal(tmp.path(), "client_id = \"c\"\noauth_url = \"https://x\"\n").unwrap_err();
         assert!(e.to_string().contains("no refresh token"), "{e}");

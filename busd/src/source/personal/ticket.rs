@@ -392,7 +392,7 @@ mod tests {
             ("[1]", "not a JSON object"),
         ] {
             let e = parse_personal(body.as_bytes()).err().unwrap();
-            assert!(e.contains(why), "{body}: {e}");
+            assert!(e.to_string().contains(why), "{body}: {e}");
         }
     }
 
@@ -408,12 +408,12 @@ mod tests {
         let e = parse_portal(br#"{"success":false,"errorCode":"NO_AUTH","errorMsg":"no"}"#)
             .err()
             .unwrap();
-        assert!(e.contains("NO_AUTH no"), "{e}");
+        assert!(e.to_string().contains("NO_AUTH no"), "{e}");
         let e = parse_portal(br#"{"data":{"endpoint":"ws://127.0.0.1:9/c","ticket":"t"}}"#)
             .err()
             .unwrap();
         assert!(
-            e.contains("the portal said"),
+            e.to_string().contains("the portal said"),
             "the portal reads no `data`: {e}"
         );
     }

@@ -264,7 +264,7 @@ mod tests {
             ("http:///x", "no host"),
         ] {
             let e = check_http_url(bad).unwrap_err();
-            assert!(e.contains(why), "{bad}: {e}");
+            assert!(e.to_string().contains(why), "{bad}: {e}");
         }
         for (ws, ok) in [
             ("ws://127.0.0.2:9/c", true),
