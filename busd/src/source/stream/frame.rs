@@ -189,7 +189,7 @@ mod tests {
         }
         // The reason never echoes the frame.
         let e = parse("{\"secret-looking\": ").unwrap_err();
-        assert!(!e.contains("secret-looking"), "{e}");
+        assert!(!e.to_string().contains("secret-looking"), "{e}");
     }
 
     #[test]
