@@ -135,20 +135,31 @@ pub fn write_man_page(dir: &Path) -> std::io::Result<PathBuf> {
 
 /// A humantime duration (`30s`, `5m`, `1h 30m`), or `0`; at most
 /// [`proto::limits::MAX_DURATION`] (100 years).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
-    let d = humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e} (expected a duration like 30s, 5m, 1h)"))?;
-    proto::limits::check_duration(&proto::limits::quoted(s.trim()), d)
+    let d = humantime::parse_duration(s.trim()).map_err(DurationError::Syntax)?;
+    proto::limits::check_duration(&proto::limits::quoted(s.trim()), d).map_err(DurationError::Bound)
 }
 
-fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
+fn parse_nonzero_duration(s: &str) -> Result<Duration, DurationError> {
     match parse_duration(s)? {
-        d if d.is_zero() => Err("must be more than 0".into()),
+        d if d.is_zero() => Err(DurationError::Zero),
         d => Ok(d),
     }
+}
+
+/// Why a duration flag value is refused (clap prints the message).
+#[derive(Debug, thiserror::Error)]
+pub enum DurationError {
+    #[error("{0} (expected a duration like 30s, 5m, 1h)")]
+    Syntax(humantime::DurationError),
+    /// Over [`proto::limits::MAX_DURATION`].
+    #[error("{0}")]
+    Bound(String),
+    #[error("must be more than 0")]
+    Zero,
 }
 
 /// Finds `--ready-fd N` in raw argv, for reporting a flag error on the pipe
@@ -178,7 +189,7 @@ mod tests {
         assert!(parse_nonzero_duration("0").is_err());
         assert!(parse_duration("100years").is_ok());
         let err = parse_duration("500000000000years").unwrap_err();
-        assert!(err.contains("100 years"), "{err}");
+        assert!(err.to_string().contains("100 years"), "{err}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod config;
 pub mod connection;
 pub mod doctor;
 pub mod eventlog;
+pub mod exit;
 pub mod hub;
 pub mod latency;
 pub mod lock;
@@ -81,18 +82,14 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 pub fn run(args: Args) -> ExitCode {
     let mut ready = match ReadyPipe::from_fd(args.ready_fd) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("busd: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return exit::Failure::from(e).exit(),
     };
     match start(args, &mut ready) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("start-up failed: {}", e.message);
             ready.failed(&e);
-            eprintln!("busd: {}", e.message);
-            ExitCode::from(1)
+            exit::Failure::from(e).exit()
         }
     }
 }
@@ -100,15 +97,16 @@ pub fn run(args: Args) -> ExitCode {
 fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     let uid = nix::unistd::geteuid().as_raw();
     let env = proto::paths::Env::from_process(uid);
-    let endpoint =
-        proto::paths::resolve(args.profile.as_deref(), &env).map_err(|e| e.to_string())?;
+    let endpoint = proto::paths::resolve(args.profile.as_deref(), &env)
+        .map_err(|e| StartError::runtime(e.to_string()))?;
     let profile = profile::load_profile(
         &endpoint.config_root,
         &endpoint.profile,
         &profile::EnvOverrides::from_process(),
     )?;
     // Taken before any thread starts; `None` unless systemd passed a socket.
-    let activated = activation::inherited(&endpoint.socket_path).map_err(|e| e.to_string())?;
+    let activated = activation::inherited(&endpoint.socket_path)
+        .map_err(|e| StartError::runtime(e.to_string()))?;
     make_private_dir(&endpoint.work_dir)?;
     init_logging(&endpoint.log_path(), args.foreground, args.log_format)?;
 
@@ -121,7 +119,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+        .map_err(|e| StartError::runtime(format!("cannot start the runtime: {e}")))?;
     runtime.block_on(async move {
         // Signals first: a SIGTERM during start-up must be a clean stop.
         let (trigger, shutdown) = shutdown::channel();
@@ -156,9 +154,9 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
 /// ([`socket::prepare_private_dir`]): a real directory, ours, not group or
 /// world writable. The config root itself is created if missing, not checked.
 fn make_private_dir(work_dir: &Path) -> Result<(), StartError> {
-    let events = work_dir
-        .parent()
-        .ok_or_else(|| format!("work dir {} has no parent", work_dir.display()))?;
+    let events = work_dir.parent().ok_or_else(|| {
+        StartError::runtime(format!("work dir {} has no parent", work_dir.display()))
+    })?;
     if let Some(root) = events.parent() {
         fs::create_dir_all(root).map_err(|e| {
             StartError::from_io(
@@ -194,13 +192,14 @@ fn init_logging(
             .try_init(),
         (config::LogFormat::Json, false) => builder.json().with_writer(file).try_init(),
     };
-    result.map_err(|e| format!("cannot set up logging: {e}").into())
+    result.map_err(|e| StartError::runtime(format!("cannot set up logging: {e}")))
 }
 
-fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), String> {
+fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), StartError> {
     use tokio::signal::unix::{signal, SignalKind};
     for kind in [SignalKind::terminate(), SignalKind::interrupt()] {
-        let mut s = signal(kind).map_err(|e| format!("cannot watch signals: {e}"))?;
+        let mut s =
+            signal(kind).map_err(|e| StartError::runtime(format!("cannot watch signals: {e}")))?;
         let t = trigger.clone();
         tokio::spawn(async move {
             if s.recv().await.is_some() {
@@ -231,13 +230,12 @@ async fn take_lock(endpoint: &Endpoint, activated: bool) -> Result<Option<BusLoc
                     return Ok(None);
                 }
                 if Instant::now() >= deadline {
-                    return Err(format!(
+                    return Err(StartError::runtime(format!(
                         "{} is held by pid {} which does not answer on {}",
                         endpoint.lock_path().display(),
                         pid.map_or("?".to_owned(), |p| p.to_string()),
                         endpoint.socket_path.display()
-                    )
-                    .into());
+                    )));
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -311,14 +309,13 @@ fn check_recovered(
         return Ok(());
     };
     subscription::check_snapshot(snap).map_err(|e| {
-        format!(
+        StartError::runtime(format!(
             "cannot open the store: {}: {e}; this busd ({}) cannot restore it as it was saved, \
              so it refuses to start and leaves the file as it is (run the busd that wrote it, \
              or move the file away to start without the stored subscriptions)",
             dir.join("subscriptions.json").display(),
             proto::BUILD
-        )
-        .into()
+        ))
     })
 }
 
@@ -353,8 +350,12 @@ async fn serve(
             socket::bind(&endpoint.socket_path)?
         }
     };
-    let listener = tokio::net::UnixListener::from_std(std_listener)
-        .map_err(|e| format!("cannot listen on {}: {e}", endpoint.socket_path.display()))?;
+    let listener = tokio::net::UnixListener::from_std(std_listener).map_err(|e| {
+        StartError::runtime(format!(
+            "cannot listen on {}: {e}",
+            endpoint.socket_path.display()
+        ))
+    })?;
 
     // The store before the socket: a bus that cannot recover its state
     // serves nobody (and says why on the ready pipe). A cluster's database
@@ -375,14 +376,14 @@ async fn serve(
     );
     let recovered = store
         .recover()
-        .map_err(|e| format!("cannot open the store: {e}"))?;
+        .map_err(|e| StartError::runtime(format!("cannot open the store: {e}")))?;
     check_recovered(&profile.store, &store_dir_of(&endpoint), &recovered)?;
     // The disk store keeps the dedup window's ids of released segments
     // apart from them (`store::dedup_ids`), so retention alone bounds it.
     let dedup_ids = match profile.store.kind {
         store::StoreKind::Disk => {
             let (loaded, skipped) = store::dedup_ids::load(&ids_dir)
-                .map_err(|e| format!("cannot open the store: {e}"))?;
+                .map_err(|e| StartError::runtime(format!("cannot open the store: {e}")))?;
             if skipped > 0 {
                 tracing::warn!(
                     skipped,
@@ -444,9 +445,9 @@ async fn serve(
     // treats every pending event as possibly delivered.
     store
         .save(&hub.startup_snapshot())
-        .map_err(|e| format!("cannot write the store: {e}"))?;
+        .map_err(|e| StartError::runtime(format!("cannot write the store: {e}")))?;
     let committer = commit::spawn(hub.clone(), store, dedup_ids)
-        .map_err(|e| format!("cannot start the committer thread: {e}"))?;
+        .map_err(|e| StartError::runtime(format!("cannot start the committer thread: {e}")))?;
     tracing::info!(
         pid = std::process::id(),
         profile = %endpoint.profile,
@@ -510,7 +511,7 @@ async fn serve(
     drop(lock);
     if let Some(e) = store_error {
         tracing::info!("bus exited after a store failure");
-        return Err(format!("the store failed: {e}").into());
+        return Err(StartError::runtime(format!("the store failed: {e}")));
     }
     tracing::info!("bus exited");
     Ok(())

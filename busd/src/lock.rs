@@ -46,7 +46,10 @@ pub fn try_lock(path: &Path) -> Result<TryLock, StartError> {
                 .and_then(|()| locked.seek(SeekFrom::Start(0)).map(drop))
                 .and_then(|()| locked.write_all(pid.as_bytes()));
             if let Err(e) = written {
-                return Err(format!("cannot write pid to {}: {e}", path.display()).into());
+                return Err(StartError::runtime(format!(
+                    "cannot write pid to {}: {e}",
+                    path.display()
+                )));
             }
             Ok(TryLock::Acquired(BusLock { _file: locked }))
         }
@@ -58,7 +61,10 @@ pub fn try_lock(path: &Path) -> Result<TryLock, StartError> {
                 .and_then(|_| s.trim().parse().ok());
             Ok(TryLock::Busy(pid))
         }
-        Err((_, errno)) => Err(format!("cannot lock {}: {errno}", path.display()).into()),
+        Err((_, errno)) => Err(StartError::runtime(format!(
+            "cannot lock {}: {errno}",
+            path.display()
+        ))),
     }
 }
 

@@ -45,7 +45,7 @@ impl RotatingLog {
         let file = open(path)?;
         let size = file
             .metadata()
-            .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?
+            .map_err(|e| StartError::runtime(format!("cannot inspect {}: {e}", path.display())))?
             .len();
         Ok(RotatingLog {
             inner: Arc::new(Mutex::new(Inner {

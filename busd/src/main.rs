@@ -1,6 +1,9 @@
-//! `busd` entry point: parse flags, run, map the outcome to an exit code.
+//! `busd` entry point: parse flags, run, map the outcome to an exit code
+//! ([`busd::exit`]).
 
 use std::process::ExitCode;
+
+use busd::exit::Failure;
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
@@ -13,13 +16,7 @@ fn main() -> ExitCode {
                 println!("{}", page.display());
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!(
-                    "busd: cannot write the man page into {}: {e}",
-                    dir.display()
-                );
-                ExitCode::from(1)
-            }
+            Err(source) => Failure::ManPage { dir, source }.exit(),
         },
         Ok(args) if args.doctor || args.print_socket_path => {
             let uid = nix::unistd::geteuid().as_raw();
@@ -30,10 +27,7 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Ok(ep) => busd::doctor::run(&ep.config_root, &ep.profile),
-                Err(e) => {
-                    eprintln!("busd: {e}");
-                    ExitCode::from(2)
-                }
+                Err(e) => Failure::from(e).exit(),
             }
         }
         Ok(args) => {
@@ -58,13 +52,9 @@ fn main() -> ExitCode {
             if let Ok(mut pipe) =
                 busd::ready::ReadyPipe::from_fd(busd::config::ready_fd_from_argv(&argv))
             {
-                pipe.failed(&busd::ready::StartError {
-                    kind: busd::ready::FailureKind::Usage,
-                    message: first.clone(),
-                });
+                pipe.failed(&busd::ready::StartError::usage(first.clone()));
             }
-            eprintln!("busd: {first}");
-            ExitCode::from(2)
+            Failure::Usage(first).exit()
         }
     }
 }

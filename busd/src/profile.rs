@@ -327,7 +327,14 @@ mod tests {
         );
         assert_eq!(p.control_base, "https://mcp.dingtalk.com/dws");
         assert_eq!(p.source_id, "open");
-        assert_eq!(p.auth.access_token.read().unwrap().expose(), "T0KEN");
+        assert_eq!(
+            p.auth
+                .access_token
+                .read(crate::source::personal::token_file::Field::Access)
+                .unwrap()
+                .expose(),
+            "T0KEN"
+        );
         std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(
             load(tmp.path(), "p", &EnvOverrides::default()),

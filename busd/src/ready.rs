@@ -15,15 +15,15 @@ pub struct ReadyPipe {
 impl ReadyPipe {
     /// Takes ownership of the inherited `fd`. Refuses 0-2 and fds that are
     /// not open, so a wrong `--ready-fd` cannot write into stdio.
-    pub fn from_fd(fd: Option<RawFd>) -> Result<ReadyPipe, String> {
+    pub fn from_fd(fd: Option<RawFd>) -> Result<ReadyPipe, ReadyFdError> {
         let Some(fd) = fd else {
             return Ok(ReadyPipe { file: None });
         };
         if fd < 3 {
-            return Err(format!("--ready-fd {fd}: must be 3 or more"));
+            return Err(ReadyFdError::Stdio(fd));
         }
         nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD)
-            .map_err(|e| format!("--ready-fd {fd}: not an open file descriptor ({e})"))?;
+            .map_err(|e| ReadyFdError::NotOpen(fd, e))?;
         // SAFETY: the fd was checked to be open, is not stdio, and this is the
         // only place that takes ownership of it (it is given once, in argv).
         let file = unsafe { File::from_raw_fd(fd) };
@@ -50,18 +50,46 @@ impl ReadyPipe {
     }
 }
 
+/// Why `--ready-fd` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadyFdError {
+    #[error("--ready-fd {0}: must be 3 or more")]
+    Stdio(RawFd),
+    #[error("--ready-fd {0}: not an open file descriptor ({1})")]
+    NotOpen(RawFd, nix::Error),
+}
+
 /// How a start-up failure is classified for the spawning client's exit code.
 pub use proto::ready::FailureKind;
 use proto::ready::ReadyVerdict;
 
-/// Why the bus could not start.
-#[derive(Debug, Clone)]
+/// Why the bus could not start: the message, and its class for the ready
+/// pipe. Built by the conversions from the typed errors of start-up
+/// (`ConfigError`, `PgError`) or by the constructors, each naming its class.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
 pub struct StartError {
     pub kind: FailureKind,
     pub message: String,
 }
 
 impl StartError {
+    /// A runtime failure (ready pipe `E`, exit 1 for `dws`).
+    pub fn runtime(message: impl Into<String>) -> StartError {
+        StartError {
+            kind: FailureKind::Runtime,
+            message: message.into(),
+        }
+    }
+
+    /// A wrong setting (ready pipe `U`, exit 2 for `dws`).
+    pub fn usage(message: impl Into<String>) -> StartError {
+        StartError {
+            kind: FailureKind::Usage,
+            message: message.into(),
+        }
+    }
+
     /// A permission or ownership problem (ready pipe `P`, exit 3 for `dws`).
     pub fn permission(message: impl Into<String>) -> StartError {
         StartError {
@@ -80,15 +108,6 @@ impl StartError {
         StartError {
             kind,
             message: message.into(),
-        }
-    }
-}
-
-impl From<String> for StartError {
-    fn from(message: String) -> StartError {
-        StartError {
-            kind: FailureKind::Runtime,
-            message,
         }
     }
 }

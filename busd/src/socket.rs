@@ -113,7 +113,7 @@ pub fn open_private_file(path: &Path, options: &OpenOptions) -> Result<File, Sta
     nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)
         .map(|flags| nix::fcntl::OFlag::from_bits_truncate(flags) & !nix::fcntl::OFlag::O_NONBLOCK)
         .and_then(|flags| nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags)))
-        .map_err(|e| format!("cannot set {} blocking: {e}", path.display()))?;
+        .map_err(|e| StartError::runtime(format!("cannot set {} blocking: {e}", path.display())))?;
     Ok(file)
 }
 
@@ -172,24 +172,24 @@ fn describe(ft: fs::FileType) -> &'static str {
 
 /// Binds the socket (removing a stale file first: the caller holds the lock,
 /// so no live bus can own it) and makes it 0600.
-pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
+pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, StartError> {
     match fs::remove_file(path) {
         Ok(()) => tracing::info!(socket = %path.display(), "removed stale socket"),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => {
-            return Err(format!(
+            return Err(StartError::runtime(format!(
                 "cannot remove stale socket {}: {e}",
                 path.display()
-            ))
+            )))
         }
     }
     let listener = std::os::unix::net::UnixListener::bind(path)
-        .map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+        .map_err(|e| StartError::runtime(format!("cannot bind {}: {e}", path.display())))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot chmod 600 {}: {e}", path.display()))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("cannot set {} non-blocking: {e}", path.display()))?;
+        .map_err(|e| StartError::runtime(format!("cannot chmod 600 {}: {e}", path.display())))?;
+    listener.set_nonblocking(true).map_err(|e| {
+        StartError::runtime(format!("cannot set {} non-blocking: {e}", path.display()))
+    })?;
     Ok(listener)
 }
 

@@ -26,6 +26,7 @@
 mod auth;
 mod control;
 mod frames;
+mod identity;
 mod refresh;
 mod session;
 

@@ -199,7 +199,8 @@ async fn open_mode(c: DingTalkConfig, ctx: SourceContext) -> Result<(), SetupFai
         frames: stream::Frames::Sdk,
     };
     let setup = net::tls_config().and_then(|tls| {
-        let http = net::http_client(&tls, &stream::user_agent(), OPEN_TIMEOUT)?;
+        let http = net::http_client(&tls, &stream::user_agent(), OPEN_TIMEOUT)
+            .map_err(|e| e.to_string())?;
         let open_url = net::parse(&format!("{}{OPEN_PATH}", c.open_api))
             .map_err(|e| format!("invalid open_api URL: {e}"))?;
         Ok((tls, http, open_url))
@@ -231,9 +232,10 @@ async fn portal_mode(
         frames: stream::Frames::AckAll,
     };
     let setup = net::tls_config().and_then(|tls| {
-        let http = net::http_client(&tls, &stream::user_agent(), PORTAL_TIMEOUT)?;
+        let http = net::http_client(&tls, &stream::user_agent(), PORTAL_TIMEOUT)
+            .map_err(|e| e.to_string())?;
         let url = net::parse(&p.ticket_url).map_err(|e| format!("invalid ticket_url: {e}"))?;
-        let creds = Arc::new(Credentials::with_refresh(&p.auth, &http)?);
+        let creds = Arc::new(Credentials::with_refresh(&p.auth, &http).map_err(|e| e.to_string())?);
         if let Some(s) = &c.client_secret {
             creds.learn(s);
         }

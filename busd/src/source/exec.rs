@@ -89,12 +89,20 @@ struct Line {
     born_time: Option<i64>,
 }
 
+/// Why a stdout line is not an event.
+#[derive(Debug, thiserror::Error)]
+pub enum MalformedLine {
+    #[error("not a JSON event object: {0}")]
+    NotJson(serde_json::Error),
+    #[error("invalid event_type {0:?}")]
+    EventType(String),
+}
+
 /// Parses one stdout line into an event, or says why it is malformed.
-pub fn parse_line(line: &str) -> Result<NewEvent, String> {
-    let l: Line =
-        serde_json::from_str(line).map_err(|e| format!("not a JSON event object: {e}"))?;
+pub fn parse_line(line: &str) -> Result<NewEvent, MalformedLine> {
+    let l: Line = serde_json::from_str(line).map_err(MalformedLine::NotJson)?;
     if !proto::pattern::is_valid_event_type(&l.event_type) {
-        return Err(format!("invalid event_type {:?}", l.event_type));
+        return Err(MalformedLine::EventType(l.event_type));
     }
     let data = match l.data {
         None | Some(serde_json::Value::Null) => String::new(),

@@ -33,6 +33,7 @@ pub mod event;
 pub mod oauth;
 pub mod refresh_lock;
 pub mod ticket;
+pub mod token_file;
 
 use std::{sync::Arc, time::Duration};
 
@@ -68,8 +69,11 @@ struct Setup {
 impl PersonalSource {
     pub fn new(config: PersonalConfig) -> PersonalSource {
         let setup = net::tls_config().and_then(|tls| {
-            let http = net::http_client(&tls, &stream::user_agent(), TICKET_TIMEOUT)?;
-            let creds = Arc::new(Credentials::with_refresh(&config.auth, &http)?);
+            let http = net::http_client(&tls, &stream::user_agent(), TICKET_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            let creds = Arc::new(
+                Credentials::with_refresh(&config.auth, &http).map_err(|e| e.to_string())?,
+            );
             if let Some(s) = &config.client_secret {
                 creds.learn(s);
             }

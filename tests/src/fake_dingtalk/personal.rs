@@ -35,6 +35,10 @@
 //!   `refreshViaMCP` never sends it (only the direct `userAccessToken`
 //!   endpoint takes it). Refresh calls can be held until released. Issues a new access token (the old one stops working) and rotates the
 //!   refresh token; `expiresIn` is [`FakeDingTalk::set_token_lifetime`].
+//!   Like the MCP answer the reference parses (`parseMCPTokenResponse`),
+//!   it carries the user's `corpId` and `corpName` always, and `userId`
+//!   and `userName` when the service knows the user
+//!   ([`FakeIdentity::CorpUser`]; else the corp is [`ORG_CORP_ID`]).
 //! - Faults: the next ticket / refresh calls fail with a status and body;
 //!   the next calls of one control operation get a given status, body and
 //!   headers (`Retry-After`); ticket requests can be held until released;
@@ -66,6 +70,9 @@ pub const LIST_PATH: &str = "/dws/event/sublist";
 pub const CANCEL_PATH: &str = "/dws/subscription/cancel";
 /// The reference's MCP token refresh.
 pub const REFRESH_PATH: &str = "/oauth2/refreshToken";
+/// The corp a refresh answer names when the service does not know the
+/// user ([`FakeIdentity::AccessToken`], [`FakeIdentity::RefreshToken`]).
+pub const ORG_CORP_ID: &str = "dingfakeorg";
 
 /// One request to a personal endpoint, as received and answered.
 #[derive(Debug, Clone)]

@@ -5,8 +5,8 @@
 //! | key | env | meaning |
 //! |---|---|---|
 //! | `client_id` (required) | `DWS_DINGTALK_CLIENT_ID` | the OAuth client id of the app that issued the user token |
-//! | `access_token_file` / `access_token` | `DWS_USER_ACCESS_TOKEN` | the user access token (file 0600; inline only in a 0600 config) |
-//! | `refresh_token_file` / `refresh_token` | `DWS_USER_REFRESH_TOKEN` | optional: lets the bus refresh the access token |
+//! | `access_token_file` / `access_token` | `DWS_USER_ACCESS_TOKEN` | the user access token (file 0600; inline only in a 0600 config); a file may hold the reference's saved-login JSON ([`super::token_file`]) |
+//! | `refresh_token_file` / `refresh_token` | `DWS_USER_REFRESH_TOKEN` | optional: lets the bus refresh the access token (may be the same JSON file) |
 //! | `oauth_url` | — | the refresh endpoint (default `<mcp_base>/oauth2/refreshToken`) |
 //! | `mcp_base` | `DWS_MCP_URL` | default `https://mcp.dingtalk.com` |
 //! | `ticket_url` | `DWS_STREAM_TICKET_URL` | default `<mcp_base>/stream/connections/ticket` |
@@ -14,7 +14,7 @@
 //! | `source_id` | `DWS_STREAM_SOURCE_ID` | default `open` |
 //! | `stream_ticket_mode` | `DWS_STREAM_TICKET_MODE` | `normal` (default) or `custom` (sends the app's client id and secret for the ticket) |
 //! | `client_secret_file` / `client_secret` | `DWS_DINGTALK_CLIENT_SECRET` | required by `custom`; when set, also sent with token refreshes |
-//! | `corp_id`, `user_id` | — | the user's identity: `X-DWS-Corp-Id`, and the idempotency key's identity |
+//! | `corp_id`, `user_id` | — | the user's identity: `X-DWS-Corp-Id`, and the idempotency key's identity (each, when unset: from the JSON token file, else from the last refresh answer) |
 //! | `subscription_name` | — | `ext.name` of the upstream subscriptions the bus creates |
 //! | `max_attempts` | — | consecutive failures before the source is lost (0 = never) |
 //! | `keepalive` | — | WebSocket pings (default none, like the reference CLI) |
@@ -24,6 +24,7 @@ use std::{
     time::Duration,
 };
 
+use super::token_file::{self, Field, UserIdentity};
 use crate::section::{read_secret_file, ConfigError, Secret, SectionReader};
 
 /// Where a user token comes from. A file is read again for every use (a
@@ -38,12 +39,30 @@ pub enum TokenSource {
 }
 
 impl TokenSource {
-    /// The current token.
-    pub fn read(&self) -> Result<Secret, ConfigError> {
+    /// The source's text: a bare token or a JSON saved login
+    /// ([`token_file`]).
+    fn text(&self) -> Result<Secret, ConfigError> {
         match self {
             TokenSource::Fixed(s) => Ok(s.clone()),
             TokenSource::File(f) => read_secret_file(f, "token file"),
         }
+    }
+
+    /// The current token: the text, or its `field` when it is JSON.
+    pub fn read(&self, field: Field) -> Result<Secret, ConfigError> {
+        let text = self.text()?;
+        token_file::token(text.expose(), field).map_err(|e| match self {
+            TokenSource::File(f) => ConfigError::Invalid(format!("{}: {e}", f.display())),
+            TokenSource::Fixed(_) => ConfigError::Invalid(e.to_string()),
+        })
+    }
+
+    /// The user's identity the source carries (a JSON saved login's
+    /// `corp_id`/`user_id`), empty when none or unreadable.
+    pub fn identity(&self) -> UserIdentity {
+        self.text()
+            .map(|t| token_file::identity(t.expose()))
+            .unwrap_or_default()
     }
 
     pub fn file(&self) -> Option<&Path> {
@@ -204,6 +223,7 @@ pub(crate) fn client_secret(r: &mut SectionReader<'_>) -> Result<Option<Secret>,
 /// A token: env, inline (0600 config) or file (0600, read now to check it).
 fn token(
     r: &SectionReader<'_>,
+    field: Field,
     env: Option<&String>,
     inline: Option<String>,
     file: Option<PathBuf>,
@@ -217,7 +237,7 @@ fn token(
     }
     let Some(f) = file else { return Ok(None) };
     let source = TokenSource::File(r.path_of(f));
-    source.read()?;
+    source.read(field)?;
     Ok(Some(source))
 }
 
@@ -234,18 +254,25 @@ pub(crate) fn user_auth(
         r.section.access_token.take(),
         r.section.access_token_file.take(),
     );
-    let access_token = token(r, r.env.access_token.as_ref(), inline, file)?.ok_or_else(|| {
-        ConfigError::Invalid(format!(
-            "{who} needs a user access token: {}, {} or DWS_USER_ACCESS_TOKEN",
-            r.in_file("access_token_file"),
-            r.in_file("access_token")
-        ))
-    })?;
+    let access_token = token(r, Field::Access, r.env.access_token.as_ref(), inline, file)?
+        .ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "{who} needs a user access token: {}, {} or DWS_USER_ACCESS_TOKEN",
+                r.in_file("access_token_file"),
+                r.in_file("access_token")
+            ))
+        })?;
     let (inline, file) = (
         r.section.refresh_token.take(),
         r.section.refresh_token_file.take(),
     );
-    let refresh_token = token(r, r.env.refresh_token.as_ref(), inline, file)?;
+    let refresh_token = token(
+        r,
+        Field::Refresh,
+        r.env.refresh_token.as_ref(),
+        inline,
+        file,
+    )?;
     let oauth_url = r.section.oauth_url.take();
     let refresh = match (refresh_token, oauth_url) {
         (None, None) => None,
@@ -388,7 +415,7 @@ mod tests {
         .unwrap();
         let r = p.auth.refresh.unwrap();
         assert_eq!(r.oauth_url, "http://127.0.0.1:9/oauth2/refreshToken");
-        assert_eq!(r.refresh_token.read().unwrap().expose(), "R");
+        assert_eq!(r.refresh_token.read(Field::Refresh).unwrap().expose(), "R");
         assert_eq!(r.client_id, "cid");
         let e = personal(tmp.path(), "client_id = \"c\"\noauth_url = \"https://x\"\n").unwrap_err();
         assert!(e.to_string().contains("no refresh token"), "{e}");

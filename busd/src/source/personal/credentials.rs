@@ -21,6 +21,10 @@
 //!   refresh of a rejected token is not retried for that token within 3 s
 //!   (the reference's `rejectedTokenRefreshFailureCooldown`); callers get
 //!   the same failure.
+//! - Who the user is ([`Credentials::identity`]): the corp and user id a
+//!   JSON token file carries ([`token_file`], the reference's saved login),
+//!   else those the last refresh answer told (`parseMCPTokenResponse`); a
+//!   JSON token file written back gains them.
 //! - Once a refresh told the token's lifetime, [`Credentials::usable_token`]
 //!   refreshes ahead of expiry (5 minutes before it, like the reference's
 //!   `TokenData.IsAccessTokenValid`, or half the lifetime when that is
@@ -39,10 +43,12 @@ use std::{
 use super::{
     config::{RefreshConfig, TokenSource, UserAuth},
     oauth, refresh_lock,
+    token_file::{self, Field, UserIdentity},
 };
 use crate::{
-    section::Secret,
+    section::{ConfigError, Secret},
     source::stream::{net, net::Url, Scrub},
+    urls::UrlError,
 };
 
 /// How long before expiry a known-lifetime token is refreshed.
@@ -53,6 +59,20 @@ const RETRY_EARLY_REFRESH: Duration = Duration::from_secs(3);
 /// After a failed refresh of a rejected token, the same token gets that
 /// failure again for this long without a call (`force_refresh.go:30`).
 const REJECTED_REFRESH_COOLDOWN: Duration = Duration::from_secs(3);
+
+/// Why no token can be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("cannot read the user access token: {0}")]
+    Unreadable(ConfigError),
+    #[error("the user access token is empty")]
+    Empty,
+}
+
+/// Why the credentials cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid oauth_url: {0}")]
+pub struct OauthUrlError(#[from] UrlError);
 
 /// What [`Credentials::refresh_rejected`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +105,8 @@ struct State {
     /// The last failed refresh of a rejected token: when, which token,
     /// why (the reference's cooldown).
     failed: Option<(Instant, Secret, oauth::RefreshError)>,
+    /// The identity the refresh answers told.
+    learned: UserIdentity,
 }
 
 pub struct Credentials {
@@ -108,10 +130,13 @@ impl Credentials {
 
     /// Credentials that refresh through `http` when `auth` has a refresh
     /// token.
-    pub fn with_refresh(auth: &UserAuth, http: &reqwest::Client) -> Result<Credentials, String> {
+    pub fn with_refresh(
+        auth: &UserAuth,
+        http: &reqwest::Client,
+    ) -> Result<Credentials, OauthUrlError> {
         let mut c = Credentials::new(auth.access_token.clone());
         if let Some(r) = &auth.refresh {
-            let url = net::parse(&r.oauth_url).map_err(|e| format!("invalid oauth_url: {e}"))?;
+            let url = net::parse(&r.oauth_url)?;
             if let Some(s) = &r.client_secret {
                 c.learn(s);
             }
@@ -138,17 +163,17 @@ impl Credentials {
     }
 
     /// The current access token (re-read from its file, if it has one).
-    pub fn token(&self) -> Result<Secret, String> {
+    pub fn token(&self) -> Result<Secret, TokenError> {
         let held = self.state().access.clone();
         let token = match held {
             Some(t) => t,
             None => self
                 .access
-                .read()
-                .map_err(|e| format!("cannot read the user access token: {e}"))?,
+                .read(Field::Access)
+                .map_err(TokenError::Unreadable)?,
         };
         if token.expose().is_empty() {
-            return Err("the user access token is empty".into());
+            return Err(TokenError::Empty);
         }
         self.learn(&token);
         Ok(token)
@@ -163,7 +188,7 @@ impl Credentials {
             None => r
                 .cfg
                 .refresh_token
-                .read()
+                .read(Field::Refresh)
                 .map_err(|e| format!("cannot read the refresh token: {e}"))
                 .and_then(|t| {
                     if t.expose().is_empty() {
@@ -174,6 +199,17 @@ impl Credentials {
                     }
                 }),
         })
+    }
+
+    /// The user's corp and user id as far as known: a JSON token file's
+    /// (the access token's, then the refresh token's), else the last
+    /// refresh answer's; each field on its own.
+    pub fn identity(&self) -> UserIdentity {
+        let mut id = self.access.identity();
+        if let Some(r) = &self.refresher {
+            id = id.or(&r.cfg.refresh_token.identity());
+        }
+        id.or(&self.state().learned)
     }
 
     /// The reference's local subject of the identity: `refresh:` + the
@@ -195,7 +231,7 @@ impl Credentials {
     /// The token to use now: refreshed first when its known lifetime is
     /// nearly over (a failed early refresh is logged; the current token is
     /// used).
-    pub async fn usable_token(&self) -> Result<Secret, String> {
+    pub async fn usable_token(&self) -> Result<Secret, TokenError> {
         if self.refresher.is_some() && self.refresh_due() {
             let _one = self.refreshing.lock().await;
             if let (true, Ok(current)) = (self.refresh_due(), self.token()) {
@@ -291,7 +327,7 @@ impl Credentials {
             Some(p) => Some(
                 refresh_lock::acquire(&p)
                     .await
-                    .map_err(oauth::RefreshError::transient)?,
+                    .map_err(|e| oauth::RefreshError::transient(e.to_string()))?,
             ),
             None => None,
         };
@@ -348,6 +384,10 @@ impl Credentials {
         if let Some(t) = &grant.refresh_token {
             self.learn(t);
         }
+        {
+            let mut st = self.state();
+            st.learned = grant.identity.clone().or(&st.learned);
+        }
         self.store(&grant);
         tracing::info!(
             lifetime = ?grant.lifetime,
@@ -359,19 +399,24 @@ impl Credentials {
     /// Writes a grant back where the tokens came from; a token that cannot
     /// be written (no file, or the write failed) is held in memory.
     fn store(&self, grant: &oauth::Grant) {
-        let write = |source: &TokenSource, token: &Secret, what: &str| match source.file() {
-            Some(f) => match write_private_atomic(f, token.expose()) {
+        let learned = self.state().learned.clone();
+        let write = |source: &TokenSource, token: &Secret, field: Field| match source.file() {
+            Some(f) => match write_private_atomic(f, &contents(f, token, &learned, field)) {
                 Ok(()) => None,
                 Err(e) => {
+                    let what = match field {
+                        Field::Access => "refreshed access token",
+                        Field::Refresh => "rotated refresh token",
+                    };
                     tracing::error!(file = %f.display(), error = %e, "personal: the {what} could not be written back; it is kept in memory only");
                     Some(token.clone())
                 }
             },
             None => Some(token.clone()),
         };
-        let held_access = write(&self.access, &grant.access_token, "refreshed access token");
+        let held_access = write(&self.access, &grant.access_token, Field::Access);
         let held_refresh = match (&grant.refresh_token, &self.refresher) {
-            (Some(new), Some(r)) => write(&r.cfg.refresh_token, new, "rotated refresh token"),
+            (Some(new), Some(r)) => write(&r.cfg.refresh_token, new, Field::Refresh),
             _ => None,
         };
         let mut st = self.state();
@@ -390,6 +435,13 @@ impl Credentials {
     pub fn scrub(&self) -> Scrub {
         self.state().scrub.clone()
     }
+}
+
+/// What a token file gets for a new token: the token, or its JSON saved
+/// login updated ([`token_file::updated`]).
+fn contents(f: &Path, token: &Secret, learned: &UserIdentity, field: Field) -> String {
+    let old = std::fs::read_to_string(f).ok();
+    token_file::updated(old.as_deref(), field, token, learned)
 }
 
 /// Replaces `path` with `contents` (and a newline) atomically: a new 0600

@@ -2,8 +2,9 @@
 //! (`internal/auth/oauth_helpers.go` `refreshViaMCP`): `POST {oauth_url}` with
 //! `{"clientId","refreshToken","grantType":"refresh_token"}` — never the
 //! client secret, which `refreshViaMCP` does not send; a 200 answer
-//! `{"accessToken","refreshToken"?,"expiresIn"?}` (also accepted inside a
-//! `result`/`data` envelope). `errorCode`/`errorMsg`, a missing
+//! `{"accessToken","refreshToken"?,"expiresIn"?,"corpId"?,"userId"?}` (also
+//! accepted inside a `result`/`data` envelope; the identity fields as
+//! `parseMCPTokenResponse` reads them). `errorCode`/`errorMsg`, a missing
 //! `accessToken` or another status is a failure: transient (retry later) for
 //! no response, 408, 429 and 5xx, final otherwise.
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::token_file::UserIdentity;
 use crate::{
     section::Secret,
     source::stream::{net, net::Url, one_line},
@@ -27,6 +29,8 @@ pub struct Grant {
     /// A rotated refresh token, if the server sent one.
     pub refresh_token: Option<Secret>,
     pub lifetime: Duration,
+    /// The user's corp and user id, when the answer tells them.
+    pub identity: UserIdentity,
 }
 
 /// Why a refresh failed.
@@ -162,6 +166,10 @@ pub fn parse_grant(status: u16, body: &[u8]) -> Result<Grant, RefreshError> {
         access_token: Secret::new(access),
         refresh_token: text(obj, &["refreshToken", "refresh_token"]).map(Secret::new),
         lifetime,
+        identity: UserIdentity {
+            corp_id: text(obj, &["corpId", "corp_id"]).unwrap_or_default(),
+            user_id: text(obj, &["userId", "user_id"]).unwrap_or_default(),
+        },
     })
 }
 
@@ -179,11 +187,22 @@ mod tests {
         assert_eq!(g.access_token.expose(), "A2");
         assert_eq!(g.refresh_token.unwrap().expose(), "R2");
         assert_eq!(g.lifetime, Duration::from_secs(7200));
+        assert_eq!(
+            g.identity,
+            UserIdentity {
+                corp_id: "c".into(),
+                user_id: String::new()
+            }
+        );
         let g = parse_grant(
             200,
-            br#"{"success":true,"result":{"accessToken":"A3","expiresIn":"60"}}"#,
+            br#"{"success":true,"result":{"accessToken":"A3","expiresIn":"60","corpId":"c3","userId":"u3"}}"#,
         )
         .unwrap();
+        assert_eq!(
+            (g.identity.corp_id.as_str(), g.identity.user_id.as_str()),
+            ("c3", "u3")
+        );
         assert_eq!(
             (g.access_token.expose(), g.refresh_token, g.lifetime),
             ("A3", None, Duration::from_secs(60))

@@ -36,8 +36,25 @@ pub fn lock_path(token_file: &Path) -> PathBuf {
     dir.join(LOCK_FILE)
 }
 
+/// Why the refresh lock could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("cannot open the refresh lock {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the refresh lock {} is held by another process for more than {}s", .0.display(), TIMEOUT.as_secs())]
+    Held(PathBuf),
+    #[error("cannot lock {}: {errno}", path.display())]
+    Lock {
+        path: PathBuf,
+        errno: nix::errno::Errno,
+    },
+}
+
 /// Takes the lock at `path`, waiting up to 10 s for another holder.
-pub async fn acquire(path: &Path) -> Result<RefreshLock, String> {
+pub async fn acquire(path: &Path) -> Result<RefreshLock, LockError> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -46,23 +63,27 @@ pub async fn acquire(path: &Path) -> Result<RefreshLock, String> {
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("cannot open the refresh lock {}: {e}", path.display()))?;
+        .map_err(|source| LockError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(locked) => return Ok(RefreshLock { _file: locked }),
             Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
                 if tokio::time::Instant::now() >= deadline {
-                    return Err(format!(
-                        "the refresh lock {} is held by another process for more than {}s",
-                        path.display(),
-                        TIMEOUT.as_secs()
-                    ));
+                    return Err(LockError::Held(path.to_owned()));
                 }
                 file = f;
                 tokio::time::sleep(RETRY).await;
             }
-            Err((_, e)) => return Err(format!("cannot lock {}: {e}", path.display())),
+            Err((_, errno)) => {
+                return Err(LockError::Lock {
+                    path: path.to_owned(),
+                    errno,
+                })
+            }
         }
     }
 }

@@ -71,18 +71,49 @@ enum Call {
 }
 
 /// A header value that holds a secret (never printed by reqwest).
-pub fn secret_header(v: &str) -> Result<HeaderValue, String> {
+pub fn secret_header(v: &str) -> Result<HeaderValue, HeaderError> {
     HeaderValue::from_str(v)
         .map(|mut v| {
             v.set_sensitive(true);
             v
         })
-        .map_err(|_| "the user access token is not a valid HTTP header value".to_owned())
+        .map_err(|_| HeaderError::Token)
 }
 
 /// A plain header value, or why it cannot be one.
-pub fn header_value(name: &str, v: &str) -> Result<HeaderValue, String> {
-    HeaderValue::from_str(v).map_err(|_| format!("{name} {v:?} is not a valid HTTP header value"))
+pub fn header_value(name: &str, v: &str) -> Result<HeaderValue, HeaderError> {
+    HeaderValue::from_str(v).map_err(|_| HeaderError::Value {
+        name: name.to_owned(),
+        value: v.to_owned(),
+    })
+}
+
+/// A value that cannot be sent in an HTTP header.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// The token (not echoed).
+    #[error("the user access token is not a valid HTTP header value")]
+    Token,
+    #[error("{name} {value:?} is not a valid HTTP header value")]
+    Value { name: String, value: String },
+}
+
+/// Why a ticket answer holds no usable ticket.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    #[error("not JSON")]
+    NotJson,
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("no endpoint")]
+    NoEndpoint,
+    #[error("no ticket")]
+    NoTicket,
+    #[error(transparent)]
+    Endpoint(#[from] stream::EndpointError),
+    /// The portal's `errorCode`/`errorMsg` (one line, capped).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl TicketClient {
@@ -94,7 +125,7 @@ impl TicketClient {
             .creds
             .usable_token()
             .await
-            .map_err(TicketError::Fatal)?;
+            .map_err(|e| TicketError::Fatal(e.to_string()))?;
         let detail = match self.call(&token).await {
             Call::Done(r) => return r,
             Call::Unauthorized(detail) => detail,
@@ -150,7 +181,7 @@ impl TicketClient {
         }
     }
 
-    fn request(&self, token: &Secret) -> Result<reqwest::RequestBuilder, String> {
+    fn request(&self, token: &Secret) -> Result<reqwest::RequestBuilder, HeaderError> {
         let mut h = HeaderMap::new();
         h.insert(ACCEPT, HeaderValue::from_static("application/json"));
         h.insert(
@@ -194,7 +225,7 @@ impl TicketClient {
     async fn call(&self, token: &Secret) -> Call {
         let req = match self.request(token) {
             Ok(r) => r,
-            Err(e) => return Call::Done(Err(TicketError::Fatal(e))),
+            Err(e) => return Call::Done(Err(TicketError::Fatal(e.to_string()))),
         };
         tracing::debug!(source = self.name(), url = %net::redacted(&self.url), "ticket request");
         let resp = match net::send(&self.url, req).await {
@@ -268,12 +299,16 @@ fn pair(obj: &Value) -> (String, String) {
     (field("endpoint"), field("ticket"))
 }
 
-fn ticket_from(endpoint: String, ticket: String, keep_embedded: bool) -> Result<Ticket, String> {
+fn ticket_from(
+    endpoint: String,
+    ticket: String,
+    keep_embedded: bool,
+) -> Result<Ticket, AnswerError> {
     if endpoint.is_empty() {
-        return Err("no endpoint".into());
+        return Err(AnswerError::NoEndpoint);
     }
     if ticket.is_empty() {
-        return Err("no ticket".into());
+        return Err(AnswerError::NoTicket);
     }
     Ok(Ticket {
         endpoint: stream::parse_endpoint(&endpoint)?,
@@ -283,24 +318,24 @@ fn ticket_from(endpoint: String, ticket: String, keep_embedded: bool) -> Result<
 }
 
 /// The personal answer: under `result`, under `data`, or bare.
-pub fn parse_personal(body: &[u8]) -> Result<Ticket, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|_| "not JSON".to_owned())?;
+pub fn parse_personal(body: &[u8]) -> Result<Ticket, AnswerError> {
+    let v: Value = serde_json::from_slice(body).map_err(|_| AnswerError::NotJson)?;
     let obj = ["result", "data"]
         .iter()
         .find_map(|k| v.get(*k).filter(|o| o.is_object()))
         .unwrap_or(&v);
     if !obj.is_object() {
-        return Err("not a JSON object".into());
+        return Err(AnswerError::NotObject);
     }
     let (endpoint, ticket) = pair(obj);
     ticket_from(endpoint, ticket, true)
 }
 
 /// The portal answer: a bare pair first, else the envelope.
-pub fn parse_portal(body: &[u8]) -> Result<Ticket, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|_| "not JSON".to_owned())?;
+pub fn parse_portal(body: &[u8]) -> Result<Ticket, AnswerError> {
+    let v: Value = serde_json::from_slice(body).map_err(|_| AnswerError::NotJson)?;
     if !v.is_object() {
-        return Err("not a JSON object".into());
+        return Err(AnswerError::NotObject);
     }
     let (endpoint, ticket) = pair(&v);
     if !endpoint.is_empty() && !ticket.is_empty() {
@@ -308,10 +343,10 @@ pub fn parse_portal(body: &[u8]) -> Result<Ticket, String> {
     }
     if v.get("success").and_then(Value::as_bool) != Some(true) {
         let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-        return Err(one_line(
+        return Err(AnswerError::Refused(one_line(
             &format!("the portal said {} {}", text("errorCode"), text("errorMsg")),
             200,
-        ));
+        )));
     }
     let (endpoint, ticket) = v.get("result").map(pair).unwrap_or_default();
     ticket_from(endpoint, ticket, false)
@@ -357,7 +392,7 @@ mod tests {
             ("[1]", "not a JSON object"),
         ] {
             let e = parse_personal(body.as_bytes()).err().unwrap();
-            assert!(e.contains(why), "{body}: {e}");
+            assert!(e.to_string().contains(why), "{body}: {e}");
         }
     }
 
@@ -373,12 +408,12 @@ mod tests {
         let e = parse_portal(br#"{"success":false,"errorCode":"NO_AUTH","errorMsg":"no"}"#)
             .err()
             .unwrap();
-        assert!(e.contains("NO_AUTH no"), "{e}");
+        assert!(e.to_string().contains("NO_AUTH no"), "{e}");
         let e = parse_portal(br#"{"data":{"endpoint":"ws://127.0.0.1:9/c","ticket":"t"}}"#)
             .err()
             .unwrap();
         assert!(
-            e.contains("the portal said"),
+            e.to_string().contains("the portal said"),
             "the portal reads no `data`: {e}"
         );
     }

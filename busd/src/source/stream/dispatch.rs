@@ -102,7 +102,7 @@ fn disconnect_reason(f: &frame::Frame) -> String {
 fn decide_sdk<U: Upstream>(upstream: &U, text: &str) -> Decision {
     let f = match frame::parse(text) {
         Ok(f) => f,
-        Err(why) => return Decision::Skip(why),
+        Err(why) => return Decision::Skip(why.to_string()),
     };
     let mid = f.message_id().to_owned();
     let ack = |code: u16, message: &str, data: &str| {
@@ -133,7 +133,7 @@ fn decide_sdk<U: Upstream>(upstream: &U, text: &str) -> Decision {
 fn decide_ack_all<U: Upstream>(upstream: &U, text: &str) -> Decision {
     let f = match frame::parse_lenient(text) {
         Ok(f) => f,
-        Err(why) => return Decision::Skip(why),
+        Err(why) => return Decision::Skip(why.to_string()),
     };
     let ack = Some(frame::reference_success(f.message_id()));
     let system = f.kind.eq_ignore_ascii_case("SYSTEM");

@@ -47,27 +47,46 @@ impl Frame {
 
 /// Decodes one text frame, or says (briefly, without echoing the frame) why
 /// it is not a frame.
-pub fn parse(text: &str) -> Result<Frame, String> {
+pub fn parse(text: &str) -> Result<Frame, NotAFrame> {
     decode(text, true)
+}
+
+/// Why a text frame is not a frame (the frame itself is not echoed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAFrame {
+    #[error("not JSON ({error}; {bytes} bytes)")]
+    NotJson { error: String, bytes: usize },
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("`type` is not a non-empty string")]
+    BadType,
+    #[error("no `type`")]
+    NoType,
+    #[error("`headers` is not an object")]
+    BadHeaders,
+    #[error("no `headers`")]
+    NoHeaders,
 }
 
 /// Like [`parse`], but `type` and `headers` may be missing (then `""` and
 /// none): any JSON object is a frame, as for the reference CLI.
-pub fn parse_lenient(text: &str) -> Result<Frame, String> {
+pub fn parse_lenient(text: &str) -> Result<Frame, NotAFrame> {
     decode(text, false)
 }
 
-fn decode(text: &str, strict: bool) -> Result<Frame, String> {
-    let v: Value =
-        serde_json::from_str(text).map_err(|e| format!("not JSON ({e}; {} bytes)", text.len()))?;
+fn decode(text: &str, strict: bool) -> Result<Frame, NotAFrame> {
+    let v: Value = serde_json::from_str(text).map_err(|e| NotAFrame::NotJson {
+        error: e.to_string(),
+        bytes: text.len(),
+    })?;
     let Value::Object(mut obj) = v else {
-        return Err("not a JSON object".into());
+        return Err(NotAFrame::NotObject);
     };
     let kind = match obj.remove("type") {
         Some(Value::String(s)) if !s.is_empty() => s,
         None | Some(Value::Null) if !strict => String::new(),
-        Some(_) => return Err("`type` is not a non-empty string".into()),
-        None => return Err("no `type`".into()),
+        Some(_) => return Err(NotAFrame::BadType),
+        None => return Err(NotAFrame::NoType),
     };
     let headers = match obj.remove("headers") {
         None | Some(Value::Null) if !strict => BTreeMap::new(),
@@ -79,8 +98,8 @@ fn decode(text: &str, strict: bool) -> Result<Frame, String> {
                 other => Some((k, other.to_string())),
             })
             .collect(),
-        Some(_) => return Err("`headers` is not an object".into()),
-        None => return Err("no `headers`".into()),
+        Some(_) => return Err(NotAFrame::BadHeaders),
+        None => return Err(NotAFrame::NoHeaders),
     };
     let data = match obj.remove("data") {
         None | Some(Value::Null) => String::new(),
@@ -170,7 +189,7 @@ mod tests {
         }
         // The reason never echoes the frame.
         let e = parse("{\"secret-looking\": ").unwrap_err();
-        assert!(!e.contains("secret-looking"), "{e}");
+        assert!(!e.to_string().contains("secret-looking"), "{e}");
     }
 
     #[test]

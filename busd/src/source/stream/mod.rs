@@ -218,13 +218,24 @@ pub fn one_line(s: &str, max: usize) -> String {
 
 /// A WebSocket endpoint handed out with a ticket: `ws`/`wss` with a host,
 /// plain `ws` only to loopback.
-pub fn parse_endpoint(endpoint: &str) -> Result<Url, String> {
-    let url = net::parse(endpoint).map_err(|e| format!("invalid endpoint: {e}"))?;
+pub fn parse_endpoint(endpoint: &str) -> Result<Url, EndpointError> {
+    let url = net::parse(endpoint).map_err(EndpointError::Invalid)?;
     if !matches!(url.scheme(), "ws" | "wss") {
-        return Err(format!("endpoint scheme {:?} is not ws/wss", url.scheme()));
+        return Err(EndpointError::Scheme(url.scheme().to_owned()));
     }
-    net::check_transport(&url).map_err(|e| format!("endpoint: {e}"))?;
+    net::check_transport(&url).map_err(EndpointError::Transport)?;
     Ok(url)
+}
+
+/// Why a handed-out endpoint cannot be dialled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    #[error("invalid endpoint: {0}")]
+    Invalid(crate::urls::UrlError),
+    #[error("endpoint scheme {0:?} is not ws/wss")]
+    Scheme(String),
+    #[error("endpoint: {0}")]
+    Transport(crate::urls::UrlError),
 }
 
 /// Reports the source lost and ends the bus with SOURCE_LOST.

@@ -106,7 +106,7 @@ pub fn http_client(
     tls: &Arc<rustls::ClientConfig>,
     user_agent: &str,
     timeout: Duration,
-) -> Result<reqwest::Client, String> {
+) -> Result<reqwest::Client, NetError> {
     reqwest::Client::builder()
         .use_preconfigured_tls((**tls).clone())
         .user_agent(user_agent)
@@ -115,26 +115,44 @@ pub fn http_client(
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .build()
-        .map_err(|e| format!("HTTP client setup failed: {}", describe(&e)))
+        .map_err(|e| NetError::Setup(describe(&e)))
+}
+
+/// Why an HTTP call got no (whole) response. The messages carry neither
+/// the URL's query nor the request body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetError {
+    /// Plain `http://` to a host that is not loopback.
+    #[error(transparent)]
+    Transport(#[from] crate::urls::UrlError),
+    #[error("HTTP client setup failed: {0}")]
+    Setup(String),
+    /// No response (the `reqwest` error, its causes on one line).
+    #[error("{0}")]
+    Send(String),
+    #[error("reading the response failed: {0}")]
+    Read(String),
+    #[error("response larger than {MAX_RESPONSE} bytes")]
+    TooLarge,
 }
 
 /// Sends `req` (built for `url`) and reads the whole response, at most
 /// [`MAX_RESPONSE`] bytes. Plain `http://` is refused unless `url` is a
 /// loopback host. The error is a transport-level message without the URL's
 /// query or the request body.
-pub async fn send(url: &Url, req: reqwest::RequestBuilder) -> Result<Response, String> {
+pub async fn send(url: &Url, req: reqwest::RequestBuilder) -> Result<Response, NetError> {
     check_transport(url)?;
-    let mut resp = req.send().await.map_err(|e| describe(&e))?;
+    let mut resp = req.send().await.map_err(|e| NetError::Send(describe(&e)))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let mut body = Vec::new();
     while let Some(chunk) = resp
         .chunk()
         .await
-        .map_err(|e| format!("reading the response failed: {}", describe(&e)))?
+        .map_err(|e| NetError::Read(describe(&e)))?
     {
         if body.len() + chunk.len() > MAX_RESPONSE {
-            return Err(format!("response larger than {MAX_RESPONSE} bytes"));
+            return Err(NetError::TooLarge);
         }
         body.extend_from_slice(&chunk);
     }
@@ -246,7 +264,7 @@ mod tests {
             ("http:///x", "no host"),
         ] {
             let e = check_http_url(bad).unwrap_err();
-            assert!(e.contains(why), "{bad}: {e}");
+            assert!(e.to_string().contains(why), "{bad}: {e}");
         }
         for (ws, ok) in [
             ("ws://127.0.0.2:9/c", true),

@@ -228,9 +228,19 @@ fn refresh(s: &mut FakeState, req: &HttpRequest) -> Answer {
         "refreshToken": refresh,
         "expiresIn": s.personal.token_lifetime.as_secs(),
     });
-    if let FakeIdentity::CorpUser { corp, user } = &s.personal.identity {
-        answer["corpId"] = json!(corp);
-        answer["userId"] = json!(user);
+    // The MCP answer (`parseMCPTokenResponse`): the user's organization
+    // always, the user when the service resolved it.
+    match &s.personal.identity {
+        FakeIdentity::CorpUser { corp, user } => {
+            answer["corpId"] = json!(corp);
+            answer["corpName"] = json!(format!("{corp} Inc."));
+            answer["userId"] = json!(user);
+            answer["userName"] = json!(format!("{user} (name)"));
+        }
+        FakeIdentity::AccessToken | FakeIdentity::RefreshToken => {
+            answer["corpId"] = json!(super::ORG_CORP_ID);
+            answer["corpName"] = json!("Fake Org Inc.");
+        }
     }
     (200, answer.to_string(), Some(access))
 }

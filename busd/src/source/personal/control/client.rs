@@ -33,7 +33,8 @@ use crate::{
         personal::{
             config::PersonalConfig,
             credentials::{Credentials, Refreshed},
-            ticket::{header_value, secret_header},
+            ticket::{header_value, secret_header, HeaderError},
+            token_file::UserIdentity,
         },
         stream::net,
     },
@@ -82,8 +83,9 @@ impl ControlConfig {
     }
 }
 
-/// The headers of every control-plane call.
-pub fn headers(token: &Secret, c: &ControlConfig) -> Result<HeaderMap, String> {
+/// The headers of every control-plane call; `corp` is the user's corp id
+/// as known ([`Control::identity`]).
+pub fn headers(token: &Secret, c: &ControlConfig, corp: &str) -> Result<HeaderMap, HeaderError> {
     let mut h = HeaderMap::new();
     h.insert(
         AUTHORIZATION,
@@ -96,7 +98,7 @@ pub fn headers(token: &Secret, c: &ControlConfig) -> Result<HeaderMap, String> {
     for (name, value) in [
         ("x-dws-client-id", c.client_id.as_str()),
         ("x-dws-source-id", c.source_id.as_str()),
-        ("x-dws-corp-id", c.corp_id.as_str()),
+        ("x-dws-corp-id", corp),
     ] {
         if !value.is_empty() {
             h.insert(HeaderName::from_static(name), header_value(name, value)?);
@@ -152,12 +154,20 @@ impl Control {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Who creates subscriptions (the idempotency key's identity).
+    /// Who creates subscriptions (the idempotency key's identity): the
+    /// configured corp and user id, each when set, else the credentials'
+    /// (a JSON token file's, else the last refresh answer's — the
+    /// reference's saved login).
     pub fn identity(&self) -> Identity {
         let c = &self.inner.config;
-        let mut id = Identity {
+        let user = UserIdentity {
             corp_id: c.corp_id.clone(),
             user_id: c.user_id.clone(),
+        }
+        .or(&self.inner.creds.identity());
+        let mut id = Identity {
+            corp_id: user.corp_id,
+            user_id: user.user_id,
             client_id: c.client_id.clone(),
             source_id: c.source_id.clone(),
             local_subject: String::new(),
@@ -189,10 +199,16 @@ impl Control {
             token_unreadable: true,
             ..ControlError::default()
         };
-        let mut token = i.creds.usable_token().await.map_err(unreadable)?;
+        let mut token = i
+            .creds
+            .usable_token()
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
         let mut retried = false;
         loop {
-            let headers = headers(&token, &i.config).map_err(ControlError::transport)?;
+            let corp = self.identity().corp_id;
+            let headers = headers(&token, &i.config, &corp)
+                .map_err(|e| ControlError::transport(e.to_string()))?;
             let mut req = i
                 .http
                 .request(method.clone(), url.as_str())

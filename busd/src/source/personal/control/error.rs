@@ -49,7 +49,19 @@ pub(super) fn normalize(code: &str) -> String {
         .collect()
 }
 
-const BUSINESS_CODES: &[&str] = &[
+/// Business codes that say "not allowed".
+const AUTH_CODES: &[&str] = &[
+    "NO_AUTH",
+    "NO_PERMISSION",
+    "PERMISSION_DENIED",
+    "ACCESS_DENIED",
+    "FORBIDDEN",
+    "UNAUTHORIZED",
+];
+const AUTH_SUFFIXES: &[&str] = &["_NO_PERMISSION", "_PERMISSION_DENIED", "_ACCESS_DENIED"];
+/// Business codes that say "wrong request". With [`AUTH_CODES`] they are
+/// the reference's non-retryable business codes.
+const REQUEST_CODES: &[&str] = &[
     "INVALID_PARAM",
     "INVALID_PARAMS",
     "INVALID_PARAMETER",
@@ -64,39 +76,26 @@ const BUSINESS_CODES: &[&str] = &[
     "SOURCE_ID_REQUIRED",
     "EVENT_KEY_REQUIRED",
     "RULE_TYPE_REQUIRED",
-    "NO_AUTH",
-    "NO_PERMISSION",
-    "PERMISSION_DENIED",
-    "ACCESS_DENIED",
-    "FORBIDDEN",
-    "UNAUTHORIZED",
     "NOT_FOUND",
     "NOT_EXIST",
     "NOT_SUPPORTED",
     "UNSUPPORTED",
     "UNIFIED_APP_ID_NOT_FOUND",
 ];
-const BUSINESS_SUFFIXES: &[&str] = &[
+const REQUEST_SUFFIXES: &[&str] = &[
     "_NOT_BELONG_TO_ORG",
     "_DOES_NOT_BELONG_TO_ORG",
     "_NOT_FOUND",
     "_NOT_EXIST",
     "_NOT_SUPPORTED",
     "_UNSUPPORTED",
-    "_NO_PERMISSION",
-    "_PERMISSION_DENIED",
-    "_ACCESS_DENIED",
 ];
-/// Business codes that say "not allowed" rather than "wrong request".
-const AUTH_CODES: &[&str] = &[
-    "NO_AUTH",
-    "NO_PERMISSION",
-    "PERMISSION_DENIED",
-    "ACCESS_DENIED",
-    "FORBIDDEN",
-    "UNAUTHORIZED",
-];
-const AUTH_SUFFIXES: &[&str] = &["_NO_PERMISSION", "_PERMISSION_DENIED", "_ACCESS_DENIED"];
+
+/// One of the reference's non-retryable business codes (a wrong request
+/// or "not allowed").
+fn business(code: &str) -> bool {
+    listed(code, REQUEST_CODES, REQUEST_SUFFIXES) || listed(code, AUTH_CODES, AUTH_SUFFIXES)
+}
 
 fn listed(code: &str, exact: &[&str], suffixes: &[&str]) -> bool {
     let c = normalize(code);
@@ -132,7 +131,7 @@ impl ControlError {
             401 | 403 => return Class::NonRetryable,
             _ => {}
         }
-        if listed(&self.code, BUSINESS_CODES, BUSINESS_SUFFIXES) {
+        if business(&self.code) {
             Class::NonRetryable
         } else if !self.subscribe_id.is_empty() {
             Class::Unknown

@@ -282,3 +282,48 @@ async fn acquire_refusals_and_short_retries() {
     );
     assert_eq!(fake.creates().len(), 5);
 }
+
+/// The identity of the key: each of the configured corp and user id wins
+/// over the token's (a JSON saved login here); the other comes from it.
+#[test]
+fn the_configured_identity_wins_field_by_field() {
+    let tls = net::tls_config().unwrap();
+    let http = net::http_client(&tls, &stream::user_agent(), Duration::from_secs(10)).unwrap();
+    let login = r#"{"access_token":"T","corp_id":"file-corp","user_id":"file-user"}"#;
+    let creds = Arc::new(Credentials::new(TokenSource::Fixed(Secret::new(login))));
+    let with = |corp: &str, user: &str| {
+        Control::new(
+            http.clone(),
+            creds.clone(),
+            ControlConfig {
+                base: "http://127.0.0.1:9/dws".into(),
+                client_id: "cid".into(),
+                source_id: "open".into(),
+                corp_id: corp.into(),
+                user_id: user.into(),
+                ..ControlConfig::default()
+            },
+        )
+        .identity()
+    };
+    let id = with("", "");
+    assert_eq!(
+        (id.corp_id.as_str(), id.user_id.as_str()),
+        ("file-corp", "file-user")
+    );
+    assert_eq!(
+        id.local_subject, "",
+        "corp and user known: no local subject"
+    );
+    let id = with("cfg-corp", "");
+    assert_eq!(
+        (id.corp_id.as_str(), id.user_id.as_str()),
+        ("cfg-corp", "file-user")
+    );
+    let id = with("cfg-corp", "cfg-user");
+    assert_eq!(
+        (id.corp_id.as_str(), id.user_id.as_str()),
+        ("cfg-corp", "cfg-user")
+    );
+    assert_eq!(creds.token().unwrap().expose(), "T");
+}
