@@ -158,7 +158,7 @@ mod tests {
         assert_eq!(none.text(), "");
         let all = Capture::spawn(&b"a\nb"[..], None);
         assert_eq!(
-            all.wait_for(deadline, |l, done| done.then(|| l.len())),
+            all.wait_for(deadline, |l, done| done.then_some(l.len())),
             Ok(1)
         );
         assert_eq!(all.lines_so_far(), vec!["a".to_string()]);

@@ -177,7 +177,7 @@ mod tests {
         let mut asked = 0;
         let got = freeze_when(pid, 5, Duration::from_millis(1), || {
             asked += 1;
-            (asked == 3).then(|| state())
+            (asked == 3).then(&state)
         });
         assert_eq!(got, Some(Some(b'T')), "stopped while the probe runs");
         assert_eq!(asked, 3);
