@@ -27,7 +27,6 @@
 use std::os::unix::fs::DirBuilderExt;
 use std::{
     collections::{BTreeMap, BTreeSet},
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::Command,
     sync::{
@@ -545,13 +544,7 @@ fn a_fresh_disk_store_has_the_documented_files_and_status() {
 
 /// A config.toml under `cfg` with `[profiles.default]` holding `body`.
 fn write_config(env: &TestEnv, body: &str) {
-    let p = env.cfg_dir().join("config.toml");
-    std::fs::write(
-        &p,
-        format!("[profiles.default]\nsource = \"local\"\n{body}"),
-    )
-    .expect("write config.toml");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    env.write_default_profile(&format!("source = \"local\"\n{body}"));
 }
 
 #[test]
