@@ -21,10 +21,10 @@ mod frames;
 mod portal;
 mod session;
 
-use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use dws_tests::{
-    fake_dingtalk::{Event, FakeDingTalk, Options},
+    fake_dingtalk::{dingtalk_env, Event, FakeDingTalk, Options},
     Child, Sig, TestEnv, EXIT_TIMEOUT,
 };
 use serde_json::{json, Value};
@@ -60,30 +60,13 @@ impl<'a> Bus<'a> {
 
     /// A [`TestEnv`] whose default profile's bus uses `fake`.
     fn env(self, fake: &FakeDingTalk) -> TestEnv {
-        let mut vars: Vec<(&str, String)> = vec![
-            ("DWS_DINGTALK_BACKOFF_MIN_MS", "100".into()),
-            ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000".into()),
-        ];
-        vars.retain(|(k, _)| !self.knobs.iter().any(|(k2, _)| k2 == k));
-        vars.extend(self.knobs);
-        let env = TestEnv::with_env(&vars);
-        let p = env.cfg_dir().join("config.toml");
-        std::fs::write(
-            &p,
-            format!(
-                "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"{}\"\nclient_secret = \"{}\"\n\
-                 open_api = \"{}\"\nmax_attempts = {}\nkeepalive = \"{}\"\n",
-                fake.client_id(),
-                fake.client_secret(),
-                fake.base_url(),
-                self.max_attempts,
-                self.keepalive
-            ),
+        dingtalk_env(
+            &fake.app_profile(&format!(
+                "max_attempts = {}\nkeepalive = \"{}\"\n",
+                self.max_attempts, self.keepalive
+            )),
+            &self.knobs,
         )
-        .expect("write config.toml");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
-            .expect("chmod config.toml");
-        env
     }
 }
 

@@ -16,7 +16,7 @@ use std::{
 
 use crate::test_ca::Ca;
 use dws_tests::{
-    fake_dingtalk::{personal::PersonalEvent, Event, FakeDingTalk},
+    fake_dingtalk::{personal::PersonalEvent, personal_profile_at, Event, FakeDingTalk},
     Child, TestEnv, EXIT_TIMEOUT,
 };
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
@@ -142,11 +142,7 @@ fn env_with_ca(ca_pem: &str, section: &str, backoff_ms: u64) -> (TestEnv, tempfi
         ("DWS_DINGTALK_BACKOFF_MAX_MS", (backoff_ms * 2).to_string()),
         ("DWS_DINGTALK_EXTRA_CA_FILE", ca.display().to_string()),
     ]);
-    private(
-        &env.cfg_dir(),
-        "config.toml",
-        &format!("[profiles.default]\n{section}"),
-    );
+    env.write_default_profile(section);
     (env, dir)
 }
 
@@ -168,22 +164,13 @@ fn finish(c: Child, n: u64) {
     c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("signal", n);
 }
 
-fn app_section(fake: &FakeDingTalk, front: &TlsFront, extra: &str) -> String {
-    format!(
-        "source = \"dingtalk\"\nclient_id = \"{}\"\nclient_secret = \"{}\"\nopen_api = \"{}\"\n{extra}",
-        fake.client_id(),
-        fake.client_secret(),
-        front.https()
-    )
-}
-
 #[test]
 fn the_app_stream_over_https_and_wss_with_sni_and_a_checked_certificate() {
     let ca = new_ca("dws test CA");
     let fake = FakeDingTalk::start();
     let front = TlsFront::start(&ca, fake.addr());
     fake.set_ws_base(&front.wss());
-    let (env, _ca_dir) = env_with_ca(&ca.pem, &app_section(&fake, &front, ""), 100);
+    let (env, _ca_dir) = env_with_ca(&ca.pem, &fake.app_profile_at(&front.https(), ""), 100);
     let mut c = consumer(&env, &["*", "--from", "earliest"]);
     let conn = fake.wait_connected(T);
     let mid = fake.push_event(&Event::new(
@@ -212,10 +199,10 @@ fn the_personal_stream_over_https_and_wss() {
     let token = private(dir.path(), "token", &fake.user_token());
     let (env, _ca_dir) = env_with_ca(
         &ca.pem,
-        &format!(
-            "source = \"personal\"\nclient_id = \"dws-test-client\"\nmcp_base = \"{}\"\naccess_token_file = \"{}\"\n",
-            front.https(),
-            token.display()
+        &personal_profile_at(
+            &front.https(),
+            &token.display().to_string(),
+            "client_id = \"dws-test-client\"\n",
         ),
         100,
     );
@@ -250,7 +237,7 @@ fn a_certificate_from_another_ca_is_refused() {
     // The consumer attaches during the first backoff.
     let (env, _ca_dir) = env_with_ca(
         &other.pem,
-        &app_section(&fake, &front, "max_attempts = 2\n"),
+        &fake.app_profile_at(&front.https(), "max_attempts = 2\n"),
         1500,
     );
     let c = consumer(&env, &["*"]);

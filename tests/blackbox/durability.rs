@@ -27,7 +27,6 @@
 use std::os::unix::fs::DirBuilderExt;
 use std::{
     collections::{BTreeMap, BTreeSet},
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::Command,
     sync::{
@@ -40,7 +39,7 @@ use std::{
 
 use dws_tests::common::*;
 use dws_tests::{
-    fake_dingtalk::{Event, FakeDingTalk},
+    fake_dingtalk::{dingtalk_env, Event, FakeDingTalk},
     wait_pid_gone, Output, Sig, TestEnv, EXIT_TIMEOUT,
 };
 use nix::{sys::signal::kill, unistd::Pid};
@@ -545,13 +544,7 @@ fn a_fresh_disk_store_has_the_documented_files_and_status() {
 
 /// A config.toml under `cfg` with `[profiles.default]` holding `body`.
 fn write_config(env: &TestEnv, body: &str) {
-    let p = env.cfg_dir().join("config.toml");
-    std::fs::write(
-        &p,
-        format!("[profiles.default]\nsource = \"local\"\n{body}"),
-    )
-    .expect("write config.toml");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    env.write_default_profile(&format!("source = \"local\"\n{body}"));
 }
 
 #[test]
@@ -1374,23 +1367,10 @@ fn kill_9_chaos_loses_no_replied_event_and_never_reuses_a_seq() {
 #[test]
 fn kill_9_chaos_under_dingtalk_loses_no_acked_event() {
     let fake = FakeDingTalk::start();
-    let env = TestEnv::with_env(&[
-        ("DWS_DINGTALK_BACKOFF_MIN_MS", "100"),
-        ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000"),
-    ]);
-    let p = env.cfg_dir().join("config.toml");
-    std::fs::write(
-        &p,
-        format!(
-            "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"{}\"\nclient_secret = \"{}\"\n\
-             open_api = \"{}\"\nmax_attempts = 0\nkeepalive = \"30s\"\n",
-            fake.client_id(),
-            fake.client_secret(),
-            fake.base_url()
-        ),
-    )
-    .expect("write config.toml");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let env = dingtalk_env(
+        &fake.app_profile("max_attempts = 0\nkeepalive = \"30s\"\n"),
+        &[] as &[(&str, &str)],
+    );
     subscribe_ok(&env, &["*", "--id", "s1"], "s1");
     fake.wait_connected(Duration::from_secs(30));
 

@@ -36,7 +36,11 @@ use std::{
 };
 
 use dws_tests::common::{repo, tool};
-use dws_tests::{dws_bin, fake_dingtalk::FakeDingTalk, Child, Ready, Sig, TestEnv, EXIT_TIMEOUT};
+use dws_tests::{
+    dws_bin,
+    fake_dingtalk::{dingtalk_env, FakeDingTalk},
+    Child, Ready, Sig, TestEnv, EXIT_TIMEOUT,
+};
 use serde_json::{json, Value};
 
 /// Bound of the waits in this module.
@@ -1137,23 +1141,13 @@ fn examples_raise_an_alert_when_the_source_is_lost() {
         // Transient failures, so that the source is lost only after the
         // consumer attached (a first 401 would end it at once).
         fake.fail_next_opens(1000, 503, r#"{"code":"unavailable","message":"try later"}"#);
-        let env = TestEnv::with_env(&[
-            ("DWS_DINGTALK_BACKOFF_MIN_MS", "1000"),
-            ("DWS_DINGTALK_BACKOFF_MAX_MS", "2000"),
-        ]);
-        let p = env.cfg_dir().join("config.toml");
-        std::fs::write(
-            &p,
-            format!(
-                "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"{}\"\nclient_secret = \"{}\"\n\
-                 open_api = \"{}\"\nmax_attempts = 3\n",
-                fake.client_id(),
-                fake.client_secret(),
-                fake.base_url()
-            ),
-        )
-        .expect("write config.toml");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let env = dingtalk_env(
+            &fake.app_profile("max_attempts = 3\n"),
+            &[
+                ("DWS_DINGTALK_BACKOFF_MIN_MS", "1000"),
+                ("DWS_DINGTALK_BACKOFF_MAX_MS", "2000"),
+            ],
+        );
         let out = example(&env, (&interp, &script), &[], &["*"]).wait_exit(T);
         out.assert_code(1);
         let r = last_result(&out);

@@ -33,7 +33,7 @@ mod session;
 use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, time::Duration};
 
 use dws_tests::{
-    fake_dingtalk::{personal::PersonalEvent, FakeDingTalk},
+    fake_dingtalk::{dingtalk_env, personal::PersonalEvent, FakeDingTalk},
     Child, Output, Sig, TestEnv, EXIT_TIMEOUT,
 };
 use serde_json::{json, Value};
@@ -46,23 +46,13 @@ const CLIENT_ID: &str = "dws-test-client";
 /// A [`TestEnv`] whose default profile is the personal stream of `fake`,
 /// with `extra` lines in its section and `knobs` in the bus's environment.
 fn env_cfg(fake: &FakeDingTalk, extra: &str, knobs: &[(&str, &str)]) -> TestEnv {
-    let mut vars = vec![
-        ("DWS_DINGTALK_BACKOFF_MIN_MS", "100"),
-        ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000"),
-    ];
-    vars.retain(|(k, _)| !knobs.iter().any(|(k2, _)| k2 == k));
-    vars.extend_from_slice(knobs);
-    let env = TestEnv::with_env(&vars);
-    write_token(&env, &fake.user_token());
-    let mut body = format!(
-        "[profiles.default]\nsource = \"personal\"\nmcp_base = \"{}\"\naccess_token_file = \"token\"\n",
-        fake.base_url()
-    );
+    let mut lines = String::new();
     if !extra.contains("client_id") {
-        body.push_str(&format!("client_id = \"{CLIENT_ID}\"\n"));
+        lines.push_str(&format!("client_id = \"{CLIENT_ID}\"\n"));
     }
-    body.push_str(extra);
-    std::fs::write(env.cfg_dir().join("config.toml"), body).expect("write config.toml");
+    lines.push_str(extra);
+    let env = dingtalk_env(&fake.personal_profile("token", &lines), knobs);
+    write_token(&env, &fake.user_token());
     env
 }
 

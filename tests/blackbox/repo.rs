@@ -1,10 +1,11 @@
 //! Habits that keep the repository readable, checked on every run: every
 //! Rust source file says what it owns in a `//!` header, no product
 //! source file grows past the size one person holds in their head unless
-//! ARCHITECTURE.md says why, busd's modules keep their boundaries, and the
-//! docs hold together — every relative link and anchor resolves, the
-//! exit-code table matches `exit.rs`, the tests ARCHITECTURE.md cites
-//! exist, and no text points outside the repository.
+//! ARCHITECTURE.md says why, no harness file (`tests/src`) grows past 800
+//! lines, busd's modules keep their boundaries, and the docs hold
+//! together — every relative link and anchor resolves, the exit-code table
+//! matches `exit.rs`, the tests ARCHITECTURE.md cites exist, and no text
+//! points outside the repository.
 
 use std::path::{Path, PathBuf};
 
@@ -85,6 +86,31 @@ fn no_product_file_is_too_large_without_a_reason() {
     assert!(
         over.is_empty(),
         "split these files, or say in ARCHITECTURE.md (naming them in backticks) why not:\n{}",
+        over.join("\n")
+    );
+}
+
+/// Files of the test harness (`tests/src`) longer than this are split, no
+/// exception by reason: a harness file holds one concern.
+const MAX_HARNESS_LINES: usize = 800;
+
+#[test]
+fn no_harness_file_is_over_800_lines() {
+    let root = workspace();
+    let mut over = vec![];
+    for f in files(&["tests/src"]) {
+        let rel = f.strip_prefix(&root).unwrap_or(&f).display().to_string();
+        let lines = std::fs::read_to_string(&f)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        if lines > MAX_HARNESS_LINES {
+            over.push(format!("{rel}: {lines} lines"));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "split these harness files (at most {MAX_HARNESS_LINES} lines each):\n{}",
         over.join("\n")
     );
 }

@@ -8,7 +8,6 @@
 //! removal shows in status and `bus.log`.
 
 use std::{
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -41,9 +40,7 @@ fn stop_bus(env: &TestEnv) {
 }
 
 fn write_config(env: &TestEnv, body: &[u8]) {
-    let p = env.cfg_dir().join("config.toml");
-    std::fs::write(&p, body).expect("write config.toml");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod config");
+    env.write_private("config.toml", body);
 }
 
 fn mkfifo(p: &Path) {

@@ -74,6 +74,49 @@ fn wait_for_ids(c: &mut Child, want: &BTreeSet<String>, what: &str) -> Vec<Strin
     })
 }
 
+/// Run 2 of a `kill -9` test: `consume` (which attaches `sub_id`) must
+/// print every id of `published` that run 1 (`run1`) did not print, then
+/// a sentinel event `sentinel` of `event_type` published now; it ends on
+/// SIGTERM with a clean exit, its events in order and unique, and every
+/// published id arrived across the two runs. Returns run 2's output and
+/// events.
+fn second_run(
+    env: &TestEnv,
+    consume: &[&str],
+    sub_id: &str,
+    event_type: &str,
+    published: &[&[(String, String)]],
+    run1: &Output,
+    sentinel: &str,
+) -> (Output, Vec<Value>) {
+    let mut r = env.dws(consume).spawn();
+    assert_eq!(r.wait_ready().subscribe_id, sub_id);
+    let p1_ids: BTreeSet<String> = ids_of(&complete_events(run1)).into_iter().collect();
+    let published: Vec<&String> = published
+        .iter()
+        .flat_map(|p| p.iter().map(|(id, _)| id))
+        .collect();
+    let missing: BTreeSet<String> = published
+        .iter()
+        .filter(|id| !p1_ids.contains(id.as_str()))
+        .map(|id| id.to_string())
+        .collect();
+    wait_for_ids(&mut r, &missing, "every event not printed by run 1");
+    env.publish(event_type, "end", &["--id", sentinel]);
+    let quoted = format!("\"{sentinel}\"");
+    r.wait_stdout_line("the sentinel", EXIT_TIMEOUT, |l| l.contains(&quoted));
+    r.signal(Sig::SIGTERM);
+    let run2 = r.wait_exit(EXIT_TIMEOUT);
+    let p2 = run2.json_lines();
+    run2.assert_clean_exit("signal", p2.len() as u64);
+    assert_ordered_unique(&p2, "run 2");
+    let all: BTreeSet<String> = p1_ids.into_iter().chain(ids_of(&p2)).collect();
+    for id in published {
+        assert!(all.contains(id), "event {id} never arrived\n{run1}\n{run2}");
+    }
+    (run2, p2)
+}
+
 // ------------------------------------------------------------------ owned / durable lifetimes
 
 #[test]
@@ -190,31 +233,17 @@ fn kill_9_midway_then_resume_delivers_every_event_at_least_once() {
     let second = items("m", 100..120, 64);
     let pub2 = publish_parallel(&env, "mid.k", &second, 2);
 
-    let mut r = env
-        .dws(["event", "consume", "mid.k", "--subscribe-id", "mid"])
-        .spawn();
-    assert_eq!(r.wait_ready().subscribe_id, "mid");
+    // Every published id arrives at least once across the two runs.
+    let (run2, p2) = second_run(
+        &env,
+        &["event", "consume", "mid.k", "--subscribe-id", "mid"],
+        "mid",
+        "mid.k",
+        &[&first, &second],
+        &run1,
+        "m-end",
+    );
     let p1_ids: BTreeSet<String> = ids_of(&p1).into_iter().collect();
-    let missing: BTreeSet<String> = first
-        .iter()
-        .chain(&second)
-        .map(|(id, _)| id.clone())
-        .filter(|id| !p1_ids.contains(id))
-        .collect();
-    wait_for_ids(&mut r, &missing, "every event not printed by run 1");
-    env.publish("mid.k", "end", &["--id", "m-end"]);
-    r.wait_stdout_line("the sentinel", EXIT_TIMEOUT, |l| l.contains("\"m-end\""));
-    r.signal(Sig::SIGTERM);
-    let run2 = r.wait_exit(EXIT_TIMEOUT);
-    let p2 = run2.json_lines();
-    run2.assert_clean_exit("signal", p2.len() as u64);
-    assert_ordered_unique(&p2, "run 2");
-
-    // Every published id arrived at least once across the two runs.
-    let all: BTreeSet<String> = ids_of(&p1).into_iter().chain(ids_of(&p2)).collect();
-    for (id, _) in first.iter().chain(&second) {
-        assert!(all.contains(id), "event {id} never arrived\n{run1}\n{run2}");
-    }
     // Redelivered lines come first, and only for events among the first
     // |run 1 lines| + WINDOW of the subscription (what run 1 could have been
     // sent: it acks only what it printed, and at most a window is unacked).
@@ -300,25 +329,16 @@ fn events_unacked_at_kill_9_come_again_marked_redelivered() {
 
     let second = items("r", 100..110, 64);
     publish_parallel(&env, "red.k", &second, 2);
-    let mut r = env
-        .dws(["event", "consume", "--subscribe-id", "red"])
-        .spawn();
-    r.wait_ready();
+    let (run2, p2) = second_run(
+        &env,
+        &["event", "consume", "--subscribe-id", "red"],
+        "red",
+        "red.k",
+        &[&first, &second],
+        &run1,
+        "r-end",
+    );
     let p1_ids: BTreeSet<String> = ids_of(&p1).into_iter().collect();
-    let missing: BTreeSet<String> = first
-        .iter()
-        .chain(&second)
-        .map(|(id, _)| id.clone())
-        .filter(|id| !p1_ids.contains(id))
-        .collect();
-    wait_for_ids(&mut r, &missing, "every event not printed by run 1");
-    env.publish("red.k", "end", &["--id", "r-end"]);
-    r.wait_stdout_line("the sentinel", EXIT_TIMEOUT, |l| l.contains("\"r-end\""));
-    r.signal(Sig::SIGTERM);
-    let run2 = r.wait_exit(EXIT_TIMEOUT);
-    let p2 = run2.json_lines();
-    run2.assert_clean_exit("signal", p2.len() as u64);
-    assert_ordered_unique(&p2, "run 2");
 
     let redelivered: Vec<&Value> = p2.iter().filter(|e| e["redelivered"] == true).collect();
     assert_eq!(
@@ -344,10 +364,6 @@ fn events_unacked_at_kill_9_come_again_marked_redelivered() {
                 "an event printed by run 1 came again unmarked: {e}\n{run2}"
             );
         }
-    }
-    let all: BTreeSet<String> = ids_of(&p1).into_iter().chain(ids_of(&p2)).collect();
-    for (id, _) in first.iter().chain(&second) {
-        assert!(all.contains(id), "event {id} never arrived\n{run1}\n{run2}");
     }
     let st = env.status();
     let s = listed(&st, "red");

@@ -46,6 +46,7 @@
 mod app;
 mod http;
 pub mod personal;
+pub mod profile;
 mod records;
 #[cfg(test)]
 mod tests;
@@ -66,6 +67,7 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
+pub use self::profile::{dingtalk_env, fast_backoff_with, personal_profile_at, FAST_BACKOFF};
 pub use self::records::{Ack, ConnRecord, Event, HandshakeRecord, OpenFault, OpenRecord, Outgoing};
 
 /// The open call's path.

@@ -10,7 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dws_tests::{fake_dingtalk::FakeDingTalk, pg::PgServer, wait_pid_gone, Sig, EXIT_TIMEOUT};
+use dws_tests::{
+    fake_dingtalk::FakeDingTalk, freeze_when, pg::PgServer, wait_pid_gone, Sig, EXIT_TIMEOUT,
+};
 
 use super::{
     seqs_and_ids,
@@ -139,22 +141,19 @@ fn a_terminated_lease_session_stops_the_old_owner_and_the_other_host_takes_over(
 /// [`an_owner_frozen_inside_a_transaction_holds_up_the_takeover_only_within_the_loss_bound`]).
 /// Returns when it is stopped.
 pub(super) fn freeze_between_transactions(server: &PgServer, pid: i32, host: &str) {
-    for _ in 0..50 {
-        signal(pid, Sig::SIGSTOP);
-        // Whatever the server was still running for it finishes meanwhile.
-        std::thread::sleep(Duration::from_millis(100));
+    // Whatever the server was still running for it finishes while it is
+    // stopped, before the probe looks.
+    let frozen = freeze_when(pid, 50, Duration::from_millis(37), || {
         let in_tx = server.psql(&format!(
             "SELECT count(*) FROM pg_stat_activity \
              WHERE application_name LIKE 'busd/default/{host}/%' \
                AND state <> 'idle'"
         ));
-        if in_tx == "0" {
-            return;
-        }
-        signal(pid, Sig::SIGCONT);
-        std::thread::sleep(Duration::from_millis(37));
+        (in_tx == "0").then_some(())
+    });
+    if frozen.is_none() {
+        panic!("busd {pid} of {host} was inside a transaction at each of 50 tries");
     }
-    panic!("busd {pid} of {host} was inside a transaction at each of 50 tries");
 }
 
 /// The owner freezes (`SIGSTOP`), events reach its connection unread, and
@@ -283,9 +282,7 @@ const FROZEN_IN_TX_BOUND: Duration = Duration::from_secs(15);
 /// cluster's row (its committer or inbox task between two statements);
 /// retries until it is. Returns what `pg_stat_activity` showed of it.
 fn freeze_inside_a_transaction(server: &PgServer, pid: i32, host: &str) -> String {
-    for _ in 0..300 {
-        signal(pid, Sig::SIGSTOP);
-        std::thread::sleep(Duration::from_millis(100));
+    let frozen = freeze_when(pid, 300, Duration::from_millis(13), || {
         let in_tx = server.psql(&format!(
             "SELECT string_agg(a.application_name || ': ' \
                     || regexp_replace(left(a.query, 60), '\\s+', ' ', 'g'), '; ') \
@@ -295,13 +292,11 @@ fn freeze_inside_a_transaction(server: &PgServer, pid: i32, host: &str) -> Strin
                AND EXISTS (SELECT 1 FROM pg_locks l \
                            WHERE l.pid = a.pid AND l.relation = 'dws_cluster'::regclass)"
         ));
-        if !in_tx.is_empty() {
-            return in_tx;
-        }
-        signal(pid, Sig::SIGCONT);
-        std::thread::sleep(Duration::from_millis(13));
-    }
-    panic!("busd {pid} of {host} was never caught inside a transaction in 300 tries");
+        (!in_tx.is_empty()).then_some(in_tx)
+    });
+    frozen.unwrap_or_else(|| {
+        panic!("busd {pid} of {host} was never caught inside a transaction in 300 tries")
+    })
 }
 
 /// The owner freezes while its committer is inside an append transaction

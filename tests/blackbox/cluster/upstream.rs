@@ -15,14 +15,13 @@
 
 use std::{
     collections::BTreeMap,
-    os::unix::fs::PermissionsExt,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use dws_tests::{
-    common::sub,
-    fake_dingtalk::{Event, FakeDingTalk, FakeState},
+    common::{cluster_host_with, sub},
+    fake_dingtalk::{Event, FakeDingTalk, FakeState, FAST_BACKOFF},
     is_live,
     pg::PgServer,
     Child, Sig, TestEnv, EXIT_TIMEOUT,
@@ -42,28 +41,8 @@ const SUB: &str = "fo";
 /// One host of the cluster on `server`, its upstream the `dingtalk` source
 /// on `fake` (configured the same on every host, as docs/cluster.md says).
 pub(super) fn dingtalk_host(server: &PgServer, fake: &FakeDingTalk, name: &str) -> TestEnv {
-    let env = TestEnv::with_env(&[
-        ("DWS_EVENT_BUS_STORE", "postgres"),
-        ("DWS_POSTGRES_URL", server.url().as_str()),
-        ("DWS_CLUSTER_HOST", name),
-        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "10m"),
-        ("DWS_DINGTALK_BACKOFF_MIN_MS", "100"),
-        ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000"),
-    ]);
-    let p = env.cfg_dir().join("config.toml");
-    std::fs::write(
-        &p,
-        format!(
-            "[profiles.default]\nsource = \"dingtalk\"\nclient_id = \"{}\"\nclient_secret = \"{}\"\n\
-             open_api = \"{}\"\nmax_attempts = 0\n",
-            fake.client_id(),
-            fake.client_secret(),
-            fake.base_url(),
-        ),
-    )
-    .expect("write config.toml");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
-        .expect("chmod config.toml");
+    let env = cluster_host_with(server, name, &FAST_BACKOFF);
+    env.write_default_profile(&fake.app_profile("max_attempts = 0\n"));
     env
 }
 

@@ -4,9 +4,7 @@
 //! `channelType` in the body, `User-Agent: dws-event-consume` on the ticket
 //! request and the WebSocket dial — and every frame is acked 200.
 
-use std::os::unix::fs::PermissionsExt;
-
-use dws_tests::fake_dingtalk::FakeDingTalk;
+use dws_tests::fake_dingtalk::{dingtalk_env, FakeDingTalk};
 use serde_json::{json, Value};
 
 use super::*;
@@ -14,24 +12,15 @@ use super::*;
 /// A bus on the app stream in portal mode `mode` with the user token of
 /// `fake` (a 0600 file), plus `extra` section lines.
 fn portal_env(fake: &FakeDingTalk, mode: &str, extra: &str) -> TestEnv {
-    let env = TestEnv::with_env(&[
-        ("DWS_DINGTALK_BACKOFF_MIN_MS", "100"),
-        ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000"),
-    ]);
-    let token = env.cfg_dir().join("token");
-    std::fs::write(&token, fake.user_token()).expect("token");
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let p = env.cfg_dir().join("config.toml");
-    std::fs::write(
-        &p,
-        format!(
-            "[profiles.default]\nsource = \"dingtalk\"\nstream_ticket_mode = \"{mode}\"\n\
+    let env = dingtalk_env(
+        &format!(
+            "source = \"dingtalk\"\nstream_ticket_mode = \"{mode}\"\n\
              mcp_base = \"{}\"\naccess_token_file = \"token\"\n{extra}",
             fake.base_url()
         ),
-    )
-    .expect("config");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        &[] as &[(&str, &str)],
+    );
+    env.write_private("token", fake.user_token());
     env
 }
 

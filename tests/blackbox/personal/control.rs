@@ -272,16 +272,13 @@ fn custom_ticket_mode_sends_the_app_credentials() {
     ]);
     write_token(&env, &fake.user_token());
     write_private(&env, "app.secret", &fake.client_secret());
-    std::fs::write(
-        env.cfg_dir().join("config.toml"),
-        format!(
-            "[profiles.default]\nsource = \"personal\"\nmcp_base = \"{}\"\naccess_token_file = \"token\"\n\
-             client_id = \"{}\"\nclient_secret_file = \"app.secret\"\nstream_ticket_mode = \"custom\"\n",
-            fake.base_url(),
+    env.write_default_profile(&fake.personal_profile(
+        "token",
+        &format!(
+            "client_id = \"{}\"\nclient_secret_file = \"app.secret\"\nstream_ticket_mode = \"custom\"\n",
             fake.client_id()
         ),
-    )
-    .expect("config");
+    ));
     let mut c = consumer(&env, &["user_im_message_receive_at"]);
     fake.wait_connected(T);
     let t = &fake.ticket_requests()[0];

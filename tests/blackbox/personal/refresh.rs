@@ -19,19 +19,16 @@ const AT: &str = "user_im_message_receive_at";
 /// A bus whose access and refresh tokens are the files `token` and
 /// `refresh` in `dir` (absolute paths: several buses may share them).
 fn env_sharing(fake: &FakeDingTalk, dir: &Path, extra: &str) -> TestEnv {
-    let env = TestEnv::with_env(&[
-        ("DWS_DINGTALK_BACKOFF_MIN_MS", "100"),
-        ("DWS_DINGTALK_BACKOFF_MAX_MS", "1000"),
-    ]);
-    let body = format!(
-        "[profiles.default]\nsource = \"personal\"\nmcp_base = \"{}\"\nclient_id = \"{CLIENT_ID}\"\n\
-         access_token_file = \"{}\"\nrefresh_token_file = \"{}\"\n{extra}",
-        fake.base_url(),
-        dir.join("token").display(),
-        dir.join("refresh").display()
-    );
-    std::fs::write(env.cfg_dir().join("config.toml"), body).expect("write config.toml");
-    env
+    dingtalk_env(
+        &fake.personal_profile(
+            &dir.join("token").display().to_string(),
+            &format!(
+                "client_id = \"{CLIENT_ID}\"\nrefresh_token_file = \"{}\"\n{extra}",
+                dir.join("refresh").display()
+            ),
+        ),
+        &[] as &[(&str, &str)],
+    )
 }
 
 /// `refreshViaMCP` sends `clientId`, `refreshToken` and `grantType` only,
