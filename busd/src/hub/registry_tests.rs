@@ -165,7 +165,7 @@ fn detached_subscriptions_expire_after_their_ttl_and_are_recorded() {
     ]);
     let (c, _) = r.register();
     let before = r.activity();
-    assert_eq!(r.next_expiry().is_some(), true);
+    assert!(r.next_expiry().is_some());
     let removed = r.expire(Instant::now(), 5_000);
     assert_eq!(
         removed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),

@@ -225,7 +225,7 @@ impl Hub {
             })
             .collect();
         let truncated = (consumers.len() < consumers_total || subscriptions.len() < subs.len())
-            .then(|| TruncatedDoc {
+            .then_some(TruncatedDoc {
                 consumers_total: consumers_total as u64,
                 subscriptions_total: subs.len() as u64,
             });
