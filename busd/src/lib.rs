@@ -473,7 +473,7 @@ async fn serve(
         }
         None => {
             let task = tokio::spawn(source.run(SourceContext {
-                hub: hub.clone(),
+                hub: hub.source_handle(),
                 shutdown: shutdown.clone(),
             }));
             (Some(task), None)

@@ -363,7 +363,7 @@ fn run_source(link: &Link, source: Box<dyn Source>, mut bus: Shutdown) -> Runnin
     let forward = stop.clone();
     tokio::spawn(async move { forward.trigger(bus.recv().await) });
     let task = tokio::spawn(source.run(SourceContext {
-        hub: link.hub.clone(),
+        hub: link.hub.source_handle(),
         shutdown,
     }));
     RunningSource { stop, task }

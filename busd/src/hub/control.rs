@@ -47,7 +47,7 @@ impl Hub {
         let mut st = self.state();
         let head = st.log.head_seq();
         let oldest = st.log.oldest_seq().unwrap_or(head + 1);
-        let Some(current) = st.subs.get(&req.subscription_id) else {
+        let Some(current) = st.registry.get(&req.subscription_id) else {
             return Err(Refusal::new(
                 ErrorCode::NotFound,
                 format!(
@@ -136,17 +136,10 @@ impl Hub {
             return Ok((doc, None));
         }
         tracing::info!(subscription = %sub.id, verb = %req.verb, "subscription changed by an operator");
-        let wake = sub
-            .consumer()
-            .and_then(|c| st.conns.get(&c))
-            .map(|c| c.handle.clone());
+        let wake = st.registry.handle(sub.consumer());
         let named = !sub.owned;
-        st.subs.insert(sub.id.clone(), sub);
-        let gen = named.then(|| {
-            st.subs_gen += 1;
-            st.subs_dirty = true;
-            st.subs_gen
-        });
+        st.registry.insert(sub);
+        let gen = named.then(|| st.persist.must_save());
         drop(st);
         if gen.is_some() {
             self.shared.commit_wake.notify_one();

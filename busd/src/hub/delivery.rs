@@ -4,33 +4,21 @@
 //! consumer's side of delivery ([`Hub::pull`], [`Hub::ack`]).
 
 use std::{
-    collections::BTreeMap,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
-use prost::Message;
-use proto::{
-    limits::MAX_EVENT_ENCODED,
-    v1::{self, ErrorCode},
-};
+use proto::v1;
 
-use super::{ConnHandle, ConnId, Hub, State};
+use super::{
+    ingest::{Appended, NotStaged},
+    ConnHandle, ConnId, Hub, RefusedKind, State,
+};
 use crate::{
-    clock::now_ms,
     eventlog::{LoggedEvent, NewEvent},
     store::StoreInfo,
     upstream::Refusal,
 };
-
-/// Result of [`Hub::append`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Appended {
-    pub seq: u64,
-    pub event_id: String,
-    pub duplicate: bool,
-}
 
 /// What a consumer connection should send next.
 #[derive(Debug, Default)]
@@ -45,12 +33,6 @@ pub struct Delivery {
     pub halted: Option<String>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct TypeCounters {
-    pub(super) received: u64,
-    pub(super) duplicates: u64,
-}
-
 impl Hub {
     /// Accepts an event unless its id is in the dedup window: gives it the
     /// next seq and stages it for the committer. Never waits for anyone. The
@@ -62,105 +44,38 @@ impl Hub {
     /// at the door, so nothing is ever acked that cannot be delivered.
     pub fn append(&self, ev: NewEvent) -> Result<Appended, Refusal> {
         let mut st = self.state();
-        count_type(&mut st.types, &ev.event_type, |c| c.received += 1);
-        let dedup_key = (!ev.event_id.is_empty()).then(|| (ev.scope.clone(), ev.event_id.clone()));
-        if let Some(key) = &dedup_key {
-            if let Some(seq) = st.dedup.get(key) {
-                count_type(&mut st.types, &ev.event_type, |c| c.duplicates += 1);
-                return Ok(Appended {
-                    seq,
-                    event_id: ev.event_id,
-                    duplicate: true,
-                });
+        let appended = match st.ingest.stage(ev, self.shared.started_at_ms) {
+            Ok(a) => a,
+            Err(not) => {
+                if matches!(not, NotStaged::TooLarge(_)) {
+                    st.refused.count(RefusedKind::TooLargeEvent);
+                }
+                return Err(not.into_refusal());
             }
-        }
-        let seq = st.next_seq;
-        if seq > proto::limits::MAX_SEQ {
-            // A seq never wraps: past the last one, nothing is appended.
-            return Err(Refusal::new(
-                ErrorCode::ResourceExhausted,
-                format!(
-                    "the log has used every seq up to {} (the highest a bus assigns); nothing \
-                     more can be published to this store",
-                    proto::limits::MAX_SEQ
-                ),
-            ));
-        }
-        let event_id = if ev.event_id.is_empty() {
-            format!("{}-{seq}", self.shared.started_at_ms)
-        } else {
-            ev.event_id.clone()
         };
-        let received_at_unix_ms = now_ms();
-        let encoded = v1::Event {
-            seq,
-            event_id: event_id.clone(),
-            event_born_time: ev.event_born_time,
-            event_corp_id: ev.event_corp_id,
-            event_type: ev.event_type.clone(),
-            event_unified_app_id: ev.event_unified_app_id,
-            subscription_id: String::new(),
-            source_id: ev.source_id,
-            rule_type: ev.rule_type,
-            data: ev.data,
-            headers: ev.headers.into_iter().collect(),
-            received_at_unix_ms,
-            redelivered: false,
-            delivery: 0,
-        }
-        .encode_to_vec();
-        if encoded.len() > MAX_EVENT_ENCODED {
-            st.refused.too_large_events += 1;
-            return Err(Refusal::new(
-                ErrorCode::TooLarge,
-                format!(
-                    "event too large: {} bytes encoded (data, headers and ids together); the most \
-                     is {MAX_EVENT_ENCODED}, so that every delivery fits in one frame",
-                    encoded.len()
-                ),
-            ));
-        }
-        st.next_seq += 1;
-        let (scope, key_id) = dedup_key.clone().unwrap_or_default();
-        st.staged.push(Arc::new(LoggedEvent {
-            seq,
-            event_type: ev.event_type,
-            received_at_unix_ms,
-            encoded: Bytes::from(encoded),
-            scope,
-            event_id: key_id,
-            route: ev.upstream_subscription,
-            damaged: false,
-            line_parts: Default::default(),
-            where_input: Default::default(),
-        }));
-        if let Some(key) = dedup_key {
-            st.dedup.put(key, seq);
+        if appended.duplicate {
+            return Ok(appended);
         }
         if self.shared.config.inline_commit {
-            let batch = std::mem::take(&mut st.staged);
+            let batch = st.ingest.take_staged(usize::MAX);
             let (wake, head) = fan_out_locked(&mut st, batch);
             drop(st);
             self.after_fan_out(wake, head);
         } else {
-            let first = st.staged.len() == 1;
+            let first = st.ingest.staged_len() == 1;
             drop(st);
             if first {
                 self.shared.commit_wake.notify_one();
             }
         }
-        Ok(Appended {
-            seq,
-            event_id,
-            duplicate: false,
-        })
+        Ok(appended)
     }
 
     /// A batch is durable: append it to the log, fan it out, apply
     /// retention, and tell the waiters.
     pub fn committed(&self, batch: Vec<Arc<LoggedEvent>>, info: StoreInfo) {
         let mut st = self.state();
-        st.store = info;
+        st.persist.set_info(info);
         let (wake, head) = fan_out_locked(&mut st, batch);
         drop(st);
         self.after_fan_out(wake, head);
@@ -178,8 +93,7 @@ impl Hub {
         let mut st = self.state();
         let head = st.log.head_seq();
         let batch: Vec<_> = batch.into_iter().filter(|e| e.seq > head).collect();
-        let (Some(first), Some(last)) = (batch.first().map(|e| e.seq), batch.last().map(|e| e.seq))
-        else {
+        let Some(first) = batch.first().map(|e| e.seq) else {
             return;
         };
         // The consumers of subscriptions told about a hole.
@@ -191,27 +105,18 @@ impl Hub {
                 "the cluster log no longer holds these seqs (the owner's retention deleted them \
                  before this host read them); its subscriptions report them as a gap"
             );
-            let State { subs, conns, .. } = &mut *st;
-            for sub in subs.values_mut() {
+            let (subs, conns) = st.registry.split_mut();
+            for sub in subs {
                 if sub.missed(head + 1, first - 1) > 0 {
-                    told.extend(
-                        sub.consumer()
-                            .and_then(|c| conns.get(&c))
-                            .map(|c| c.handle.clone()),
-                    );
+                    told.extend(conns.of(sub.consumer()));
                 }
             }
         }
-        for e in &batch {
-            if !e.scope.is_empty() {
-                st.dedup.put((e.scope.clone(), e.event_id.clone()), e.seq);
-            }
-        }
-        st.next_seq = st.next_seq.max(last + 1);
-        let was_dirty = st.subs_dirty;
+        st.ingest.replicated(&batch);
+        let was_dirty = st.persist.is_dirty();
         let (mut wake, head) = fan_out_locked(&mut st, batch);
         wake.append(&mut told);
-        if st.subs_dirty && !was_dirty {
+        if st.persist.is_dirty() && !was_dirty {
             self.wake_committer();
         }
         drop(st);
@@ -256,26 +161,19 @@ impl Hub {
         max_bytes: usize,
     ) -> (Option<Delivery>, Option<Instant>) {
         let mut st = self.state();
-        let was_dirty = st.subs_dirty;
         let head = st.log.head_seq();
         let State {
-            subs,
-            conns,
-            store,
-            subs_dirty,
-            ..
+            registry, persist, ..
         } = &mut *st;
-        let Some((c, sub)) = conns
-            .get_mut(&conn)
-            .and_then(|c| Some((c.attached.clone()?, c)))
-            .and_then(|(id, c)| Some((c, subs.get_mut(&id)?)))
-        else {
+        let Some((c, sub)) = registry.attached_mut(conn) else {
             return (None, None);
         };
         let pulled = sub.pull_within(max_events, max_bytes, head, Instant::now());
-        c.delivered += pulled.events.len() as u64;
+        c.count_delivered(pulled.events.len() as u64);
+        let mut newly_dirty = false;
         let damaged = pulled.damaged_at.map(|seq| {
-            let at = store
+            let at = persist
+                .info()
                 .damaged
                 .iter()
                 .find(|d| (d.from_seq..=d.to_seq).contains(&seq))
@@ -290,15 +188,15 @@ impl Hub {
         });
         let halted = pulled.halted.map(|h| {
             tracing::warn!(subscription = %sub.id, seq = h.seq, deliveries = h.deliveries, "subscription halted at a poison event");
-            *subs_dirty = true;
+            newly_dirty |= persist.mark_dirty();
             halted_line(&sub.id, h.seq, h.deliveries)
         });
         if (!pulled.events.is_empty() || pulled.expired) && !sub.owned {
             // Delivery counts and due times are stored.
-            *subs_dirty = true;
+            newly_dirty |= persist.mark_dirty();
         }
         let next_due = pulled.next_due;
-        if *subs_dirty && !was_dirty {
+        if newly_dirty {
             self.wake_committer();
         }
         if pulled.gap.is_none() && pulled.events.is_empty() && damaged.is_none() && halted.is_none()
@@ -321,15 +219,11 @@ impl Hub {
     pub fn ack(&self, conn: ConnId, ack: &v1::Ack) {
         let mut st = self.state();
         let State {
-            subs,
-            conns,
+            registry,
             shared_work,
             ..
         } = &mut *st;
-        let Some(c) = conns.get_mut(&conn) else {
-            return;
-        };
-        let Some(sub) = c.attached.as_ref().and_then(|id| subs.get_mut(id)) else {
+        let Some((c, sub)) = registry.attached_mut(conn) else {
             return;
         };
         // A cumulative ack settles what was delivered up to that seq's
@@ -374,43 +268,17 @@ impl Hub {
         if !shared_acked.is_empty() {
             shared_work.acked(&sub.id, shared_acked);
         }
-        c.acked += n;
+        c.count_acked(n);
         let more = sub.has_unsent() || freed;
         let named = !sub.owned;
-        let handle = c.handle.clone();
-        if named && (n > 0 || freed) && !st.subs_dirty {
-            st.subs_dirty = true;
+        let handle = c.handle().clone();
+        if named && (n > 0 || freed) && st.persist.mark_dirty() {
             self.wake_committer();
         }
         drop(st);
         if more {
             handle.wake.notify_one();
         }
-    }
-}
-
-/// Most distinct event types counted one by one in status; the rest are
-/// counted together under [`OTHER_TYPES`], so an exec feed that invents
-/// types cannot grow the map for the bus's life.
-pub const MAX_EVENT_TYPES: usize = 1000;
-/// The status row that counts every event type past [`MAX_EVENT_TYPES`].
-pub const OTHER_TYPES: &str = "(other)";
-
-/// Counts an event of `event_type` with `count`; allocates only for a type
-/// not seen before.
-fn count_type(
-    types: &mut BTreeMap<String, TypeCounters>,
-    event_type: &str,
-    count: impl FnOnce(&mut TypeCounters),
-) {
-    let key = if types.contains_key(event_type) || types.len() < MAX_EVENT_TYPES {
-        event_type
-    } else {
-        OTHER_TYPES
-    };
-    match types.get_mut(key) {
-        Some(c) => count(c),
-        None => count(types.entry(key.to_owned()).or_default()),
     }
 }
 
@@ -426,23 +294,21 @@ pub fn halted_line(id: &str, seq: u64, deliveries: u32) -> String {
 fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<ConnHandle>>, u64) {
     let mut wake = vec![];
     let State {
-        subs,
-        conns,
+        registry,
         log,
         shared_work,
         ..
     } = st;
     // Subscription by subscription: each takes its matches of the batch in
     // seq order, and its consumer is woken once per batch.
-    for sub in subs.values_mut() {
+    let (subs, conns) = registry.split_mut();
+    for sub in subs {
         let mut took = false;
         for e in &batch {
             took |= sub.offer(e);
         }
         if took {
-            if let Some(c) = sub.consumer().and_then(|c| conns.get(&c)) {
-                wake.push(c.handle.clone());
-            }
+            wake.extend(conns.of(sub.consumer()));
         }
     }
     for e in batch {
@@ -453,7 +319,7 @@ fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<Conn
     let mut evicted = false;
     while let Some(old) = log.evict_one() {
         evicted = true;
-        for sub in subs.values_mut() {
+        for sub in registry.split_mut().0 {
             sub.evicted(old.seq);
             if sub.may_lose_shared(&old) {
                 shared_work.evicted(&sub.id, old.seq);
@@ -462,6 +328,8 @@ fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<Conn
     }
     let head = log.head_seq();
     // Cursors of named subscriptions and the log floor moved.
-    st.subs_dirty |= evicted || st.subs.values().any(|s| !s.owned);
+    if evicted || st.registry.subs().values().any(|s| !s.owned) {
+        st.persist.mark_dirty();
+    }
     (wake, head)
 }

@@ -1,26 +1,18 @@
 //! Housekeeping: the idle timer (the bus exits after `idle_timeout` with
 //! no connections and no subscriptions) and the TTL reaper (a detached
 //! subscription is removed when its TTL runs out, releasing its upstream
-//! binding; each removal is logged and counted for status in [`Expired`]).
+//! binding; each removal is logged, and counted for status by the
+//! registry).
 //! One task, sleeping until the next deadline or a change. Which TTL a new
 //! subscription gets is [`requested_ttl`]: a named one lives until removed
 //! unless it asked for a TTL.
 
-use std::{
-    collections::VecDeque,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use proto::{
-    status::{ExpiredDoc, ExpiredSubDoc},
-    v1::{self, ByeReason},
-};
+use proto::v1::{self, ByeReason};
 
 use super::Hub;
-use crate::{clock::now_ms, subscription::Subscription};
-
-/// How many TTL removals status lists (the total counts them all).
-pub const RECENT_EXPIRED: usize = 16;
+use crate::clock::now_ms;
 
 /// The TTL of the subscription `req` creates: the one it asked for
 /// (`--ttl`; `Duration::MAX` for `never`); else `default_ttl` when a
@@ -35,38 +27,6 @@ pub fn requested_ttl(req: &v1::Subscribe, default_ttl: Duration) -> Duration {
     })
 }
 
-/// Subscriptions removed by their TTL since the bus started: a count and
-/// the most recent ones, for status.
-#[derive(Debug, Default)]
-pub struct Expired {
-    total: u64,
-    recent: VecDeque<ExpiredSubDoc>,
-}
-
-impl Expired {
-    fn record(&mut self, sub: &Subscription, at_unix_ms: i64) {
-        self.total += 1;
-        if self.recent.len() == RECENT_EXPIRED {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(ExpiredSubDoc {
-            id: sub.id.clone(),
-            owned: sub.owned,
-            ttl_ms: proto::limits::ttl_to_ms(sub.ttl),
-            expired_at_unix_ms: at_unix_ms,
-            pending: sub.pending_len() as u64,
-        });
-    }
-
-    /// The status document's part.
-    pub fn doc(&self) -> ExpiredDoc {
-        ExpiredDoc {
-            total: self.total,
-            recent: self.recent.iter().cloned().collect(),
-        }
-    }
-}
-
 impl Hub {
     /// Runs the idle timer and the TTL reaper until shutdown. Sleeps until the
     /// next deadline or a change in activity: no polling.
@@ -79,16 +39,9 @@ impl Hub {
             let mut released = vec![];
             let (busy, gen, next_expiry) = {
                 let mut st = self.state();
-                let expired: Vec<String> = st
-                    .subs
-                    .values()
-                    .filter(|s| s.expires_at().is_some_and(|t| t <= now))
-                    .map(|s| s.id.clone())
-                    .collect();
-                for id in &expired {
-                    let Some(sub) = st.subs.remove(id) else {
-                        continue;
-                    };
+                let expired = st.registry.expire(now, now_ms());
+                for sub in &expired {
+                    let id = &sub.id;
                     let pending = sub.pending_len();
                     let ttl = humantime::format_duration(sub.ttl).to_string();
                     if sub.owned {
@@ -96,20 +49,15 @@ impl Hub {
                     } else {
                         tracing::warn!(subscription = %id, ttl, pending, "subscription expired (ttl): removed with its backlog and parked list");
                     }
-                    st.expired.record(&sub, now_ms());
-                    if let Some(up) = sub.upstream_id {
-                        released.push(up);
-                    }
+                    released.extend(sub.upstream_id.clone());
                 }
                 if !expired.is_empty() {
-                    st.activity_gen += 1;
                     self.mark_subs_dirty(&mut st);
                 }
-                let next = st.subs.values().filter_map(Subscription::expires_at).min();
                 (
-                    !st.conns.is_empty() || !st.subs.is_empty(),
-                    st.activity_gen,
-                    next,
+                    st.registry.busy(),
+                    st.registry.activity(),
+                    st.registry.next_expiry(),
                 )
             };
             self.release_upstream(released);

@@ -1,20 +1,36 @@
 //! [`Hub`]: the bus's shared state — event log, dedup window, subscriptions,
 //! connections, source state and counters — behind one cloneable handle.
-//! This file owns the handle, the state it guards, the constructor (recovery
-//! from what the store returned) and the connection registry; each job the
-//! hub does lives in its own submodule, all of them `impl Hub` blocks over
-//! the same `State`:
+//! This file owns the handle, the state it guards and the constructor
+//! (recovery from what the store returned).
+//!
+//! The state is a few owned parts, each a struct with private fields and
+//! `&mut self` methods, in the file that does its job:
+//!
+//! - `ingest::Ingest`: seq counter, staged events, dedup window (`dedup`),
+//!   per-type counters: staging an event;
+//! - `registry::Registry`: subscriptions, connections and who consumes
+//!   what, the activity generation, TTL removals;
+//! - `store_work::Persistence`: dirty flag, save generations, store info,
+//!   store error, lease lost, closing;
+//! - `source_state::SourcePart`: the source's state, generation, counters;
+//! - `refused::Refused`, `shared::SharedWork`, and the log (`eventlog`).
+//!
+//! The `Hub` methods, in `impl Hub` blocks by job, lock, call methods on
+//! the parts, and wake whoever must know after the guard is dropped:
 //!
 //! - `subscribe`: subscribe, attach, unsubscribe, stop, upstream release;
-//! - `delivery`: staging (`append`), fan-out of committed batches and
-//!   retention (`committed`), `pull` and `ack`;
+//! - `delivery`: `append`, fan-out of committed batches and retention
+//!   (`committed`, `replicated`), `pull` and `ack`;
 //! - `store_work`: the committer's work queue (`next_commit_work`),
 //!   snapshots, `saved`, `store_failed`, `close_store`, `wait_durable`;
 //! - `control`: the operator verbs (`dws event subscription VERB`);
 //! - `status`: the status document and the subscription document;
 //! - `housekeeping`: the idle timer and the TTL reaper;
 //! - `source_state`: the source's state and counters;
-//! - `refused`: the clients refused at a bound, the global input bound.
+//! - `refused`: the clients refused at a bound, the global input bound;
+//! - `shared`: the hub's side of shared delivery (cluster claims).
+//!
+//! Sources get a [`SourceHandle`] (`source_handle`), never the `Hub`.
 //!
 //! Locking: one `std::sync::Mutex`. Every critical section is short and
 //! synchronous; no lock is ever held across an `.await`, and wake-ups
@@ -39,15 +55,20 @@ mod dedup;
 mod delivery;
 mod housekeeping;
 pub use housekeeping::requested_ttl;
+mod ingest;
 mod refused;
+mod registry;
 mod shared;
+mod source_handle;
 mod source_state;
 mod status;
 mod store_work;
 mod subscribe;
+#[cfg(test)]
+mod tests;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, AtomicUsize},
@@ -56,22 +77,24 @@ use std::{
     time::{Duration, Instant},
 };
 
-use proto::v1::{self, ByeReason};
 use tokio::sync::{watch, Notify};
 
-use self::delivery::TypeCounters;
 pub use self::{
-    delivery::{halted_line, Appended, Delivery, MAX_EVENT_TYPES, OTHER_TYPES},
+    delivery::{halted_line, Delivery},
+    ingest::{Appended, MAX_EVENT_TYPES, OTHER_TYPES},
     refused::{Refused, RefusedKind, MAX_BUFFERED_INPUT},
+    registry::ConnHandle,
     shared::{SharedWant, SharedWork},
+    source_handle::SourceHandle,
     source_state::SourceInfo,
     store_work::{CommitWork, Durable, SAVE_INTERVAL},
 };
+use self::{ingest::Ingest, registry::Registry, source_state::SourcePart, store_work::Persistence};
 pub use crate::eventlog::NewEvent;
 pub use crate::subscription::ConnId;
 use crate::{
     clock::now_ms,
-    eventlog::{EventLog, LoggedEvent, Retention},
+    eventlog::{EventLog, Retention},
     pattern::Selector,
     shutdown::ShutdownTrigger,
     store::{Recovered, StoreInfo, SubRecord},
@@ -104,75 +127,38 @@ pub struct HubConfig {
     pub clustered: bool,
 }
 
-/// The per-connection end of the hub: how the hub wakes a connection task and
-/// tells it to leave.
-#[derive(Debug, Default)]
-pub struct ConnHandle {
-    pub wake: Notify,
-    kick: Mutex<Option<ByeReason>>,
-}
-
-impl ConnHandle {
-    /// Asks the connection to send `Bye{reason}` and close.
-    fn kick(&self, reason: ByeReason) {
-        *lock(&self.kick) = Some(reason);
-        self.wake.notify_one();
-    }
-
-    pub fn take_kick(&self) -> Option<ByeReason> {
-        lock(&self.kick).take()
-    }
-}
-
-#[derive(Debug)]
-struct Conn {
-    pid: u32,
-    name: String,
-    handle: Arc<ConnHandle>,
-    attached: Option<String>,
-    connected_at_ms: i64,
-    delivered: u64,
-    acked: u64,
-}
-
+/// The bus state under the one lock: each part owns its fields and is
+/// changed only through its methods (the log is `eventlog`'s).
 struct State {
     /// The durable, retained log: what consumers read.
     log: EventLog,
-    /// The seq the next staged event gets.
-    next_seq: u64,
-    /// Accepted but not yet durable, in seq order.
-    staged: Vec<Arc<LoggedEvent>>,
-    dedup: dedup::Dedup,
-    subs: BTreeMap<String, Subscription>,
-    conns: HashMap<ConnId, Conn>,
-    next_conn: ConnId,
-    next_generated: u64,
-    types: BTreeMap<String, TypeCounters>,
-    source: SourceInfo,
-    source_gen: u64,
-    /// Bumped on every change that matters to the idle and TTL timers.
-    activity_gen: u64,
-    /// Named subscriptions changed since the last save.
-    subs_dirty: bool,
-    /// Bumped by a change a reply must not precede on disk (create, remove).
-    subs_gen: u64,
-    subs_saved_gen: u64,
-    store: StoreInfo,
-    /// Set once the store failed; the bus is stopping.
-    store_error: Option<Arc<str>>,
-    /// The cluster lease is lost for good: the committer fails the store
-    /// once the batch it is appending, if any, is resolved.
-    lease_lost: Option<String>,
-    /// The committer flushes what is left and stops.
-    closing: bool,
+    /// Seq counter, staged events, dedup window, per-type counters.
+    ingest: Ingest,
+    /// Subscriptions, connections, activity, TTL removals.
+    registry: Registry,
+    /// Dirty flag, save generations, store info and how the store ends.
+    persist: Persistence,
+    /// The source's state and counters.
+    source: SourcePart,
     refused: Refused,
     /// `store = "postgres"`: the cluster as the link last read it.
     cluster: Option<proto::status::ClusterDoc>,
     /// Shared subscriptions' events acked here, and those given back by a
     /// consumer that left: for the claims in the cluster (`shared`).
     shared_work: shared::SharedWork,
-    /// Subscriptions removed by their TTL, for status.
-    expired: housekeeping::Expired,
+}
+
+impl State {
+    /// Detaches `conn` (see [`Registry::detach`]); what a shared
+    /// subscription gave back goes to the claims. `true` when a named
+    /// subscription changed (it must be saved).
+    fn detach(&mut self, conn: ConnId) -> bool {
+        let detached = self.registry.detach(conn);
+        if let Some((id, seqs)) = detached.given_back {
+            self.shared_work.released(&id, seqs);
+        }
+        detached.named
+    }
 }
 
 struct Shared {
@@ -308,35 +294,13 @@ impl Hub {
         }
         let state = State {
             log,
-            next_seq: head.saturating_add(1),
-            staged: vec![],
-            dedup,
-            subs,
-            conns: HashMap::new(),
-            next_conn: 1,
-            next_generated: 1,
-            types: BTreeMap::new(),
-            source: SourceInfo {
-                state: v1::SourceState {
-                    state: v1::SourceStatus::Connecting as i32,
-                    since_unix_ms: now_ms(),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            source_gen: 0,
-            activity_gen: 0,
-            subs_dirty: true,
-            subs_gen: 0,
-            subs_saved_gen: 0,
-            store,
-            store_error: None,
-            lease_lost: None,
-            closing: false,
+            ingest: Ingest::new(head.saturating_add(1), dedup),
+            registry: Registry::new(subs),
+            persist: Persistence::new(store),
+            source: SourcePart::new(now_ms()),
             refused: Refused::default(),
             cluster: None,
             shared_work,
-            expired: housekeeping::Expired::default(),
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,
@@ -391,7 +355,7 @@ impl Hub {
     }
 
     fn touch(&self, st: &mut State) {
-        st.activity_gen += 1;
+        st.registry.touch();
         self.shared.housekeeping.notify_one();
     }
 
@@ -399,36 +363,19 @@ impl Hub {
 
     pub fn register_conn(&self) -> (ConnId, Arc<ConnHandle>) {
         let mut st = self.state();
-        let id = st.next_conn;
-        st.next_conn += 1;
-        let handle = Arc::new(ConnHandle::default());
-        st.conns.insert(
-            id,
-            Conn {
-                pid: 0,
-                name: String::new(),
-                handle: handle.clone(),
-                attached: None,
-                connected_at_ms: now_ms(),
-                delivered: 0,
-                acked: 0,
-            },
-        );
+        let conn = st.registry.register();
         self.touch(&mut st);
-        (id, handle)
+        conn
     }
 
     pub fn identify_conn(&self, conn: ConnId, pid: u32, name: &str) {
-        if let Some(c) = self.state().conns.get_mut(&conn) {
-            c.pid = pid;
-            c.name = name.chars().take(64).collect();
-        }
+        self.state().registry.identify(conn, pid, name);
     }
 
     pub fn unregister_conn(&self, conn: ConnId) {
         let mut st = self.state();
         self.detach_and_mark(&mut st, conn);
-        st.conns.remove(&conn);
+        st.registry.unregister(conn);
         self.touch(&mut st);
     }
 
@@ -440,33 +387,11 @@ impl Hub {
         self.touch(&mut st);
     }
 
-    /// [`detach_locked`], waking the committer if that changed a named
+    /// [`State::detach`], waking the committer if that changed a named
     /// subscription.
     fn detach_and_mark(&self, st: &mut State, conn: ConnId) {
-        let was_dirty = st.subs_dirty;
-        detach_locked(st, conn);
-        if st.subs_dirty && !was_dirty {
-            st.subs_dirty = false;
+        if st.detach(conn) {
             self.mark_subs_dirty(st);
-        }
-    }
-}
-
-/// Detaches `conn` from its subscription, under the lock: what it had in
-/// flight is pending again.
-fn detach_locked(st: &mut State, conn: ConnId) {
-    let Some(c) = st.conns.get_mut(&conn) else {
-        return;
-    };
-    let Some(id) = c.attached.take() else { return };
-    if let Some(sub) = st.subs.get_mut(&id) {
-        if sub.consumer() == Some(conn) {
-            sub.detach((Instant::now(), now_ms()));
-            if sub.shared {
-                let given_back = sub.release_all();
-                st.shared_work.released(&id, given_back);
-            }
-            st.subs_dirty |= !sub.owned;
         }
     }
 }

@@ -74,13 +74,49 @@ impl Hub {
 
     /// Counts a client refused for hitting a bound.
     pub fn count_refused(&self, kind: RefusedKind) {
-        let r = &mut self.state().refused;
+        self.state().refused.count(kind);
+    }
+}
+
+impl Refused {
+    /// Counts one refusal of `kind`.
+    pub(super) fn count(&mut self, kind: RefusedKind) {
         match kind {
-            RefusedKind::Connections => r.connections += 1,
-            RefusedKind::InputBudget => r.input_budget += 1,
-            RefusedKind::SlowClient => r.slow_clients += 1,
-            RefusedKind::BadFrame => r.bad_frames += 1,
-            RefusedKind::TooLargeEvent => r.too_large_events += 1,
+            RefusedKind::Connections => self.connections += 1,
+            RefusedKind::InputBudget => self.input_budget += 1,
+            RefusedKind::SlowClient => self.slow_clients += 1,
+            RefusedKind::BadFrame => self.bad_frames += 1,
+            RefusedKind::TooLargeEvent => self.too_large_events += 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_counts_in_its_own_counter() {
+        let mut r = Refused::default();
+        for kind in [
+            RefusedKind::Connections,
+            RefusedKind::InputBudget,
+            RefusedKind::InputBudget,
+            RefusedKind::SlowClient,
+            RefusedKind::BadFrame,
+            RefusedKind::TooLargeEvent,
+        ] {
+            r.count(kind);
+        }
+        assert_eq!(
+            (
+                r.connections,
+                r.input_budget,
+                r.slow_clients,
+                r.bad_frames,
+                r.too_large_events
+            ),
+            (1, 2, 1, 1, 1)
+        );
     }
 }

@@ -73,7 +73,7 @@ impl Hub {
     pub fn shared_wants(&self, skip: impl Fn(&str, u64) -> bool) -> Vec<SharedWant> {
         let st = self.state();
         let mut wants = Vec::new();
-        for sub in st.subs.values() {
+        for sub in st.registry.subs().values() {
             if !sub.shared || sub.consumer().is_none() {
                 continue;
             }
@@ -110,7 +110,7 @@ impl Hub {
             .filter_map(|&(seq, n)| st.log.get(seq).map(|e| (e, n)))
             .collect();
         let mut taken = Vec::new();
-        let Some(sub) = st.subs.get_mut(subscription) else {
+        let Some(sub) = st.registry.get_mut(subscription) else {
             return taken;
         };
         if !sub.shared || sub.consumer().is_none() {
@@ -122,10 +122,8 @@ impl Hub {
                 taken.push(seq);
             }
         }
-        let wake = sub
-            .consumer()
-            .and_then(|c| st.conns.get(&c))
-            .map(|c| c.handle.clone());
+        let consumer = sub.consumer();
+        let wake = st.registry.handle(consumer);
         drop(st);
         if let Some(h) = wake {
             h.wake.notify_one();
@@ -136,7 +134,8 @@ impl Hub {
     /// Per shared subscription, the seqs this host holds claims for.
     pub fn shared_held(&self) -> BTreeMap<String, Vec<u64>> {
         self.state()
-            .subs
+            .registry
+            .subs()
             .values()
             .filter(|s| s.shared)
             .map(|s| (s.id.clone(), s.held_seqs()))
@@ -147,7 +146,8 @@ impl Hub {
     /// The shared subscriptions this host has an instance of.
     pub fn shared_ids(&self) -> Vec<String> {
         self.state()
-            .subs
+            .registry
+            .subs()
             .values()
             .filter(|s| s.shared)
             .map(|s| s.id.clone())
@@ -157,7 +157,8 @@ impl Hub {
     /// The shared subscriptions with a consumer attached here.
     pub fn shared_attached(&self) -> Vec<String> {
         self.state()
-            .subs
+            .registry
+            .subs()
             .values()
             .filter(|s| s.shared && s.consumer().is_some())
             .map(|s| s.id.clone())
@@ -171,15 +172,13 @@ impl Hub {
             return;
         }
         let mut st = self.state();
-        let Some(sub) = st.subs.get_mut(subscription) else {
+        let Some(sub) = st.registry.get_mut(subscription) else {
             return;
         };
         sub.lost_shared(n);
-        let wake = sub
-            .consumer()
-            .and_then(|c| st.conns.get(&c))
-            .map(|c| c.handle.clone());
-        st.subs_dirty = true;
+        let consumer = sub.consumer();
+        let wake = st.registry.handle(consumer);
+        st.persist.mark_dirty();
         drop(st);
         if let Some(h) = wake {
             h.wake.notify_one();

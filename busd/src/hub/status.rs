@@ -8,8 +8,8 @@
 
 use proto::{
     status::{
-        BusDoc, ConsumerDoc, DamageDoc, EventTypeDoc, HaltedDoc, LogDoc, RefusedDoc, SourceDoc,
-        StatusDoc, StoreDoc, SubscriptionStatus, TruncatedDoc,
+        BusDoc, DamageDoc, EventTypeDoc, HaltedDoc, LogDoc, RefusedDoc, SourceDoc, StatusDoc,
+        StoreDoc, SubscriptionStatus, TruncatedDoc,
     },
     v1,
 };
@@ -144,37 +144,32 @@ impl Hub {
         let now = now_ms();
         let wall = (std::time::Instant::now(), now);
         let head = st.log.head_seq();
-        let source_status = v1::SourceStatus::try_from(st.source.state.state).unwrap_or_default();
+        let source = st.source.info();
+        let source_status = v1::SourceStatus::try_from(source.state.state).unwrap_or_default();
+        let subs = st.registry.subs();
+        let in_flight = |id: &str| subs.get(id).map_or(0, Subscription::in_flight);
         let consumers: Vec<_> = st
-            .conns
-            .values()
-            .filter_map(|c| {
-                let sub = c.attached.as_ref()?;
-                Some(ConsumerDoc {
-                    pid: c.pid,
-                    client: c.name.clone(),
-                    subscription_id: sub.clone(),
-                    connected_at_unix_ms: c.connected_at_ms,
-                    delivered: c.delivered,
-                    acked: c.acked,
-                    in_flight: st.subs.get(sub).map_or(0, Subscription::in_flight) as u64,
-                })
-            })
+            .registry
+            .conns()
+            .filter_map(|c| c.consumer_doc(in_flight))
             .take(max_listed)
             .collect();
-        let consumers_total = st.conns.values().filter(|c| c.attached.is_some()).count();
+        let consumers_total = st
+            .registry
+            .conns()
+            .filter(|c| c.attached().is_some())
+            .count();
         // The subscription with the oldest unacked event is the one whose
         // cursor the log's retention is protecting (or would evict first).
         let mut holder: Option<(u64, &str)> = None;
-        for s in st.subs.values() {
+        for s in subs.values() {
             if let Some((o, _)) = s.oldest_pending() {
                 if holder.is_none_or(|(seq, _)| o.seq < seq) {
                     holder = Some((o.seq, &s.id));
                 }
             }
         }
-        let subscriptions: Vec<_> = st
-            .subs
+        let subscriptions: Vec<_> = subs
             .values()
             .take(max_listed)
             .map(|s| {
@@ -187,7 +182,10 @@ impl Hub {
                     filter: non_empty(s.selector.filter_str()),
                     owned: s.owned,
                     upstream_subscription_id: s.upstream_id.clone(),
-                    attached_pid: s.consumer().and_then(|c| st.conns.get(&c)).map(|c| c.pid),
+                    attached_pid: s
+                        .consumer()
+                        .and_then(|c| st.registry.conn(c))
+                        .map(|c| c.pid()),
                     detached_since_unix_ms: s.detached_since_ms(),
                     expires_at_unix_ms: s.detached_since_ms().and_then(|ms| {
                         i64::try_from(s.ttl.as_millis())
@@ -226,12 +224,13 @@ impl Hub {
                 }
             })
             .collect();
-        let truncated = (consumers.len() < consumers_total || subscriptions.len() < st.subs.len())
-            .then(|| TruncatedDoc {
+        let truncated = (consumers.len() < consumers_total || subscriptions.len() < subs.len())
+            .then_some(TruncatedDoc {
                 consumers_total: consumers_total as u64,
-                subscriptions_total: st.subs.len() as u64,
+                subscriptions_total: subs.len() as u64,
             });
         let exe = executable();
+        let store = st.persist.info();
         let doc = StatusDoc {
             cluster: st.cluster.clone(),
             running: true,
@@ -245,37 +244,36 @@ impl Hub {
                 idle_timeout_ms: cfg.idle_timeout.as_millis() as u64,
                 socket: cfg.socket.clone(),
                 work_dir: cfg.work_dir.clone(),
-                connections: st.conns.len() as u64,
+                connections: st.registry.conn_count() as u64,
                 refused: refused_doc(st.refused),
                 paused_readers: self.paused_readers(),
                 executable: exe.0,
                 executable_replaced: exe.1,
-                expired: st.expired.doc(),
+                expired: st.registry.expired_doc(),
             },
             source: SourceDoc {
                 kind: cfg.source_kind.clone(),
                 state: proto::source_status_name(source_status).to_owned(),
-                since_unix_ms: opt_ms(st.source.state.since_unix_ms),
-                connected_since_unix_ms: opt_ms(st.source.connected_since_ms),
-                reconnects: st.source.reconnects,
-                malformed: st.source.malformed,
-                unroutable: st
-                    .source
+                since_unix_ms: opt_ms(source.state.since_unix_ms),
+                connected_since_unix_ms: opt_ms(source.connected_since_ms),
+                reconnects: source.reconnects,
+                malformed: source.malformed,
+                unroutable: source
                     .unroutable
                     .iter()
                     .map(|(reason, n)| ((*reason).to_owned(), *n))
                     .collect(),
-                attempt: st.source.state.attempt,
-                next_retry_at_unix_ms: opt_ms(st.source.state.next_retry_at_unix_ms),
-                reason: non_empty(&st.source.state.reason),
-                last_error: non_empty(&st.source.last_error),
+                attempt: source.state.attempt,
+                next_retry_at_unix_ms: opt_ms(source.state.next_retry_at_unix_ms),
+                reason: non_empty(&source.state.reason),
+                last_error: non_empty(&source.last_error),
             },
             truncated,
             consumers,
             subscriptions,
             event_types: st
-                .types
-                .iter()
+                .ingest
+                .types()
                 .map(|(t, c)| EventTypeDoc {
                     event_type: t.clone(),
                     received: c.received,
@@ -292,15 +290,15 @@ impl Hub {
                 retention_held_by: holder.map(|(_, id)| id.to_owned()),
             },
             store: StoreDoc {
-                kind: st.store.kind.to_owned(),
-                durability: st.store.durability.to_owned(),
-                path: st.store.path.clone(),
+                kind: store.kind.to_owned(),
+                durability: store.durability.to_owned(),
+                path: store.path.clone(),
                 durable_seq: head,
-                staged: st.staged.len() as u64,
-                segments: st.store.segments as u64,
-                bytes: st.store.bytes,
-                damaged: st.store.damaged.iter().map(damage_doc).collect(),
-                last_error: st.store_error.as_deref().map(str::to_owned),
+                staged: st.ingest.staged_len() as u64,
+                segments: store.segments as u64,
+                bytes: store.bytes,
+                damaged: store.damaged.iter().map(damage_doc).collect(),
+                last_error: st.persist.error().map(|e| e.to_string()),
                 append_latency: self.append_latency().doc(),
             },
         };

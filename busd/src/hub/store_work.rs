@@ -125,6 +125,92 @@ fn pick_work(w: Wants) -> Pick {
     }
 }
 
+/// The hub's side of persistence: whether the named subscriptions changed
+/// since the last save, the generations replies wait on, what the store
+/// last reported, and how it ends (failed, lease lost, closing).
+pub(super) struct Persistence {
+    /// Named subscriptions changed since the last save.
+    dirty: bool,
+    /// Bumped by a change a reply must not precede on disk (create, remove).
+    gen: u64,
+    saved_gen: u64,
+    info: StoreInfo,
+    /// Set once the store failed; the bus is stopping.
+    error: Option<Arc<str>>,
+    /// The cluster lease is lost for good: the committer fails the store
+    /// once the batch it is appending, if any, is resolved.
+    lease_lost: Option<String>,
+    /// The committer flushes what is left and stops.
+    closing: bool,
+}
+
+impl Persistence {
+    /// Dirty from the start: the first save writes what was recovered.
+    pub(super) fn new(info: StoreInfo) -> Persistence {
+        Persistence {
+            dirty: true,
+            gen: 0,
+            saved_gen: 0,
+            info,
+            error: None,
+            lease_lost: None,
+            closing: false,
+        }
+    }
+
+    /// Marks the named subscriptions changed; `true` when they were not
+    /// already (the committer may need a wake-up).
+    pub(super) fn mark_dirty(&mut self) -> bool {
+        !std::mem::replace(&mut self.dirty, true)
+    }
+
+    pub(super) fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// A change a reply must not precede on disk: marks dirty and returns
+    /// the generation the reply waits for.
+    pub(super) fn must_save(&mut self) -> u64 {
+        self.dirty = true;
+        self.gen += 1;
+        self.gen
+    }
+
+    /// A save of generation [`Persistence::gen`] begins: clean until the
+    /// next change.
+    fn start_save(&mut self) -> u64 {
+        self.dirty = false;
+        self.gen
+    }
+
+    /// A reply waits for a save not yet done.
+    fn urgent(&self) -> bool {
+        self.gen > self.saved_gen
+    }
+
+    /// Generation `gen` is saved (generations only move forward).
+    fn saved(&mut self, gen: u64, info: StoreInfo) {
+        self.info = info;
+        self.saved_gen = self.saved_gen.max(gen);
+    }
+
+    pub(super) fn set_info(&mut self, info: StoreInfo) {
+        self.info = info;
+    }
+
+    pub(super) fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    pub(super) fn error(&self) -> Option<&Arc<str>> {
+        self.error.as_ref()
+    }
+
+    fn fail(&mut self, why: Arc<str>) {
+        self.error = Some(why);
+    }
+}
+
 impl Hub {
     /// The committer's next round: blocks (on a condvar, in the committer's
     /// own thread) until there is something to do. Staged events first, so
@@ -132,45 +218,40 @@ impl Hub {
     pub fn next_commit_work(&self, last_save: Instant) -> CommitWork {
         let mut st = self.state();
         loop {
-            if st.store_error.is_some() {
+            if st.persist.error.is_some() {
                 return CommitWork::Stop;
             }
-            if let Some(why) = st.lease_lost.take() {
+            if let Some(why) = st.persist.lease_lost.take() {
                 drop(st);
                 self.store_failed(why);
                 return CommitWork::Stop;
             }
             let due = last_save + SAVE_INTERVAL;
             let pick = pick_work(Wants {
-                staged: !st.staged.is_empty(),
-                dirty: st.subs_dirty,
-                urgent: st.subs_gen > st.subs_saved_gen,
+                staged: st.ingest.staged_len() > 0,
+                dirty: st.persist.dirty,
+                urgent: st.persist.urgent(),
                 save_due: Instant::now() >= due,
-                closing: st.closing,
+                closing: st.persist.closing,
             });
             match pick {
                 Pick::Append => {
-                    let n = batch_len(st.staged.iter().map(|e| e.encoded.len()));
-                    let batch = if n == st.staged.len() {
-                        std::mem::take(&mut st.staged)
-                    } else {
-                        st.staged.drain(..n).collect()
-                    };
-                    return CommitWork::Append(batch);
+                    let n = batch_len(st.ingest.staged_sizes());
+                    return CommitWork::Append(st.ingest.take_staged(n));
                 }
                 Pick::Final => return CommitWork::Final(self.snapshot_locked(&st, true).0),
                 Pick::Save => {
-                    st.subs_dirty = false;
+                    let gen = st.persist.start_save();
                     let (snapshot, keep_from) = self.snapshot_locked(&st, false);
                     return CommitWork::Save {
                         snapshot,
                         keep_from,
-                        gen: st.subs_gen,
+                        gen,
                     };
                 }
                 Pick::Wait => {}
             }
-            st = if st.subs_dirty {
+            st = if st.persist.dirty {
                 let wait = due.saturating_duration_since(Instant::now());
                 self.shared
                     .commit_wake
@@ -196,14 +277,16 @@ impl Hub {
         let log_floor = st.log.oldest_seq().unwrap_or(head + 1);
         let now = (Instant::now(), crate::clock::now_ms());
         let subscriptions: Vec<_> = st
-            .subs
+            .registry
+            .subs()
             .values()
             .filter(|s| !s.owned)
             .map(|s| s.record(log_floor, head, now))
             .collect();
         // Pinned in-flight events and parked ones outlive the log.
         let pinned_floor = st
-            .subs
+            .registry
+            .subs()
             .values()
             .filter(|s| !s.owned)
             .filter_map(Subscription::oldest_kept)
@@ -237,8 +320,7 @@ impl Hub {
     /// cluster follower nothing is ever appended to wake it), and a change
     /// marked without a wake-up would leave every later one unsaved too.
     pub(super) fn mark_subs_dirty(&self, st: &mut State) {
-        if !st.subs_dirty {
-            st.subs_dirty = true;
+        if st.persist.mark_dirty() {
             self.shared.commit_wake.notify_one();
         }
     }
@@ -246,22 +328,19 @@ impl Hub {
     /// The store holds no event below `floor` any more: the dedup window
     /// stops keeping their ids (see `dedup`).
     pub fn store_retains_from(&self, floor: u64) {
-        self.state().dedup.retained_from(floor);
+        self.state().ingest.dedup_retained_from(floor);
     }
 
     /// Ids of the dedup window whose events the store released (read back
     /// from `store::dedup_ids` at start): they join the window behind the
     /// ids recovered from the log, oldest last.
     pub fn seed_dedup(&self, older: &[crate::store::dedup_ids::Entry]) {
-        self.state().dedup.seed_older(older);
+        self.state().ingest.seed_dedup(older);
     }
 
     /// The subscriptions of generation `gen` are saved.
     pub fn saved(&self, gen: u64, info: StoreInfo) {
-        let mut st = self.state();
-        st.store = info;
-        st.subs_saved_gen = st.subs_saved_gen.max(gen);
-        drop(st);
+        self.state().persist.saved(gen, info);
         self.shared
             .durable
             .send_modify(|d| d.subs_gen = d.subs_gen.max(gen));
@@ -273,7 +352,7 @@ impl Hub {
     pub fn store_failed(&self, why: String) {
         tracing::error!(cause = %why, "the store failed; the bus stops (the next start recovers what is on disk)");
         let why: Arc<str> = why.into();
-        self.state().store_error = Some(why.clone());
+        self.state().persist.fail(why.clone());
         self.shared
             .durable
             .send_modify(|d| d.failed = Some(why.clone()));
@@ -285,14 +364,14 @@ impl Hub {
     /// host took the lease (its answer lost), and its publishers must hear
     /// that. The committer resolves it, then fails the store with `why`.
     pub fn lease_lost(&self, why: String) {
-        self.state().lease_lost = Some(why);
+        self.state().persist.lease_lost = Some(why);
         self.shared.commit_wake.notify_one();
     }
 
     /// Asks the committer to flush what is staged, save the subscriptions
     /// marked clean, and stop.
     pub fn close_store(&self) {
-        self.state().closing = true;
+        self.state().persist.closing = true;
         self.shared.commit_wake.notify_one();
     }
 
@@ -319,13 +398,58 @@ impl Hub {
 
     /// Why the store failed, once it did.
     pub fn store_error(&self) -> Option<Arc<str>> {
-        self.state().store_error.clone()
+        self.state().persist.error.clone()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{batch_len, pick_work, Pick, Wants, MAX_BATCH_BYTES};
+    use super::{batch_len, pick_work, Persistence, Pick, Wants, MAX_BATCH_BYTES};
+    use crate::store::StoreInfo;
+
+    #[test]
+    fn a_change_wakes_the_committer_once_until_it_is_saved() {
+        let mut p = Persistence::new(StoreInfo::default());
+        assert!(p.is_dirty(), "what was recovered is saved first");
+        assert!(!p.mark_dirty(), "already dirty: no wake-up");
+        assert_eq!(p.start_save(), 0);
+        assert!(!p.is_dirty());
+        assert!(p.mark_dirty(), "the first change after a save wakes");
+        assert!(!p.mark_dirty());
+    }
+
+    #[test]
+    fn a_reply_waits_until_its_generation_is_saved() {
+        let mut p = Persistence::new(StoreInfo::default());
+        assert!(!p.urgent());
+        let gen = p.must_save();
+        assert_eq!(gen, 1);
+        assert!(p.is_dirty() && p.urgent());
+        // A save taken now covers the generation; a later change is newer.
+        let saving = p.start_save();
+        assert_eq!(saving, 1);
+        assert_eq!(p.must_save(), 2);
+        p.saved(saving, StoreInfo::default());
+        assert!(p.urgent(), "generation 2 is not saved yet");
+        p.saved(2, StoreInfo::default());
+        assert!(!p.urgent());
+        // An older save reported late does not move the generation back.
+        p.saved(1, StoreInfo::default());
+        assert!(!p.urgent());
+    }
+
+    #[test]
+    fn the_store_reports_replace_what_status_shows_and_a_failure_stays() {
+        let mut p = Persistence::new(StoreInfo::default());
+        p.set_info(StoreInfo {
+            segments: 3,
+            ..StoreInfo::default()
+        });
+        assert_eq!(p.info().segments, 3);
+        assert!(p.error().is_none());
+        p.fail("disk full".into());
+        assert_eq!(p.error().map(|e| e.to_string()), Some("disk full".into()));
+    }
 
     #[test]
     fn a_batch_stops_at_its_byte_bound_but_always_takes_one_event() {

@@ -13,7 +13,7 @@ use proto::{
     v1::{self, ByeReason, ErrorCode},
 };
 
-use super::{detach_locked, ConnId, Hub};
+use super::{ConnId, Hub};
 use crate::{
     clock::now_ms,
     pattern::Selector,
@@ -32,7 +32,7 @@ impl Hub {
     pub fn upstream_for(&self, req: &v1::Subscribe) -> Option<Arc<dyn UpstreamControl>> {
         let upstream = self.shared.upstream.clone()?;
         let exists =
-            !req.subscription_id.is_empty() && self.state().subs.contains_key(&req.subscription_id);
+            !req.subscription_id.is_empty() && self.state().registry.contains(&req.subscription_id);
         (!exists && !req.must_exist).then_some(upstream)
     }
 
@@ -53,7 +53,7 @@ impl Hub {
         let window = self.shared.config.default_window as usize;
         let mut added = 0;
         for rec in records {
-            if st.subs.contains_key(&rec.id) || st.subs.len() >= MAX_SUBSCRIPTIONS {
+            if st.registry.contains(&rec.id) || st.registry.len() >= MAX_SUBSCRIPTIONS {
                 continue;
             }
             let Ok(sel) = Selector::new(&rec.patterns, &rec.filter)
@@ -63,19 +63,19 @@ impl Hub {
             };
             let sub = Subscription::restore(&rec, sel, &events, (floor, head, true), now, window);
             tracing::info!(subscription = %rec.id, cursor = rec.cursor, "subscription created on another cluster host");
-            st.subs.insert(rec.id.clone(), sub);
+            st.registry.insert(sub);
             added += 1;
         }
         if added > 0 {
             self.mark_subs_dirty(&mut st);
-            st.activity_gen += 1;
+            st.registry.touch();
         }
         added
     }
 
     /// Whether this host holds the subscription `id`.
     pub fn has_subscription(&self, id: &str) -> bool {
-        self.state().subs.contains_key(id)
+        self.state().registry.contains(id)
     }
 
     /// Creates or attaches a subscription. `upstream_id` binds a newly
@@ -128,10 +128,9 @@ impl Hub {
         let mut save_gen = None;
         let mut st = self.state();
         let head = st.log.head_seq();
-        let exists = st.subs.contains_key(&req.subscription_id);
-        let created = !exists;
-        if exists {
-            let sub = &st.subs[&req.subscription_id];
+        let existing = st.registry.get(&req.subscription_id);
+        let created = existing.is_none();
+        if let Some(sub) = existing {
             if let Some(sel) = &selector {
                 if !sub.selector.same_spec(sel) {
                     return Err(Refusal::new(
@@ -157,17 +156,11 @@ impl Hub {
             ));
         }
         let id = if req.subscription_id.is_empty() {
-            loop {
-                let id = format!("sub-{}-{}", std::process::id(), st.next_generated);
-                st.next_generated += 1;
-                if !st.subs.contains_key(&id) {
-                    break id;
-                }
-            }
+            st.registry.generate_id(std::process::id())
         } else {
             req.subscription_id.clone()
         };
-        if created && st.subs.len() >= MAX_SUBSCRIPTIONS {
+        if created && st.registry.len() >= MAX_SUBSCRIPTIONS {
             return Err(Refusal::new(
                 ErrorCode::ResourceExhausted,
                 format!("too many subscriptions ({MAX_SUBSCRIPTIONS}); unsubscribe some first"),
@@ -232,14 +225,16 @@ impl Hub {
             for e in st.log.since(start_from) {
                 sub.offer(e);
             }
-            st.subs.insert(id.clone(), sub);
+            st.registry.insert(sub);
             if !req.owned {
-                st.subs_gen += 1;
-                save_gen = Some(st.subs_gen);
+                save_gen = Some(st.persist.must_save());
             }
         }
         if req.attach {
-            if st.subs[&id].state == subscription::State::Disabled {
+            let Some(sub) = st.registry.get(&id) else {
+                return Err(Refusal::new(ErrorCode::Internal, "subscription vanished"));
+            };
+            if sub.state == subscription::State::Disabled {
                 return Err(Refusal::new(
                     ErrorCode::FailedPrecondition,
                     format!(
@@ -248,10 +243,10 @@ impl Hub {
                     ),
                 ));
             }
-            let holder = st.subs[&id].consumer().filter(|c| *c != conn);
+            let holder = sub.consumer().filter(|c| *c != conn);
             if let Some(holder) = holder {
                 if !req.takeover {
-                    let pid = st.conns.get(&holder).map_or(0, |c| c.pid);
+                    let pid = st.registry.conn(holder).map_or(0, |c| c.pid());
                     return Err(Refusal::new(
                         ErrorCode::AlreadyAttached,
                         format!(
@@ -260,12 +255,12 @@ impl Hub {
                         ),
                     ));
                 }
-                detach_locked(&mut st, holder);
-                kicked = st.conns.get(&holder).map(|c| c.handle.clone());
+                st.detach(holder);
+                kicked = st.registry.handle(Some(holder));
             }
             // A connection consumes one subscription at a time.
-            if st.conns.get(&conn).and_then(|c| c.attached.as_ref()) != Some(&id) {
-                detach_locked(&mut st, conn);
+            if st.registry.conn(conn).and_then(|c| c.attached()) != Some(id.as_str()) {
+                st.detach(conn);
             }
             let window = if req.window == 0 {
                 cfg.default_window
@@ -273,7 +268,7 @@ impl Hub {
                 req.window
             };
             let sub = st
-                .subs
+                .registry
                 .get_mut(&id)
                 .ok_or_else(|| Refusal::new(ErrorCode::Internal, "subscription vanished"))?;
             // 0: the subscription's own default (`subscribe --ack-wait`).
@@ -282,11 +277,11 @@ impl Hub {
                 ms => Duration::from_millis(ms),
             });
             sub.attach(conn, window as usize, explicit);
-            if let Some(c) = st.conns.get_mut(&conn) {
-                c.attached = Some(id.clone());
-            }
+            st.registry.set_attached(conn, &id);
         }
-        let sub = &st.subs[&id];
+        let Some(sub) = st.registry.get(&id) else {
+            return Err(Refusal::new(ErrorCode::Internal, "subscription vanished"));
+        };
         let reply = v1::Subscribed {
             request_id: req.request_id,
             subscription_id: id.clone(),
@@ -299,10 +294,7 @@ impl Hub {
             attached: req.attach,
             upstream_subscription_id: sub.upstream_id.clone().unwrap_or_default(),
         };
-        let wake = req
-            .attach
-            .then(|| st.conns.get(&conn).map(|c| c.handle.clone()))
-            .flatten();
+        let wake = req.attach.then(|| st.registry.handle(Some(conn))).flatten();
         self.mark_subs_dirty(&mut st);
         self.touch(&mut st);
         drop(st);
@@ -334,22 +326,13 @@ impl Hub {
         let mut released = vec![];
         let mut st = self.state();
         for id in ids {
-            match st.subs.remove(id) {
-                Some(sub) => {
+            match st.registry.remove(id, requester) {
+                Some((sub, kick)) => {
                     if !sub.owned {
-                        st.subs_gen += 1;
-                        save_gen = Some(st.subs_gen);
-                        st.subs_dirty = true;
+                        save_gen = Some(st.persist.must_save());
                     }
-                    released.extend(sub.upstream_id.clone());
-                    if let Some(c) = sub.consumer() {
-                        if let Some(conn) = st.conns.get_mut(&c) {
-                            conn.attached = None;
-                            if c != requester {
-                                kicks.push(conn.handle.clone());
-                            }
-                        }
-                    }
+                    released.extend(sub.upstream_id);
+                    kicks.extend(kick);
                     removed.push(id.clone());
                 }
                 None => not_found.push(id.clone()),
@@ -383,15 +366,15 @@ impl Hub {
         let mut kicks = vec![];
         let mut st = self.state();
         for id in ids {
-            let Some(holder) = st.subs.get(id).map(Subscription::consumer) else {
+            let Some(holder) = st.registry.get(id).map(Subscription::consumer) else {
                 reply.not_found.push(id.clone());
                 continue;
             };
             reply.subscription_ids.push(id.clone());
             if let Some(c) = holder {
-                if let Some(conn) = st.conns.get(&c) {
-                    reply.consumer_pids.push(conn.pid);
-                    kicks.push(conn.handle.clone());
+                if let Some(conn) = st.registry.conn(c) {
+                    reply.consumer_pids.push(conn.pid());
+                    kicks.push(conn.handle().clone());
                 }
                 if !dry_run {
                     self.detach_and_mark(&mut st, c);
@@ -412,11 +395,6 @@ impl Hub {
 
     /// Pids of every consumer currently attached (for a dry-run stop).
     pub fn consumer_pids(&self) -> Vec<u32> {
-        let st = self.state();
-        st.conns
-            .values()
-            .filter(|c| c.attached.is_some())
-            .map(|c| c.pid)
-            .collect()
+        self.state().registry.consumer_pids()
     }
 }

@@ -188,7 +188,7 @@ impl Source for DingTalkSource {
     }
 }
 
-type SetupFailed = (crate::hub::Hub, String);
+type SetupFailed = (crate::hub::SourceHandle, String);
 
 async fn open_mode(c: DingTalkConfig, ctx: SourceContext) -> Result<(), SetupFailed> {
     let tuning = stream::Tuning::new(Duration::from_secs(1), Duration::from_secs(60)).with_env();

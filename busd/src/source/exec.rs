@@ -22,7 +22,7 @@ use tokio::{
 use super::{stream::Backoff, Source, SourceContext, SourceFuture};
 use crate::{
     clock::now_ms,
-    hub::{Hub, NewEvent},
+    hub::{NewEvent, SourceHandle},
     section::{ConfigError, SectionReader},
 };
 
@@ -174,7 +174,7 @@ impl Source for ExecSource {
 }
 
 /// Runs the command once; returns how it ended.
-async fn run_once(cfg: &ExecConfig, hub: &Hub) -> String {
+async fn run_once(cfg: &ExecConfig, hub: &SourceHandle) -> String {
     let mut child = match Command::new(&cfg.command[0])
         .args(&cfg.command[1..])
         .stdin(Stdio::null())

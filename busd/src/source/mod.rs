@@ -1,6 +1,6 @@
 //! Upstream sources, one file each, behind the [`Source`] trait. A source
 //! turns its upstream into [`crate::hub::NewEvent`]s appended to the hub and
-//! reports its state with [`crate::hub::Hub::set_source_state`]. Only code in
+//! reports its state with [`crate::hub::SourceHandle::set_source_state`]. Only code in
 //! this module does upstream I/O. A source with upstream subscriptions hands
 //! the hub an [`UpstreamControl`] (defined in [`crate::upstream`], the one
 //! boundary both sides depend on: sources use the hub's handle, the hub
@@ -15,11 +15,12 @@ pub mod stream;
 use std::{future::Future, pin::Pin};
 
 use self::{dingtalk::DingTalkConfig, exec::ExecConfig, personal::config::PersonalConfig};
-use crate::{hub::Hub, shutdown::Shutdown, upstream::UpstreamControl};
+use crate::{hub::SourceHandle, shutdown::Shutdown, upstream::UpstreamControl};
 
-/// What every source gets: where events go and when to stop.
+/// What every source gets: where events go and when to stop. The hub is
+/// reached only through its [`SourceHandle`].
 pub struct SourceContext {
-    pub hub: Hub,
+    pub hub: SourceHandle,
     pub shutdown: Shutdown,
 }
 

@@ -77,7 +77,7 @@ pub use self::{
 };
 use crate::{
     clock::now_ms,
-    hub::{Hub, NewEvent},
+    hub::{NewEvent, SourceHandle},
 };
 
 /// The `User-Agent` of every upstream request.
@@ -239,7 +239,7 @@ pub enum EndpointError {
 }
 
 /// Reports the source lost and ends the bus with SOURCE_LOST.
-pub fn source_lost(hub: &Hub, attempt: u32, reason: &str) {
+pub fn source_lost(hub: &SourceHandle, attempt: u32, reason: &str) {
     hub.set_source_state(
         v1::SourceState {
             state: v1::SourceStatus::Lost as i32,
@@ -250,7 +250,7 @@ pub fn source_lost(hub: &Hub, attempt: u32, reason: &str) {
         },
         Some(reason.to_owned()),
     );
-    hub.shutdown_trigger().trigger(v1::ByeReason::SourceLost);
+    hub.trigger_shutdown(v1::ByeReason::SourceLost);
 }
 
 #[cfg(test)]

@@ -25,7 +25,8 @@ use super::{
     Url,
 };
 use crate::{
-    clock::now_ms, hub::Hub, ratelimit::LogLimit, shutdown::Shutdown, source::SourceContext,
+    clock::now_ms, hub::SourceHandle, ratelimit::LogLimit, shutdown::Shutdown,
+    source::SourceContext,
 };
 
 /// TCP + TLS + WebSocket handshake (a ticket is valid for 90 s).
@@ -53,7 +54,7 @@ struct Unroutables {
 }
 
 impl Unroutables {
-    fn record(&self, hub: &Hub, source: &'static str, why: &Unroutable) {
+    fn record(&self, hub: &SourceHandle, source: &'static str, why: &Unroutable) {
         let limit = self
             .limits
             .lock()
@@ -75,7 +76,7 @@ impl Unroutables {
 /// Counts one unroutable frame in `status`. (Until the hub counts them per
 /// reason, they are counted with the malformed input, the reason in
 /// `last_error`.)
-fn count_unroutable(hub: &Hub, why: &Unroutable) {
+fn count_unroutable(hub: &SourceHandle, why: &Unroutable) {
     hub.source_unroutable(why.reason, &why.detail);
 }
 
@@ -122,7 +123,7 @@ struct Runner<U> {
     policy: Policy,
     tuning: Tuning,
     tls: Arc<rustls::ClientConfig>,
-    hub: Hub,
+    hub: SourceHandle,
     shutdown: Shutdown,
     /// Consecutive failed attempts.
     failures: u32,
