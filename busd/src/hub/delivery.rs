@@ -126,13 +126,11 @@ impl Hub {
             seq,
             event_type: ev.event_type,
             received_at_unix_ms,
-            encoded: Bytes::from(encoded),
+            encoded: Bytes::from(encoded).into(),
             scope,
             event_id: key_id,
             route: ev.upstream_subscription,
-            damaged: false,
-            line_parts: Default::default(),
-            where_input: Default::default(),
+            ..LoggedEvent::default()
         }));
         if let Some(key) = dedup_key {
             st.dedup.put(key, seq);
@@ -458,6 +456,10 @@ fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<Conn
             if sub.may_lose_shared(&old) {
                 shared_work.evicted(&sub.id, old.seq);
             }
+        }
+        // Still held (in flight): its segment may go, its bytes may not.
+        if Arc::strong_count(&old) > 1 {
+            old.keep_resident();
         }
     }
     let head = log.head_seq();
