@@ -106,7 +106,7 @@ fn a_subscription_behind_more_than_the_hot_tail_catches_up_in_order_across_kill_
     );
 
     // Without a restart: the first half, from the segments.
-    let mut got = catch_up(&env, EVENTS / 2);
+    let got = catch_up(&env, EVENTS / 2);
     let rss = proc_kb(pid, "VmRSS");
     assert!(
         rss < bound,
@@ -142,5 +142,103 @@ fn a_subscription_behind_more_than_the_hot_tail_catches_up_in_order_across_kill_
         peak < bound,
         "after a restart busd's peak was {peak} kB (the first bus started at {base} kB) \
          with {payload_kb} kB of events retained"
+    );
+}
+
+/// The retention benchmark (not a test: `--ignored`, run against release
+/// binaries with `DWS_BIN`/`BUSD_BIN`): `RETAIN_BENCH_EVENTS` (default
+/// 1,000,000) events of 256 B published over one pipelined connection while
+/// a named subscription is detached behind all of them; prints busd's RSS
+/// per retained event, then the catch-up rate of a consumer reading them all.
+#[test]
+#[ignore]
+fn bench_retention_on_disk() {
+    use dws_tests::wire::Wire;
+    use proto::v1::{client_frame::Kind as C, server_frame::Kind as S, ClientFrame, Publish};
+    use std::time::{Duration, Instant};
+
+    let n: usize = std::env::var("RETAIN_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let hot = std::env::var("RETAIN_BENCH_HOT").unwrap_or_else(|_| "16384".into());
+    let env = TestEnv::with_env(&[
+        (
+            "DWS_EVENT_BUS_RETENTION_EVENTS",
+            (2 * n).to_string().as_str(),
+        ),
+        ("DWS_EVENT_BUS_RETENTION_BYTES", "100000000000"),
+        ("DWS_EVENT_BUS_HOT_EVENTS", hot.as_str()),
+        ("DWS_EVENT_BUS_IDLE_TIMEOUT", "0"),
+    ]);
+    subscribe_ok(&env, &["rb.*", "--id", "lag", "--ttl", "1h"], "lag");
+    let pid = busd_pid(&env);
+    let base = proc_kb(pid, "VmRSS");
+    let mut w = Wire::connect(&env.expected_socket_path());
+    w.hello(proto::PROTOCOL_VERSION);
+    let _ = w.read_frame(Duration::from_secs(10));
+    let data = format!("{{\"pad\":\"{}\"}}", "p".repeat(256 - 10));
+    let started = Instant::now();
+    let chunk = 4096;
+    let mut sent = 0;
+    while sent < n {
+        let k = chunk.min(n - sent);
+        let mut buf = bytes::BytesMut::new();
+        for i in 0..k {
+            let f = ClientFrame {
+                kind: Some(C::Publish(Publish {
+                    request_id: (sent + i + 1) as u64,
+                    event_type: "rb.k".into(),
+                    data: data.clone(),
+                    ..Publish::default()
+                })),
+            };
+            proto::encode_frame(&f, &mut buf).expect("encode");
+        }
+        let writer = w.send_in_background(buf.to_vec());
+        let mut acked = 0;
+        while acked < k {
+            match w.read_frame(Duration::from_secs(60)).kind {
+                Some(S::PublishAck(_)) => acked += 1,
+                other => panic!("expected PublishAck, got {other:?}"),
+            }
+        }
+        writer.join().expect("writer");
+        sent += k;
+    }
+    let took = started.elapsed();
+    let rss = proc_kb(pid, "VmRSS");
+    let hwm = proc_kb(pid, "VmHWM");
+    let st = env.status();
+    eprintln!(
+        "retained {n} x 256 B in {:.1} s ({:.0}/s); busd RSS {base} kB empty, {rss} kB \
+         retained (peak {hwm} kB): {:.0} B per retained event; log {}",
+        took.as_secs_f64(),
+        n as f64 / took.as_secs_f64(),
+        (rss.saturating_sub(base) * 1024) as f64 / n as f64,
+        st["log"]
+    );
+    drop(w);
+    let max = n.to_string();
+    let started = Instant::now();
+    let out = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "lag",
+            "--max-events",
+            &max,
+        ])
+        .run_with_timeout(Duration::from_secs(3600));
+    let took = started.elapsed();
+    out.assert_clean_exit("limit", n as u64);
+    let lines = out.stdout_lines().len();
+    eprintln!(
+        "caught up {lines} events in {:.2} s: {:.0} events/s; busd RSS after {} kB (peak {} kB)",
+        took.as_secs_f64(),
+        lines as f64 / took.as_secs_f64(),
+        proc_kb(pid, "VmRSS"),
+        proc_kb(pid, "VmHWM"),
     );
 }

@@ -86,7 +86,7 @@ impl ColdSource for SegmentReader {
             && r.at >= w.at
             && r.at + need as u64 <= w.at + w.bytes.len() as u64;
         if !hit {
-            if !w.file.as_ref().is_some_and(|(p, _)| **p == *r.segment) {
+            if w.file.as_ref().is_none_or(|(p, _)| **p != *r.segment) {
                 w.file = None;
                 w.file = Some((r.segment.clone(), open(&r.segment)?));
             }
