@@ -35,7 +35,12 @@ pub fn spawn(
 fn run(hub: &Hub, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
     let mut last_save = Instant::now();
     loop {
-        match hub.next_commit_work(last_save) {
+        let work = hub.next_commit_work(last_save);
+        // A body the log could not read back: the store failed.
+        if let Some(why) = crate::eventlog::take_read_failure() {
+            return hub.store_failed(why);
+        }
+        match work {
             CommitWork::Append(batch) => match timed(hub, || store.append(&batch)) {
                 Ok(()) => {
                     if let Some(d) = dedup.as_mut() {

@@ -53,6 +53,12 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_bytes: u64,
 
+    /// The newest retained events whose bytes stay in memory (the hot tail);
+    /// older ones are read back from the store's files (disk store).
+    #[arg(long, value_name = "N", env = "DWS_EVENT_BUS_HOT_EVENTS", default_value_t = 16_384,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub hot_events: u64,
+
     /// How long a subscription lives without a consumer, unless it asks otherwise.
     #[arg(long, value_name = "DUR", env = "DWS_EVENT_BUS_DEFAULT_TTL", default_value = "10m",
           value_parser = parse_nonzero_duration)]

@@ -5,21 +5,34 @@
 //! The durable copy is the store's (`crate::store`); only events the store
 //! has made durable are appended here.
 //!
-//! The byte bound counts what the log makes the bus hold: each event's
-//! encoded form and, once a consumer that takes NDJSON lines needed them,
-//! its rendered line parts ([`LineParts`], counted process-wide while they
-//! live, also for events held in flight past retention). So the log's
-//! memory stays within about one `retention_bytes`, not two.
+//! The log is a hot tail in memory and a cold range behind it: only the
+//! newest [`Retention::hot_events`] events (and at most [`HOT_BYTES`]) keep
+//! their encoded bytes and their rendered NDJSON line parts in memory.
+//! Older events keep their seq and routing fields; their bytes are read
+//! back from the store's segment on each use ([`body`]). On a store that
+//! keeps no files (memory) a cooled event keeps its encoded bytes and drops
+//! only the rendered parts: each retained event is held once.
+//!
+//! The byte bound counts each event's encoded size (plus its fields) and
+//! the rendered line parts alive ([`LineParts`], counted process-wide while
+//! they live, also for events held in flight past retention).
 
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc, OnceLock,
+        Arc,
     },
 };
 
 use bytes::Bytes;
+
+pub mod body;
+pub use body::{take_read_failure, Body, Cached, ColdRef, ColdSource, ReadError};
+
+/// The most bytes of events whose encoded form stays in memory: the hot
+/// tail is also cut here when its events are large.
+pub const HOT_BYTES: usize = 32 << 20;
 
 /// An event on its way into the log, before it has a seq. Serializable: a
 /// cluster host that does not own the log hands its publishes to the owner
@@ -51,8 +64,9 @@ pub struct LoggedEvent {
     pub seq: u64,
     pub event_type: String,
     pub received_at_unix_ms: i64,
-    /// `v1::Event` encoded once, without the per-delivery fields.
-    pub encoded: Bytes,
+    /// `v1::Event` encoded once, without the per-delivery fields: in
+    /// memory while hot, else read back from the store ([`Body`]).
+    pub encoded: Body,
     /// Dedup scope; empty when the event is not deduplicated.
     pub scope: String,
     pub event_id: String,
@@ -63,11 +77,13 @@ pub struct LoggedEvent {
     pub damaged: bool,
     /// The event's NDJSON line without its per-delivery fields
     /// (`proto::ndjson::parts`), rendered once, on first need, for every
-    /// consumer that takes lines.
-    pub line_parts: OnceLock<LineParts>,
+    /// consumer that takes lines, while the event is hot.
+    pub line_parts: Cached<Arc<LineParts>>,
     /// The event as `--where` expressions see it, built on first need and
-    /// shared by every subscription that has expressions.
-    pub where_input: OnceLock<proto::where_expr::Input>,
+    /// shared by every subscription that has expressions, while hot.
+    pub where_input: Cached<Arc<proto::where_expr::Input>>,
+    /// Left the hot tail: nothing more is cached for it.
+    pub cooled: std::sync::atomic::AtomicBool,
 }
 
 /// Bytes of every [`LineParts`] alive in this process.
@@ -113,7 +129,36 @@ struct Shown {
 impl LoggedEvent {
     fn shown(&self) -> Shown {
         use prost::Message;
-        Shown::decode(self.encoded.clone()).unwrap_or_default()
+        self.encoded
+            .get()
+            .ok()
+            .and_then(|b| Shown::decode(b).ok())
+            .unwrap_or_default()
+    }
+
+    /// The encoded event: from memory, or read back from the store.
+    pub fn encoded(&self) -> Result<Bytes, ReadError> {
+        self.encoded.get()
+    }
+
+    fn is_cooled(&self) -> bool {
+        self.cooled.load(Ordering::Relaxed)
+    }
+
+    /// The event left the hot tail: its cached renderings go, and its bytes
+    /// too when the store can read them back.
+    pub fn cool(&self) {
+        self.cooled.store(true, Ordering::Relaxed);
+        self.line_parts.clear();
+        self.where_input.clear();
+        self.encoded.drop_resident();
+    }
+
+    /// Retention dropped the event while something (a delivery in flight)
+    /// still holds it: its bytes come back into memory, since its segment
+    /// may be released. A failed read is noted as a store failure.
+    pub fn keep_resident(&self) {
+        let _ = self.encoded.make_resident();
     }
 
     /// The id a consumer saw on this event's line: the dedup id it was
@@ -143,24 +188,35 @@ impl LoggedEvent {
         self.encoded.len() + self.event_type.len() + self.event_id.len() + self.scope.len() + 64
     }
 
-    /// [`LoggedEvent::line_parts`], rendered now if it was not yet.
-    pub fn line_parts(&self) -> &(Bytes, Bytes) {
-        self.line_parts
-            .get_or_init(|| {
-                use prost::Message;
-                let e = proto::v1::Event::decode(self.encoded.clone()).unwrap_or_default();
-                let (head, tail) = proto::ndjson::parts(&e);
-                LineParts::new(Bytes::from(head), Bytes::from(tail))
-            })
-            .parts()
+    /// [`LoggedEvent::line_parts`], rendered now if it was not yet (and
+    /// kept only while the event is hot).
+    pub fn line_parts(&self) -> Result<(Bytes, Bytes), ReadError> {
+        use prost::Message;
+        if let Some(hit) = self.line_parts.peek() {
+            return Ok(hit.parts().clone());
+        }
+        let encoded = self.encoded.get()?;
+        let parts = self.line_parts.get_or(!self.is_cooled(), || {
+            let e = proto::v1::Event::decode(encoded).unwrap_or_default();
+            let (head, tail) = proto::ndjson::parts(&e);
+            Arc::new(LineParts::new(Bytes::from(head), Bytes::from(tail)))
+        });
+        Ok(parts.parts().clone())
     }
 
-    /// [`LoggedEvent::where_input`], built now if it was not yet.
-    pub fn where_input(&self) -> &proto::where_expr::Input {
-        self.where_input.get_or_init(|| {
-            use prost::Message;
-            let e = proto::v1::Event::decode(self.encoded.clone()).unwrap_or_default();
-            proto::where_expr::Input::of(&e)
+    /// [`LoggedEvent::where_input`], built now if it was not yet (and kept
+    /// only while the event is hot). An event that cannot be read back
+    /// (a store failure, noted) is seen as an empty event.
+    pub fn where_input(&self) -> Arc<proto::where_expr::Input> {
+        use prost::Message;
+        self.where_input.get_or(!self.is_cooled(), || {
+            let e = self
+                .encoded
+                .get()
+                .ok()
+                .and_then(|b| proto::v1::Event::decode(b).ok())
+                .unwrap_or_default();
+            Arc::new(proto::where_expr::Input::of(&e))
         })
     }
 
@@ -177,6 +233,8 @@ impl LoggedEvent {
 pub struct Retention {
     pub max_events: usize,
     pub max_bytes: usize,
+    /// The newest events whose bytes stay in memory (the hot tail).
+    pub hot_events: usize,
 }
 
 #[derive(Debug)]
@@ -185,6 +243,10 @@ pub struct EventLog {
     bytes: usize,
     head_seq: u64,
     retention: Retention,
+    /// `events[..hot_from]` are cooled; the rest is the hot tail.
+    hot_from: usize,
+    /// Sizes of the hot tail's events.
+    hot_bytes: usize,
 }
 
 impl EventLog {
@@ -200,6 +262,8 @@ impl EventLog {
             bytes: 0,
             head_seq,
             retention,
+            hot_from: 0,
+            hot_bytes: 0,
         }
     }
 
@@ -256,7 +320,24 @@ impl EventLog {
         debug_assert!(event.seq > self.head_seq);
         self.head_seq = event.seq;
         self.bytes += event.size();
+        self.hot_bytes += event.size();
         self.events.push_back(event);
+        // The hot tail keeps at least its newest event.
+        while self.events.len() - self.hot_from > 1
+            && (self.events.len() - self.hot_from > self.retention.hot_events
+                || self.hot_bytes > HOT_BYTES)
+        {
+            if let Some(e) = self.events.get(self.hot_from) {
+                e.cool();
+                self.hot_bytes -= e.size();
+            }
+            self.hot_from += 1;
+        }
+    }
+
+    /// How many of the retained events are hot (their bytes in memory).
+    pub fn hot_len(&self) -> usize {
+        self.events.len() - self.hot_from
     }
 
     /// Removes and returns the oldest event while the log is over a bound.
@@ -269,6 +350,11 @@ impl EventLog {
         }
         let e = self.events.pop_front()?;
         self.bytes -= e.size();
+        if self.hot_from > 0 {
+            self.hot_from -= 1;
+        } else {
+            self.hot_bytes -= e.size();
+        }
         Some(e)
     }
 
@@ -290,7 +376,7 @@ mod tests {
         Arc::new(LoggedEvent {
             seq,
             event_type: "t".into(),
-            encoded: Bytes::from(vec![0; size]),
+            encoded: Bytes::from(vec![0; size]).into(),
             ..LoggedEvent::default()
         })
     }
@@ -300,6 +386,7 @@ mod tests {
         let mut log = EventLog::new(Retention {
             max_events: 100,
             max_bytes: 2_000_000,
+            hot_events: 100,
         });
         let e = Arc::new(LoggedEvent {
             seq: 1,
@@ -312,7 +399,7 @@ mod tests {
                     data: "y".repeat(600_000),
                     ..Default::default()
                 };
-                Bytes::from(ev.encode_to_vec())
+                Bytes::from(ev.encode_to_vec()).into()
             },
             ..LoggedEvent::default()
         });
@@ -321,7 +408,7 @@ mod tests {
         log.append(ev(3, 600_000));
         assert!(log.evict_one().is_none(), "1.8 MB of events fit");
         let before = line_bytes();
-        let (head, tail) = e.line_parts();
+        let (head, tail) = e.line_parts().expect("resident");
         assert!(head.len() + tail.len() >= 600_000);
         assert!(line_bytes() >= before + 600_000);
         // Over the bound now: the oldest goes, and with it its line.
@@ -329,7 +416,7 @@ mod tests {
             .evict_one()
             .expect("over the bound with the rendered line");
         assert_eq!(gone.seq, 1);
-        drop((gone, e));
+        drop((gone, e, head, tail));
         assert!(line_bytes() < before + 600_000);
     }
 
@@ -338,6 +425,7 @@ mod tests {
         let mut log = EventLog::new(Retention {
             max_events: 3,
             max_bytes: 10_000,
+            hot_events: 100,
         });
         for s in 1..=5 {
             log.append(ev(s, 10));
@@ -355,11 +443,68 @@ mod tests {
         let mut log = EventLog::new(Retention {
             max_events: 100,
             max_bytes: 200,
+            hot_events: 100,
         });
         for s in 1..=3 {
             log.append(ev(s, 100));
         }
         while log.evict_one().is_some() {}
         assert_eq!(log.len(), 1);
+    }
+
+    fn real(seq: u64) -> Arc<LoggedEvent> {
+        use prost::Message;
+        let ev = proto::v1::Event {
+            seq,
+            event_type: "t".into(),
+            data: format!("{{\"n\":{seq}}}"),
+            ..Default::default()
+        };
+        Arc::new(LoggedEvent {
+            seq,
+            event_type: "t".into(),
+            encoded: Bytes::from(ev.encode_to_vec()).into(),
+            ..LoggedEvent::default()
+        })
+    }
+
+    #[test]
+    fn only_the_hot_tail_keeps_its_renderings() {
+        let mut log = EventLog::new(Retention {
+            max_events: 5,
+            max_bytes: 1 << 20,
+            hot_events: 3,
+        });
+        let all: Vec<_> = (1..=8).map(real).collect();
+        for e in &all {
+            log.append(e.clone());
+            e.line_parts().unwrap();
+            e.where_input();
+        }
+        while log.evict_one().is_some() {}
+        assert_eq!((log.len(), log.hot_len()), (5, 3));
+        for e in &all {
+            let hot = e.seq > 5;
+            assert_eq!(e.line_parts.peek().is_some(), hot, "seq {}", e.seq);
+            assert_eq!(e.where_input.peek().is_some(), hot, "seq {}", e.seq);
+            // No store to read it back from: the bytes stay, once.
+            assert!(e.encoded.is_resident());
+            // A cooled event still renders, without keeping it.
+            let (head, _) = e.line_parts().unwrap();
+            assert!(!head.is_empty());
+            assert_eq!(e.line_parts.peek().is_some(), hot);
+        }
+        // Large events cut the hot tail by bytes too.
+        let mut log = EventLog::new(Retention {
+            max_events: 100,
+            max_bytes: usize::MAX,
+            hot_events: 100,
+        });
+        for s in 1..=4 {
+            log.append(ev(s, HOT_BYTES / 3));
+        }
+        assert_eq!(log.hot_len(), 2);
+        while log.evict_one().is_some() {}
+        assert_eq!((log.len(), log.hot_len()), (4, 2));
     }
 }

@@ -414,6 +414,7 @@ async fn serve(
             retention: Retention {
                 max_events: usize::try_from(args.retention_events).unwrap_or(usize::MAX),
                 max_bytes: usize::try_from(args.retention_bytes).unwrap_or(usize::MAX),
+                hot_events: usize::try_from(args.hot_events).unwrap_or(usize::MAX),
             },
             default_ttl: args.default_ttl,
             default_window: args.window,

@@ -69,7 +69,7 @@ mod tests {
             .contains("column"));
         // Bytes that do not decode are an empty event: no match.
         let damaged = LoggedEvent {
-            encoded: bytes::Bytes::from_static(b"\xff\xff"),
+            encoded: bytes::Bytes::from_static(b"\xff\xff").into(),
             ..Default::default()
         };
         assert_eq!(w.eval(&damaged), Ok(false));

@@ -46,6 +46,9 @@
 //!   [`damage`]: acknowledged events missing at either end of the log
 //!   (segments emptied, truncated, zero-filled, removed, overwritten) are
 //!   reported once as lost, never silently.
+//! - [`retain`]: retention on disk: a subscription detached behind far
+//!   more than the log's hot tail catches up in order from the segments,
+//!   across `kill -9`, with busd's memory far below what it retains.
 //! - [`postgres`]: the private PostgreSQL server harness (`dws_tests::pg`)
 //!   the cluster store's tests run on: SCRAM over TCP, stop, crash and
 //!   restart, servers side by side, nothing left behind.
@@ -102,6 +105,7 @@ mod personal;
 mod postgres;
 mod reading;
 mod repo;
+mod retain;
 mod service;
 mod slow;
 mod sources;

@@ -125,8 +125,14 @@ impl Connection {
         redelivered: bool,
         delivery: u32,
     ) {
+        // A body read back from the store that fails is a store failure:
+        // the bus stops; the event stays unacknowledged.
+        let encoded = match event.encoded() {
+            Ok(b) => b,
+            Err(e) => return self.hub.store_failed(e.to_string()),
+        };
         if let Err(e) = encode_event_frame(
-            &event.encoded,
+            &encoded,
             subscription_id,
             redelivered,
             delivery,
@@ -145,13 +151,19 @@ impl Connection {
         let mut buf = std::mem::take(&mut self.line_buf);
         buf.clear();
         for (event, redelivered, delivery) in events {
-            let (head, tail) = event.line_parts();
+            let (head, tail) = match event.line_parts() {
+                Ok(parts) => parts,
+                Err(e) => {
+                    self.hub.store_failed(e.to_string());
+                    break;
+                }
+            };
             let start = buf.len();
             ndjson::write_line(
                 &mut buf,
-                head,
+                &head,
                 subscription_id,
-                tail,
+                &tail,
                 *redelivered,
                 *delivery,
             );

@@ -33,7 +33,7 @@ impl Hub {
         if logged.damaged {
             return None;
         }
-        prost::Message::decode(logged.encoded.as_ref()).ok()
+        prost::Message::decode(logged.encoded().ok()?).ok()
     }
 
     /// `dws event subscription VERB ID`: applies the verb (or, with

@@ -325,6 +325,10 @@ fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<Conn
                 shared_work.evicted(&sub.id, old.seq);
             }
         }
+        // Still held (in flight): its segment may go, its bytes may not.
+        if Arc::strong_count(&old) > 1 {
+            old.keep_resident();
+        }
     }
     let head = log.head_seq();
     // Cursors of named subscriptions and the log floor moved.

@@ -147,13 +147,11 @@ impl Ingest {
             seq,
             event_type: ev.event_type,
             received_at_unix_ms,
-            encoded: Bytes::from(encoded),
+            encoded: Bytes::from(encoded).into(),
             scope,
             event_id: key_id,
             route: ev.upstream_subscription,
-            damaged: false,
-            line_parts: Default::default(),
-            where_input: Default::default(),
+            ..LoggedEvent::default()
         }));
         if let Some(key) = dedup_key {
             self.dedup.put(key, seq);

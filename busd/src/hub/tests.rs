@@ -18,6 +18,7 @@ fn config(inline_commit: bool) -> HubConfig {
         retention: Retention {
             max_events: 1000,
             max_bytes: 1 << 20,
+            hot_events: 100,
         },
         default_ttl: Duration::from_secs(60),
         default_window: 10,

@@ -11,7 +11,10 @@ use std::{
     io::{self, Write},
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
+    sync::Arc,
 };
+
+use crate::eventlog::ColdSource;
 
 /// The disk store's view of the file system. Paths are inside the store's
 /// directory; every file is opened with `O_NOFOLLOW`.
@@ -38,6 +41,11 @@ pub trait FileOps: Send {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// `fsync` of the directory: its creates, renames and unlinks are durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// What reads event bodies back from segments, so that the log need
+    /// not hold them; `None`: the log keeps them in memory.
+    fn cold_source(&self) -> Option<Arc<dyn ColdSource>> {
+        None
+    }
 }
 
 /// Why [`FileOps::prepare_dir`] failed.
@@ -158,5 +166,9 @@ impl FileOps for RealFs {
     #[inline]
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn cold_source(&self) -> Option<Arc<dyn ColdSource>> {
+        Some(Arc::new(super::disk::cold::SegmentReader::default()))
     }
 }

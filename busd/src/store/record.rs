@@ -27,7 +27,7 @@
 //! spent on failed records is budgeted: time is linear in the segment size
 //! whatever its bytes.
 
-use crate::eventlog::LoggedEvent;
+use crate::eventlog::{Body, ColdRef, ColdSource, LoggedEvent};
 
 /// Bytes of a record header: length and checksum.
 pub const HEADER: usize = 8;
@@ -51,6 +51,16 @@ pub struct EventRecord {
     pub route: String,
     /// `v1::Event`, encoded once.
     pub encoded: Vec<u8>,
+    /// Where the record lies in its segment (0s when not read from one).
+    pub place: Place,
+}
+
+/// Where an event record lies in a segment: its offset (at its header) and
+/// payload length.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub at: u64,
+    pub payload_len: u32,
 }
 
 impl EventRecord {
@@ -60,13 +70,39 @@ impl EventRecord {
             seq: self.seq,
             event_type: self.event_type,
             received_at_unix_ms: self.received_at_unix_ms,
-            encoded: bytes::Bytes::from(self.encoded),
+            encoded: bytes::Bytes::from(self.encoded).into(),
             scope: self.scope,
             event_id: self.event_id,
             route: self.route,
-            damaged: false,
-            line_parts: std::sync::OnceLock::new(),
-            where_input: std::sync::OnceLock::new(),
+            ..LoggedEvent::default()
+        }
+    }
+
+    /// The event as the log holds it, its bytes left on disk at `place` in
+    /// `segment` (read back through `source`).
+    pub fn into_cold(
+        self,
+        source: std::sync::Arc<dyn ColdSource>,
+        segment: std::sync::Arc<std::path::PathBuf>,
+    ) -> LoggedEvent {
+        let body = Body::cold(
+            self.encoded.len(),
+            ColdRef {
+                source,
+                segment,
+                at: self.place.at,
+                payload_len: self.place.payload_len,
+            },
+        );
+        LoggedEvent {
+            seq: self.seq,
+            event_type: self.event_type,
+            received_at_unix_ms: self.received_at_unix_ms,
+            encoded: body,
+            scope: self.scope,
+            event_id: self.event_id,
+            route: self.route,
+            ..LoggedEvent::default()
         }
     }
 }
@@ -170,6 +206,7 @@ fn parse_payload(p: &[u8]) -> Option<Payload> {
             event_type: c.string()?,
             route: c.string()?,
             encoded: c.bytes()?,
+            place: Place::default(),
         }),
         KIND_COMMIT => {
             let first = c.u64().filter(|&s| valid_seq(s))?;
@@ -216,7 +253,14 @@ fn record_at(buf: &[u8], pos: usize, budget: &mut Budget) -> Option<(Payload, us
         budget.left -= len as u64;
         return None;
     }
-    Some((parse_payload(payload)?, HEADER + len))
+    let mut parsed = parse_payload(payload)?;
+    if let Payload::Event(e) = &mut parsed {
+        e.place = Place {
+            at: pos as u64,
+            payload_len: len as u32,
+        };
+    }
+    Some((parsed, HEADER + len))
 }
 
 /// The next valid commit record at or after `from`. Only commit records (25

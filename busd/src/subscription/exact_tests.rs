@@ -10,7 +10,7 @@ fn ev(seq: u64) -> Arc<LoggedEvent> {
     Arc::new(LoggedEvent {
         seq,
         event_type: "a.x".into(),
-        encoded: Bytes::from_static(b"x"),
+        encoded: Bytes::from_static(b"x").into(),
         ..LoggedEvent::default()
     })
 }

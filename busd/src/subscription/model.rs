@@ -80,7 +80,7 @@ proptest! {
                     let e = Arc::new(LoggedEvent {
                         seq: next,
                         event_type: if matching { "a.x" } else { "b.x" }.into(),
-                        encoded: Bytes::from_static(b"e"),
+                        encoded: Bytes::from_static(b"e").into(),
                         ..LoggedEvent::default()
                     });
                     next += 1;

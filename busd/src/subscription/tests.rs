@@ -9,7 +9,7 @@ fn ev(seq: u64, t: &str) -> Arc<LoggedEvent> {
     Arc::new(LoggedEvent {
         seq,
         event_type: t.into(),
-        encoded: Bytes::from_static(b"x"),
+        encoded: Bytes::from_static(b"x").into(),
         ..LoggedEvent::default()
     })
 }
@@ -454,7 +454,7 @@ fn a_pull_stops_at_its_byte_budget_but_always_takes_one_event() {
         s.offer(&Arc::new(LoggedEvent {
             seq,
             event_type: "a.x".into(),
-            encoded: Bytes::from(vec![0u8; 100_000]),
+            encoded: Bytes::from(vec![0u8; 100_000]).into(),
             ..LoggedEvent::default()
         }));
     }

@@ -9,7 +9,7 @@ fn ev(seq: u64, t: &str) -> Arc<LoggedEvent> {
     Arc::new(LoggedEvent {
         seq,
         event_type: t.into(),
-        encoded: Bytes::from_static(b"x"),
+        encoded: Bytes::from_static(b"x").into(),
         ..LoggedEvent::default()
     })
 }

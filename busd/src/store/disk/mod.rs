@@ -22,8 +22,9 @@ use super::{
     fileops::{DirError, FileOps, RealFs},
     record, Damage, Durability, Recovered, Snapshot, Store, StoreError, StoreInfo, SNAPSHOT_FORMAT,
 };
-use crate::eventlog::LoggedEvent;
+use crate::eventlog::{ColdRef, ColdSource, LoggedEvent};
 
+pub mod cold;
 mod recover;
 #[cfg(test)]
 pub(crate) use recover::{expected_from, Ranges};
@@ -36,7 +37,7 @@ pub const SEGMENT_BYTES: u64 = 4 << 20;
 const SUBSCRIPTIONS: &str = "subscriptions.json";
 
 struct Segment {
-    path: PathBuf,
+    path: Arc<PathBuf>,
     first_seq: u64,
     /// The highest seq it holds or marks lost; 0 while empty.
     last_seq: u64,
@@ -55,6 +56,9 @@ pub struct DiskStore<F: FileOps = RealFs> {
     active: Option<F::File>,
     buf: Vec<u8>,
     damaged: Vec<Damage>,
+    /// Reads the bodies of appended events back, so that the log need not
+    /// keep them (`None` on a file system that cannot).
+    cold: Option<Arc<dyn ColdSource>>,
     /// Seq ranges recovery found missing and reported: marked in the log
     /// (a commit record with no events) by the next save, after the
     /// snapshot that carries their gaps is durable.
@@ -83,6 +87,7 @@ impl DiskStore<RealFs> {
 impl<F: FileOps> DiskStore<F> {
     pub fn with_fs(fs: F, dir: PathBuf, durability: Durability) -> DiskStore<F> {
         DiskStore {
+            cold: fs.cold_source(),
             fs,
             dir,
             durability,
@@ -240,7 +245,7 @@ impl<F: FileOps> DiskStore<F> {
             .map_err(|e| io("cannot create", &path, e))?;
         self.sync_dir()?;
         self.segments.push(Segment {
-            path,
+            path: Arc::new(path),
             first_seq,
             last_seq: 0,
             len: 0,
@@ -250,8 +255,13 @@ impl<F: FileOps> DiskStore<F> {
     }
 
     /// Writes `self.buf` to the active segment (rolling first when there is
-    /// none or it is full) and makes it durable.
-    fn write_buf(&mut self, first_seq: u64, last_seq: u64) -> Result<(), StoreError> {
+    /// none or it is full) and makes it durable. Returns the segment and the
+    /// offset the buffer went to.
+    fn write_buf(
+        &mut self,
+        first_seq: u64,
+        last_seq: u64,
+    ) -> Result<(Arc<PathBuf>, u64), StoreError> {
         let full = self
             .segments
             .last()
@@ -271,12 +281,14 @@ impl<F: FileOps> DiskStore<F> {
                 .sync_data(file)
                 .map_err(|e| io("cannot fsync", &seg.path, e))?;
         }
+        let at = seg.len;
         seg.len += self.buf.len() as u64;
         seg.last_seq = seg.last_seq.max(last_seq);
+        let path = seg.path.clone();
         if self.buf.capacity() > 1 << 20 {
             self.buf = Vec::with_capacity(64 * 1024);
         }
-        Ok(())
+        Ok((path, at))
     }
 
     /// Marks the ranges recovery reported lost, so that no later recovery
@@ -317,7 +329,10 @@ impl<F: FileOps> Store for DiskStore<F> {
         // Loss marks go first (only if a batch comes before the first save).
         self.write_loss_marks()?;
         self.buf.clear();
+        let mut places = Vec::with_capacity(events.len());
         for e in events {
+            let encoded = e.encoded().map_err(|e| StoreError::Io(e.to_string()))?;
+            let at = self.buf.len();
             record::put_event(
                 &mut self.buf,
                 &record::EventFields {
@@ -327,12 +342,25 @@ impl<F: FileOps> Store for DiskStore<F> {
                     event_id: &e.event_id,
                     event_type: &e.event_type,
                     route: &e.route,
-                    encoded: &e.encoded,
+                    encoded: &encoded,
                 },
             );
+            places.push((at as u64, (self.buf.len() - at - record::HEADER) as u32));
         }
         record::put_commit(&mut self.buf, first.seq, last.seq);
-        self.write_buf(first.seq, last.seq)
+        let (segment, base) = self.write_buf(first.seq, last.seq)?;
+        // Durable: from now on the log may drop the bytes and read them back.
+        if let Some(source) = &self.cold {
+            for (e, &(at, payload_len)) in events.iter().zip(&places) {
+                e.encoded.set_cold(ColdRef {
+                    source: source.clone(),
+                    segment: segment.clone(),
+                    at: base + at,
+                    payload_len,
+                });
+            }
+        }
+        Ok(())
     }
 
     fn save(&mut self, snapshot: &Snapshot) -> Result<(), StoreError> {

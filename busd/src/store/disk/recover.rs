@@ -133,8 +133,20 @@ pub(super) fn recover<F: FileOps>(s: &mut DiskStore<F>) -> Result<Recovered, Sto
     let mut scans = Vec::with_capacity(count);
     for (i, (first_seq, path)) in listed.into_iter().enumerate() {
         let bytes = s.read(&path).map_err(|e| io("cannot read", &path, e))?;
-        let scanned = record::scan(&bytes, i + 1 == count);
-        scans.push((first_seq, path, bytes.len() as u64, scanned));
+        let mut scanned = record::scan(&bytes, i + 1 == count);
+        let file_len = bytes.len() as u64;
+        drop(bytes);
+        // The bodies stay on disk when the store can read them back: the
+        // whole log is never in memory at once, not even here.
+        let path = Arc::new(path);
+        let events: Vec<crate::eventlog::LoggedEvent> = std::mem::take(&mut scanned.events)
+            .into_iter()
+            .map(|e| match &s.cold {
+                Some(source) => e.into_cold(source.clone(), path.clone()),
+                None => e.into_logged(),
+            })
+            .collect();
+        scans.push((first_seq, path, file_len, scanned, events));
     }
     let marks = Ranges::new(
         scans
@@ -153,7 +165,7 @@ pub(super) fn recover<F: FileOps>(s: &mut DiskStore<F>) -> Result<Recovered, Sto
     let mut lowest: Option<u64> = None;
     let mut tail_file = String::new();
     let mut tail_len = 0;
-    for (first_seq, path, file_len, scanned) in scans {
+    for (first_seq, path, file_len, scanned, events) in scans {
         let file = file_name(&path);
         let mut len = file_len;
         if scanned.torn_bytes > 0 {
@@ -195,7 +207,7 @@ pub(super) fn recover<F: FileOps>(s: &mut DiskStore<F>) -> Result<Recovered, Sto
         let start = *lowest.get_or_insert(first_seq);
         let mut expect = prev.map_or(start, |p| p + 1);
         let mut last_seq = scanned.lost_marks.iter().map(|m| m.1).max().unwrap_or(0);
-        for e in scanned.events {
+        for e in events {
             if prev.is_some_and(|p| e.seq <= p) {
                 w.out.notes.push(format!(
                     "seq {} in {file} repeats an earlier seq; skipped",
@@ -215,7 +227,7 @@ pub(super) fn recover<F: FileOps>(s: &mut DiskStore<F>) -> Result<Recovered, Sto
             expect = e.seq + 1;
             prev = Some(e.seq);
             last_seq = last_seq.max(e.seq);
-            w.out.events.push(Arc::new(e.into_logged()));
+            w.out.events.push(Arc::new(e));
         }
         tail_file.clone_from(&file);
         tail_len = len;

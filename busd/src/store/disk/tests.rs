@@ -12,7 +12,7 @@ fn ev(seq: u64) -> Arc<LoggedEvent> {
         event_type: "a.b".into(),
         scope: "local".into(),
         event_id: format!("id-{seq}"),
-        encoded: Bytes::from(vec![seq as u8; 100]),
+        encoded: Bytes::from(vec![seq as u8; 100]).into(),
         ..LoggedEvent::default()
     })
 }
@@ -59,7 +59,7 @@ fn segments_roll_and_are_released_whole() {
     let big = |seq: u64| {
         Arc::new(LoggedEvent {
             seq,
-            encoded: Bytes::from(vec![0; 1 << 20]),
+            encoded: Bytes::from(vec![0; 1 << 20]).into(),
             ..LoggedEvent::default()
         })
     };
@@ -208,7 +208,7 @@ fn a_failed_unlink_keeps_the_segment_listed() {
     let dir = tmp.path().join("store");
     let mut s = store_with(&dir, 30, 600);
     let n = s.info().segments;
-    let first = s.segments[0].path.clone();
+    let first = (*s.segments[0].path).clone();
     // A directory in its place: unlink fails with EISDIR.
     fs::remove_file(&first).unwrap();
     fs::create_dir(&first).unwrap();

@@ -180,7 +180,12 @@ pub async fn append(
     let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
     let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
     let routes: Vec<&str> = events.iter().map(|e| e.route.as_str()).collect();
-    let encoded: Vec<&[u8]> = events.iter().map(|e| &e.encoded[..]).collect();
+    // Events on their way in are resident: a read cannot fail here.
+    let bodies: Vec<bytes::Bytes> = events
+        .iter()
+        .map(|e| e.encoded().unwrap_or_default())
+        .collect();
+    let encoded: Vec<&[u8]> = bodies.iter().map(|b| &b[..]).collect();
     let payload = notify_payload(cluster, last.seq);
     tx.query_typed(
         APPEND_SQL,
@@ -256,6 +261,7 @@ pub async fn read_after(
                 event_type: row.try_get(4).map_err(q)?,
                 route: row.try_get(5).map_err(q)?,
                 encoded: row.try_get(6).map_err(q)?,
+                place: Default::default(),
             })
         })
         .collect()
