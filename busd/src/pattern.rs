@@ -32,26 +32,39 @@ pub struct Selector {
     wheres: Option<Wheres>,
 }
 
+/// Why a subscription's keys, `--filter` or `--where` cannot select: the
+/// message is the refusal the client sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("at least one event key is required")]
+    NoKeys,
+    #[error("{0} event keys in one subscription; the most is {MAX_PATTERNS}")]
+    TooManyKeys(usize),
+    #[error("invalid event key {0:?}: use an exact key (im.message), a prefix (im.*) or *")]
+    InvalidKey(String),
+    #[error("--filter regex of {0} bytes; the most is {MAX_FILTER_LEN}")]
+    FilterTooLong(usize),
+    #[error("invalid --filter regex: {0}")]
+    InvalidFilter(String),
+    /// A `--where` expression refused (`where_filter::Wheres::compile`).
+    #[error("{0}")]
+    Where(String),
+}
+
 impl Selector {
-    pub fn new(patterns: &[String], filter: &str) -> Result<Selector, String> {
+    pub fn new(patterns: &[String], filter: &str) -> Result<Selector, SelectorError> {
         if patterns.is_empty() {
-            return Err("at least one event key is required".into());
+            return Err(SelectorError::NoKeys);
         }
         if patterns.len() > MAX_PATTERNS {
-            return Err(format!(
-                "{} event keys in one subscription; the most is {MAX_PATTERNS}",
-                patterns.len()
-            ));
+            return Err(SelectorError::TooManyKeys(patterns.len()));
         }
         let patterns = patterns
             .iter()
-            .map(|p| Pattern::parse(p).map_err(|_| invalid_key(p)))
+            .map(|p| Pattern::parse(p).map_err(|_| SelectorError::InvalidKey(clip(p))))
             .collect::<Result<Vec<_>, _>>()?;
         if filter.len() > MAX_FILTER_LEN {
-            return Err(format!(
-                "--filter regex of {} bytes; the most is {MAX_FILTER_LEN}",
-                filter.len()
-            ));
+            return Err(SelectorError::FilterTooLong(filter.len()));
         }
         let filter = if filter.is_empty() {
             None
@@ -61,7 +74,7 @@ impl Selector {
                     .size_limit(MAX_FILTER_COMPILED)
                     .build()
                     .map_err(|e| {
-                        format!("invalid --filter regex: {}", clip_to(&e.to_string(), 300))
+                        SelectorError::InvalidFilter(clip_to(&e.to_string(), 300).to_string())
                     })?,
             )
         };
@@ -110,8 +123,8 @@ impl Selector {
     }
 
     /// The same selector with `--where` expressions (none: unchanged).
-    pub fn with_where(mut self, exprs: &[String]) -> Result<Selector, String> {
-        self.wheres = Wheres::compile(exprs)?;
+    pub fn with_where(mut self, exprs: &[String]) -> Result<Selector, SelectorError> {
+        self.wheres = Wheres::compile(exprs).map_err(|e| SelectorError::Where(e.0))?;
         Ok(self)
     }
 
@@ -171,13 +184,6 @@ impl Selector {
     }
 }
 
-fn invalid_key(p: &str) -> String {
-    format!(
-        "invalid event key {:?}: use an exact key (im.message), a prefix (im.*) or *",
-        clip(p)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,11 +231,18 @@ mod tests {
         let many: Vec<String> = (0..=MAX_PATTERNS).map(|i| format!("k{i}")).collect();
         assert!(Selector::new(&many, "")
             .unwrap_err()
+            .to_string()
             .contains("the most is"));
         let long = "a".repeat(MAX_FILTER_LEN + 1);
         assert!(Selector::new(&["*".into()], &long).is_err());
         let huge_key = "é".repeat(1 << 18);
-        assert!(Selector::new(&[huge_key], "").unwrap_err().len() < 400);
+        assert!(
+            Selector::new(&[huge_key], "")
+                .unwrap_err()
+                .to_string()
+                .len()
+                < 400
+        );
         // A regex whose compiled form is over the limit.
         assert!(Selector::new(&["*".into()], "\\w{1000}\\w{1000}").is_err());
     }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use proto::where_expr::{EvalError, Program};
+use proto::where_expr::{EvalError, Program, WhereError};
 
 use crate::eventlog::LoggedEvent;
 
@@ -16,13 +16,11 @@ pub struct Wheres(Arc<Program>);
 
 impl Wheres {
     /// `None` for no expressions; the refusal's text for a bad one.
-    pub fn compile(exprs: &[String]) -> Result<Option<Wheres>, String> {
+    pub fn compile(exprs: &[String]) -> Result<Option<Wheres>, WhereError> {
         if exprs.is_empty() {
             return Ok(None);
         }
-        Program::compile(exprs)
-            .map(|p| Some(Wheres(Arc::new(p))))
-            .map_err(|e| e.0)
+        Program::compile(exprs).map(|p| Some(Wheres(Arc::new(p))))
     }
 
     pub fn exprs(&self) -> &[String] {
@@ -66,6 +64,7 @@ mod tests {
         assert!(Wheres::compile(&[]).unwrap().is_none());
         assert!(Wheres::compile(&[".a ==".into()])
             .unwrap_err()
+            .0
             .contains("column"));
         // Bytes that do not decode are an empty event: no match.
         let damaged = LoggedEvent {

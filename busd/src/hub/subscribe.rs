@@ -119,7 +119,7 @@ impl Hub {
             Some(
                 Selector::new(&req.patterns, &req.filter)
                     .and_then(|s| s.with_where(&req.where_exprs))
-                    .map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?,
+                    .map_err(|m| Refusal::new(ErrorCode::BadRequest, m.to_string()))?,
             )
         } else {
             None

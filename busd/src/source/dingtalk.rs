@@ -198,13 +198,15 @@ async fn open_mode(c: DingTalkConfig, ctx: SourceContext) -> Result<(), SetupFai
         healthy: stream::Healthy::Frame,
         frames: stream::Frames::Sdk,
     };
-    let setup = net::tls_config().and_then(|tls| {
-        let http = net::http_client(&tls, &stream::user_agent(), OPEN_TIMEOUT)
-            .map_err(|e| e.to_string())?;
-        let open_url = net::parse(&format!("{}{OPEN_PATH}", c.open_api))
-            .map_err(|e| format!("invalid open_api URL: {e}"))?;
-        Ok((tls, http, open_url))
-    });
+    let setup = net::tls_config()
+        .map_err(|e| e.to_string())
+        .and_then(|tls| {
+            let http = net::http_client(&tls, &stream::user_agent(), OPEN_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            let open_url = net::parse(&format!("{}{OPEN_PATH}", c.open_api))
+                .map_err(|e| format!("invalid open_api URL: {e}"))?;
+            Ok((tls, http, open_url))
+        });
     let (tls, http, open_url) = setup.map_err(|e| (ctx.hub.clone(), e))?;
     let secret = c.client_secret.clone().unwrap_or_else(|| Secret::new(""));
     let app = App {
@@ -231,16 +233,19 @@ async fn portal_mode(
         healthy: stream::Healthy::Acked,
         frames: stream::Frames::AckAll,
     };
-    let setup = net::tls_config().and_then(|tls| {
-        let http = net::http_client(&tls, &stream::user_agent(), PORTAL_TIMEOUT)
-            .map_err(|e| e.to_string())?;
-        let url = net::parse(&p.ticket_url).map_err(|e| format!("invalid ticket_url: {e}"))?;
-        let creds = Arc::new(Credentials::with_refresh(&p.auth, &http).map_err(|e| e.to_string())?);
-        if let Some(s) = &c.client_secret {
-            creds.learn(s);
-        }
-        Ok((tls, http, url, creds))
-    });
+    let setup = net::tls_config()
+        .map_err(|e| e.to_string())
+        .and_then(|tls| {
+            let http = net::http_client(&tls, &stream::user_agent(), PORTAL_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            let url = net::parse(&p.ticket_url).map_err(|e| format!("invalid ticket_url: {e}"))?;
+            let creds =
+                Arc::new(Credentials::with_refresh(&p.auth, &http).map_err(|e| e.to_string())?);
+            if let Some(s) = &c.client_secret {
+                creds.learn(s);
+            }
+            Ok((tls, http, url, creds))
+        });
     let (tls, http, url, creds) = setup.map_err(|e| (ctx.hub.clone(), e))?;
     let portal = Portal {
         creds: creds.clone(),

@@ -68,17 +68,19 @@ struct Setup {
 
 impl PersonalSource {
     pub fn new(config: PersonalConfig) -> PersonalSource {
-        let setup = net::tls_config().and_then(|tls| {
-            let http = net::http_client(&tls, &stream::user_agent(), TICKET_TIMEOUT)
-                .map_err(|e| e.to_string())?;
-            let creds = Arc::new(
-                Credentials::with_refresh(&config.auth, &http).map_err(|e| e.to_string())?,
-            );
-            if let Some(s) = &config.client_secret {
-                creds.learn(s);
-            }
-            Ok(Setup { tls, http, creds })
-        });
+        let setup = net::tls_config()
+            .map_err(|e| e.to_string())
+            .and_then(|tls| {
+                let http = net::http_client(&tls, &stream::user_agent(), TICKET_TIMEOUT)
+                    .map_err(|e| e.to_string())?;
+                let creds = Arc::new(
+                    Credentials::with_refresh(&config.auth, &http).map_err(|e| e.to_string())?,
+                );
+                if let Some(s) = &config.client_secret {
+                    creds.learn(s);
+                }
+                Ok(Setup { tls, http, creds })
+            });
         let control = setup.as_ref().ok().map(|s| {
             control::Control::new(
                 s.http.clone(),

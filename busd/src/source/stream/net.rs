@@ -62,27 +62,47 @@ pub fn with_ticket(endpoint: &Url, ticket: &str, keep_embedded: bool) -> Url {
 /// for a loopback `wss://`/`https://` fake); unset in production.
 pub const EXTRA_CA_ENV: &str = "DWS_DINGTALK_EXTRA_CA_FILE";
 
+/// Why the DingTalk sources' TLS client cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("cannot read {path}: {cause}")]
+    Unreadable { path: String, cause: String },
+    #[error("{path}: not a PEM certificate: {cause}")]
+    NotPem { path: String, cause: String },
+    #[error("{path}: unusable certificate: {cause}")]
+    Unusable { path: String, cause: String },
+    #[error("TLS setup failed: {0}")]
+    Setup(String),
+}
+
 /// The client TLS configuration: rustls with the `ring` provider, TLS 1.2
 /// and 1.3, the webpki (Mozilla) root store (plus the certificates of
 /// [`EXTRA_CA_ENV`], for tests), no client certificate.
-pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = std::env::var_os(EXTRA_CA_ENV).filter(|p| !p.is_empty()) {
         use rustls::pki_types::{pem::PemObject, CertificateDer};
-        let shown = std::path::Path::new(&path).display().to_string();
-        let pem = std::fs::read(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let shown = || std::path::Path::new(&path).display().to_string();
+        let pem = std::fs::read(&path).map_err(|e| TlsSetupError::Unreadable {
+            path: shown(),
+            cause: e.to_string(),
+        })?;
         for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| format!("{shown}: not a PEM certificate: {e:?}"))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("{shown}: unusable certificate: {e}"))?;
+            let cert = cert.map_err(|e| TlsSetupError::NotPem {
+                path: shown(),
+                cause: format!("{e:?}"),
+            })?;
+            roots.add(cert).map_err(|e| TlsSetupError::Unusable {
+                path: shown(),
+                cause: e.to_string(),
+            })?;
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup failed: {e}"))?
+        .map_err(|e| TlsSetupError::Setup(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))

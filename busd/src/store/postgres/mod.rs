@@ -370,7 +370,8 @@ pub fn config_and_mode(
     settings: &PgSettings,
     purpose: &str,
 ) -> Result<(Config, tls::Mode), PgError> {
-    let (url, sslmode) = tls::split_sslmode(settings.url.expose()).map_err(PgError::Config)?;
+    let (url, sslmode) =
+        tls::split_sslmode(settings.url.expose()).map_err(|e| PgError::Config(e.to_string()))?;
     let mut config = url.parse::<Config>().map_err(|e| {
         PgError::Config(format!(
             "the PostgreSQL URL is not valid ({}); expected postgres://USER:PASSWORD@HOST:PORT/DATABASE",
@@ -505,7 +506,7 @@ async fn open(
         }
         tls::Mode::Require | tls::Mode::VerifyFull => {
             let ca = settings.ca.as_ref();
-            let rustls = tls::client_config(mode, ca).map_err(PgError::Other)?;
+            let rustls = tls::client_config(mode, ca).map_err(|e| PgError::Other(e.to_string()))?;
             let make = tls::MakeRustls(rustls);
             let (client, connection) = start(&config, make, &target, mode, ca).await?;
             (client, drive(connection, target.clone(), notify))

@@ -57,26 +57,51 @@ pub enum Mode {
     VerifyFull,
 }
 
+/// Why a TLS setting is refused: an `sslmode` this bus does not do, or a
+/// CA file it cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsSettingError {
+    #[error(
+        "sslmode=verify-ca is not supported: it checks the certificate's CA but not its \
+         host name; use sslmode=verify-full (with postgres_ca_file for a private CA)"
+    )]
+    VerifyCa,
+    #[error(
+        "sslmode={0} is not supported: it falls back to an unencrypted connection without \
+         saying so; use sslmode=verify-full (or require, or disable on a private network)"
+    )]
+    FallsBack(&'static str),
+    #[error("sslmode has an unknown value; use disable, require or verify-full")]
+    UnknownMode,
+    #[error(
+        "the URL sets {0}, which busd does not read: give the CA certificate file as \
+         postgres_ca_file (or DWS_POSTGRES_CA_FILE); client certificates are not supported"
+    )]
+    UrlOption(&'static str),
+    #[error("TLS setup failed: {0}")]
+    Setup(String),
+    #[error("cannot read {path}: {cause}")]
+    Unreadable { path: String, cause: String },
+    #[error("{path} is not a PEM certificate file: {cause}")]
+    NotPem { path: String, cause: String },
+    #[error("{path}: a certificate cannot be a CA: {cause}")]
+    NotACa { path: String, cause: String },
+    #[error("{path} holds no certificate (expected PEM: -----BEGIN CERTIFICATE-----)")]
+    NoCertificate { path: String },
+}
+
 impl Mode {
     /// The URL's `sslmode` value (`None`: absent) as a mode, or why it is
     /// refused.
-    pub fn parse(value: Option<&str>) -> Result<Mode, String> {
+    pub fn parse(value: Option<&str>) -> Result<Mode, TlsSettingError> {
         match value {
             None | Some("disable") => Ok(Mode::Disable),
             Some("require") => Ok(Mode::Require),
             Some("verify-full") => Ok(Mode::VerifyFull),
-            Some("verify-ca") => Err(
-                "sslmode=verify-ca is not supported: it checks the certificate's CA but not its \
-                 host name; use sslmode=verify-full (with postgres_ca_file for a private CA)"
-                    .into(),
-            ),
-            Some(m @ ("prefer" | "allow")) => Err(format!(
-                "sslmode={m} is not supported: it falls back to an unencrypted connection without \
-                 saying so; use sslmode=verify-full (or require, or disable on a private network)"
-            )),
-            Some(_) => {
-                Err("sslmode has an unknown value; use disable, require or verify-full".into())
-            }
+            Some("verify-ca") => Err(TlsSettingError::VerifyCa),
+            Some("prefer") => Err(TlsSettingError::FallsBack("prefer")),
+            Some("allow") => Err(TlsSettingError::FallsBack("allow")),
+            Some(_) => Err(TlsSettingError::UnknownMode),
         }
     }
 
@@ -124,7 +149,7 @@ const UNSUPPORTED: &[&str] = &[
 /// `tokio-postgres` parses them. A string that does not scan is returned
 /// unchanged for `tokio-postgres` to refuse. `Err` names a libpq TLS option
 /// busd does not take from the URL.
-pub fn split_sslmode(url: &str) -> Result<(String, Option<String>), String> {
+pub fn split_sslmode(url: &str) -> Result<(String, Option<String>), TlsSettingError> {
     let uri = url.starts_with("postgres://") || url.starts_with("postgresql://");
     let scanned = if uri {
         scan_uri(url)
@@ -138,10 +163,7 @@ pub fn split_sslmode(url: &str) -> Result<(String, Option<String>), String> {
         .iter()
         .find_map(|o| UNSUPPORTED.iter().find(|k| **k == o.key))
     {
-        return Err(format!(
-            "the URL sets {k}, which busd does not read: give the CA certificate file as \
-             postgres_ca_file (or DWS_POSTGRES_CA_FILE); client certificates are not supported"
-        ));
+        return Err(TlsSettingError::UrlOption(k));
     }
     let mode = options
         .iter()
@@ -292,23 +314,28 @@ impl fmt::Debug for CaFile {
 impl CaFile {
     /// Reads every certificate of the PEM file at `path`; refuses a file
     /// without one, or with one rustls cannot use as a trust anchor.
-    pub fn load(path: &Path) -> Result<CaFile, String> {
-        let shown = path.display();
+    pub fn load(path: &Path) -> Result<CaFile, TlsSettingError> {
+        let shown = || path.display().to_string();
         // A FIFO there is refused at once, never waited on.
         let pem = crate::regular::read(path, crate::regular::Follow::Yes)
             .map(|(bytes, _)| bytes)
-            .map_err(|e| format!("cannot read {shown}: {e}"))?;
+            .map_err(|e| TlsSettingError::Unreadable {
+                path: shown(),
+                cause: e.to_string(),
+            })?;
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| format!("{shown} is not a PEM certificate file: {e}"))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("{shown}: a certificate cannot be a CA: {e}"))?;
+            let cert = cert.map_err(|e| TlsSettingError::NotPem {
+                path: shown(),
+                cause: e.to_string(),
+            })?;
+            roots.add(cert).map_err(|e| TlsSettingError::NotACa {
+                path: shown(),
+                cause: e.to_string(),
+            })?;
         }
         if roots.is_empty() {
-            return Err(format!(
-                "{shown} holds no certificate (expected PEM: -----BEGIN CERTIFICATE-----)"
-            ));
+            return Err(TlsSettingError::NoCertificate { path: shown() });
         }
         Ok(CaFile {
             path: path.to_owned(),
@@ -323,11 +350,14 @@ impl CaFile {
 
 /// The rustls client configuration for `mode` (not [`Mode::Disable`]): the
 /// `ring` provider, TLS 1.2 and 1.3, no client certificate.
-pub fn client_config(mode: Mode, ca: Option<&CaFile>) -> Result<Arc<ClientConfig>, String> {
+pub fn client_config(
+    mode: Mode,
+    ca: Option<&CaFile>,
+) -> Result<Arc<ClientConfig>, TlsSettingError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup failed: {e}"))?;
+        .map_err(|e| TlsSettingError::Setup(e.to_string()))?;
     let config = match (mode, ca) {
         (Mode::VerifyFull, Some(ca)) => builder.with_root_certificates(ca.roots.clone()),
         (Mode::VerifyFull, None) => {

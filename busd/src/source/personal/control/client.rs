@@ -418,7 +418,7 @@ impl UpstreamControl for Control {
     ) -> BoxFuture<'a, Result<String, Refusal>> {
         Box::pin(async move {
             let req = CreateRequest::from_spec(keys, spec, ttl)
-                .map_err(|m| Refusal::new(ErrorCode::BadRequest, m))?;
+                .map_err(|m| Refusal::new(ErrorCode::BadRequest, m.0))?;
             let key = req.share_key();
             loop {
                 let step = self.registry().acquire(&key);

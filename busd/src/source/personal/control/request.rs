@@ -186,10 +186,24 @@ fn map_field_aliases(v: &mut Value) {
     }
 }
 
+/// A subscription spec the personal stream cannot take: the consumer's
+/// usage error, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SpecError(pub String);
+
 impl CreateRequest {
     /// Checks and translates a spec (the bus does not trust the client's
     /// validation); the error is the consumer's usage error.
     pub fn from_spec(
+        keys: &[String],
+        spec: &UpstreamSpec,
+        ttl: Duration,
+    ) -> Result<CreateRequest, SpecError> {
+        Self::checked(keys, spec, ttl).map_err(SpecError)
+    }
+
+    fn checked(
         keys: &[String],
         spec: &UpstreamSpec,
         ttl: Duration,
