@@ -180,6 +180,7 @@ impl Connection {
             // A named subscription is on disk before anyone is told it exists.
             Ok((reply, save)) => {
                 self.lines = req.attach && req.ndjson_lines;
+                self.line_batches = self.lines && req.line_batches;
                 self.reply_after(
                     req.request_id,
                     save.map(Until::SubsGen),
