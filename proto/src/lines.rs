@@ -42,6 +42,15 @@ pub fn render_line(
     cuts.extend_from_slice(&((body.len() - start) as u32).to_le_bytes());
 }
 
+/// Appends one event's raw line (`--format raw`: the payload and a
+/// newline) to `body` and its cut (head 0: nothing is inserted) to `cuts`.
+pub fn render_raw_line(body: &mut Vec<u8>, cuts: &mut Vec<u8>, data: &[u8]) {
+    body.extend_from_slice(data);
+    body.push(b'\n');
+    cuts.extend_from_slice(&0u32.to_le_bytes());
+    cuts.extend_from_slice(&(data.len() as u32 + 1).to_le_bytes());
+}
+
 /// What a consumer inserts at each cut: `,"subscribe_id":"<id>"`, JSON
 /// escaped; empty for an empty id (the field is then omitted).
 pub fn subscription_fragment(id: &str) -> Vec<u8> {
@@ -129,7 +138,7 @@ pub fn expand(
     let mut pos = 0usize;
     for (head, len) in lines.clone() {
         let end = pos.checked_add(len).ok_or(BadBatch)?;
-        if head >= len || end > body.len() || body[end - 1] != b'\n' {
+        if head > len || len == 0 || end > body.len() || body[end - 1] != b'\n' {
             return Err(BadBatch);
         }
         pos = end;
@@ -161,7 +170,6 @@ fn cut_pairs(cuts: &[u8]) -> impl Iterator<Item = (usize, usize)> + Clone + '_ {
 mod tests {
     use super::*;
     use crate::{ndjson, v1, v1::server_frame::Kind as S};
-    use bytes::Bytes;
     use proptest::prelude::*;
     use prost::Message;
 
@@ -191,7 +199,7 @@ mod tests {
         dst.extend_from_slice(body);
         let len = u32::from_be_bytes([dst[0], dst[1], dst[2], dst[3]]) as usize;
         assert_eq!(len, dst.len() - 4);
-        match v1::ServerFrame::decode(Bytes::from(dst.split_off(4).freeze())).unwrap() {
+        match v1::ServerFrame::decode(dst.split_off(4).freeze()).unwrap() {
             v1::ServerFrame {
                 kind: Some(S::LineBatch(b)),
             } => b,
@@ -233,6 +241,20 @@ mod tests {
                 prop_assert!(out.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn raw_lines_expand_to_themselves() {
+        let (mut body, mut cuts) = (vec![], vec![]);
+        render_raw_line(&mut body, &mut cuts, b"a\nb");
+        render_raw_line(&mut body, &mut cuts, b"");
+        let b = roundtrip(3, 2, &cuts, &body);
+        let mut out = vec![];
+        expand(b.count, &b.cuts, &b.body, 1, b"", &mut out).unwrap();
+        assert_eq!(out, b"a\nb\n", "cut by count, not by newline");
+        out.clear();
+        expand(b.count, &b.cuts, &b.body, 2, b"", &mut out).unwrap();
+        assert_eq!(out, b"a\nb\n\n");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! each `dws` inserting its own subscription id; a subscription that takes
 //! only some of those events gets its lines rendered for it. Either way each
 //! consumer's stdout is exactly its events, in order, in the contract's
-//! line.
+//! line. `--format raw` consumers share raw lines the same way.
 
 use std::thread;
 
@@ -35,6 +35,19 @@ fn every_consumer_of_a_shared_fan_out_gets_exactly_its_events_with_its_own_id() 
         (c, ready.subscribe_id)
     };
     let all: Vec<_> = (0..3).map(|_| consume("fan.*", 2 * N)).collect();
+    // Raw lines are shared too, and used as they come.
+    let mut raw = env
+        .dws([
+            "event",
+            "consume",
+            "fan.*",
+            "--format",
+            "raw",
+            "--max-events",
+            &(2 * N).to_string(),
+        ])
+        .spawn();
+    raw.wait_ready();
     // Half of the events, so its seqs have holes: rendered for it alone.
     let only_a = consume("fan.a", N);
     let items = |p: &str| -> Vec<(String, String)> {
@@ -69,6 +82,22 @@ fn every_consumer_of_a_shared_fan_out_gets_exactly_its_events_with_its_own_id() 
         }
     }
     let reference = reference.unwrap();
+    let out = raw.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("limit", 2 * N as u64);
+    let datas: Vec<String> = reference
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["data"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        out.stdout_lines(),
+        datas,
+        "raw: each event's data, in order"
+    );
     let (c, id) = only_a;
     let out = c.wait_exit(EXIT_TIMEOUT);
     out.assert_clean_exit("limit", N as u64);

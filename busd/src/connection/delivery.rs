@@ -92,9 +92,11 @@ impl Connection {
             }
             let damaged = d.damaged;
             let n = d.events.len();
-            let shared = self.line_batches.then(|| line_runs::shareable(&d.events));
-            if let Some(Some(delivery)) = shared {
-                line_runs::queue(&mut self.out, line_runs::pieces(&d.events, delivery));
+            let shared = self
+                .line_batches
+                .and_then(|kind| Some((kind, line_runs::shareable(&d.events, kind)?)));
+            if let Some((kind, delivery)) = shared {
+                line_runs::queue(&mut self.out, line_runs::pieces(&d.events, delivery, kind));
             } else if self.lines {
                 self.send_lines(&d.subscription_id, &d.events);
             } else {

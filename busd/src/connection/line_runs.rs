@@ -22,7 +22,11 @@ use std::{
 };
 
 use bytes::Bytes;
-use proto::lines::{self, CUT_LEN};
+use prost::Message;
+use proto::{
+    lines::{self, CUT_LEN},
+    v1,
+};
 
 use super::outbox::Outbox;
 use crate::eventlog::LoggedEvent;
@@ -39,24 +43,40 @@ const MAX_SHARED_LINE: usize = 1 << 20;
 /// An event as pulled: the event, its redelivered mark, its delivery count.
 pub(super) type Pulled = (Arc<LoggedEvent>, bool, u32);
 
+/// Which lines a consumer takes in `LineBatch` frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LineKind {
+    /// The contract's NDJSON line, the subscription id inserted by `dws`.
+    Ndjson,
+    /// `--format raw`: the payload and a newline.
+    Raw,
+}
+
 /// The batch-sharing decision: the delivery count every event of `events`
 /// carries when the pull may be served from shared runs — first deliveries
 /// (not marked redelivered) with one delivery count, consecutive seqs,
 /// lines of a bounded size; `None` otherwise.
-pub(super) fn shareable(events: &[Pulled]) -> Option<u32> {
+pub(super) fn shareable(events: &[Pulled], kind: LineKind) -> Option<u32> {
     let (first, _, delivery) = events.first()?;
     let ok = events.iter().enumerate().all(|(i, (e, redelivered, d))| {
-        let (head, tail) = e.line_parts();
+        let size = match kind {
+            LineKind::Ndjson => {
+                let (head, tail) = e.line_parts();
+                head.len() + tail.len()
+            }
+            LineKind::Raw => e.encoded.len(),
+        };
         !redelivered
             && d == delivery
             && first.seq.checked_add(i as u64) == Some(e.seq)
-            && head.len() + tail.len() <= MAX_SHARED_LINE
+            && size <= MAX_SHARED_LINE
     });
     ok.then_some(*delivery)
 }
 
 #[derive(Debug)]
 struct Run {
+    kind: LineKind,
     delivery: u32,
     events: Vec<Weak<LoggedEvent>>,
     cuts: Bytes,
@@ -99,19 +119,24 @@ static RUNS: Mutex<LineRuns> = Mutex::new(LineRuns {
 });
 
 /// The pieces that carry `events` (see [`shareable`]), in order.
-pub(super) fn pieces(events: &[Pulled], delivery: u32) -> Vec<Piece> {
+pub(super) fn pieces(events: &[Pulled], delivery: u32, kind: LineKind) -> Vec<Piece> {
     let mut runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
-    runs.pieces(events, delivery)
+    runs.pieces(events, delivery, kind)
 }
 
 impl LineRuns {
-    pub(super) fn pieces(&mut self, events: &[Pulled], delivery: u32) -> Vec<Piece> {
+    pub(super) fn pieces(
+        &mut self,
+        events: &[Pulled],
+        delivery: u32,
+        kind: LineKind,
+    ) -> Vec<Piece> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < events.len() {
-            let piece = match self.served(&events[i..], delivery) {
+            let piece = match self.served(&events[i..], delivery, kind) {
                 Some(p) => p,
-                None => self.render(&events[i..], delivery),
+                None => self.render(&events[i..], delivery, kind),
             };
             i += piece.count() as usize;
             out.push(piece);
@@ -120,11 +145,11 @@ impl LineRuns {
     }
 
     /// The longest prefix of `events` a run rendered, if any.
-    fn served(&self, events: &[Pulled], delivery: u32) -> Option<Piece> {
+    fn served(&self, events: &[Pulled], delivery: u32, kind: LineKind) -> Option<Piece> {
         let seq = events.first()?.0.seq;
         let (&first_seq, run) = self.runs.range(..=seq).next_back()?;
         let from = usize::try_from(seq - first_seq).ok()?;
-        if run.delivery != delivery {
+        if run.delivery != delivery || run.kind != kind {
             return None;
         }
         let n = run
@@ -147,7 +172,7 @@ impl LineRuns {
 
     /// Renders a new run from the start of `events` (at least one line, up
     /// to the body budget) and keeps it.
-    fn render(&mut self, events: &[Pulled], delivery: u32) -> Piece {
+    fn render(&mut self, events: &[Pulled], delivery: u32, kind: LineKind) -> Piece {
         let mut body = Vec::new();
         let mut cuts = Vec::new();
         let mut starts = vec![0];
@@ -156,13 +181,27 @@ impl LineRuns {
             if !weak.is_empty() && body.len() >= RUN_BODY_BUDGET {
                 break;
             }
-            let (head, tail) = e.line_parts();
-            lines::render_line(&mut body, &mut cuts, head, tail, delivery);
+            match kind {
+                LineKind::Ndjson => {
+                    let (head, tail) = e.line_parts();
+                    lines::render_line(&mut body, &mut cuts, head, tail, delivery);
+                }
+                LineKind::Raw => {
+                    let data = v1::Event::decode(e.encoded.clone()).map(|ev| ev.data);
+                    let data = data.unwrap_or_else(|err| {
+                        // The bus encoded it itself; never expected.
+                        tracing::error!(seq = e.seq, cause = %err, "cannot decode a logged event");
+                        String::new()
+                    });
+                    lines::render_raw_line(&mut body, &mut cuts, data.as_bytes());
+                }
+            }
             starts.push(body.len());
             weak.push(Arc::downgrade(e));
         }
         let first_seq = events.first().map_or(0, |(e, _, _)| e.seq);
         let run = Run {
+            kind,
             delivery,
             events: weak,
             cuts: Bytes::from(cuts),
@@ -245,18 +284,31 @@ mod tests {
     #[test]
     fn only_consecutive_first_deliveries_with_one_count_are_shared() {
         let evs: Vec<_> = (5..9).map(ev).collect();
-        assert_eq!(shareable(&first(&evs)), Some(1));
-        assert_eq!(shareable(&[]), None);
+        assert_eq!(shareable(&first(&evs), LineKind::Ndjson), Some(1));
+        assert_eq!(shareable(&[], LineKind::Ndjson), None);
+        assert_eq!(shareable(&first(&evs), LineKind::Raw), Some(1));
         let mut redelivered = first(&evs);
         redelivered[2].1 = true;
-        assert_eq!(shareable(&redelivered), None, "a redelivery differs");
+        assert_eq!(
+            shareable(&redelivered, LineKind::Ndjson),
+            None,
+            "a redelivery differs"
+        );
         let mut counts = first(&evs);
         counts[3].2 = 2;
-        assert_eq!(shareable(&counts), None, "delivery counts differ");
+        assert_eq!(
+            shareable(&counts, LineKind::Ndjson),
+            None,
+            "delivery counts differ"
+        );
         let holes = first(&[evs[0].clone(), evs[2].clone()]);
-        assert_eq!(shareable(&holes), None, "a filtered subscription's holes");
+        assert_eq!(
+            shareable(&holes, LineKind::Ndjson),
+            None,
+            "a filtered subscription's holes"
+        );
         let no_count: Vec<_> = evs.iter().map(|e| (e.clone(), false, 0)).collect();
-        assert_eq!(shareable(&no_count), Some(0));
+        assert_eq!(shareable(&no_count, LineKind::Ndjson), Some(0));
     }
 
     fn lines_of(pieces: &[Piece], sub: &str) -> Vec<u8> {
@@ -288,14 +340,14 @@ mod tests {
     fn a_second_consumer_gets_the_same_bytes_and_renders_only_what_is_new() {
         let mut runs = LineRuns::default();
         let evs: Vec<_> = (10..20).map(ev).collect();
-        let a = runs.pieces(&first(&evs[..6]), 1);
+        let a = runs.pieces(&first(&evs[..6]), 1, LineKind::Ndjson);
         assert_eq!(a.len(), 1);
         assert_eq!(
             lines_of(&a, "s1"),
             per_subscription(&first(&evs[..6]), "s1")
         );
         // Another subscription pulls 2..10: lines 2..6 are the same buffer.
-        let b = runs.pieces(&first(&evs[2..]), 1);
+        let b = runs.pieces(&first(&evs[2..]), 1, LineKind::Ndjson);
         assert_eq!(b.len(), 2);
         let start = runs.runs[&10].starts[2];
         assert_eq!(
@@ -309,7 +361,7 @@ mod tests {
         );
         assert_eq!(runs.runs.len(), 2, "only seqs 16..20 were rendered again");
         // A third sees both runs, rendering nothing.
-        let c = runs.pieces(&first(&evs), 1);
+        let c = runs.pieces(&first(&evs), 1, LineKind::Ndjson);
         assert_eq!(c.len(), 2);
         assert_eq!(runs.runs.len(), 2);
         assert_eq!(lines_of(&c, "x"), per_subscription(&first(&evs), "x"));
@@ -319,17 +371,32 @@ mod tests {
     fn another_event_under_a_rendered_seq_or_another_count_is_rendered_anew() {
         let mut runs = LineRuns::default();
         let evs: Vec<_> = (1..4).map(ev).collect();
-        runs.pieces(&first(&evs), 1);
+        runs.pieces(&first(&evs), 1, LineKind::Ndjson);
         let other: Vec<_> = (1..4).map(ev).collect();
-        let p = runs.pieces(&first(&other), 1);
+        let p = runs.pieces(&first(&other), 1, LineKind::Ndjson);
         assert!(
             std::ptr::eq(runs.runs[&1].events[0].as_ptr(), Arc::as_ptr(&other[0])),
             "rendered anew for the other event"
         );
         assert_eq!(lines_of(&p, "s"), per_subscription(&first(&other), "s"));
         let twice: Vec<_> = evs.iter().map(|e| (e.clone(), false, 2)).collect();
-        let q = runs.pieces(&twice, 2);
+        let q = runs.pieces(&twice, 2, LineKind::Ndjson);
         assert_eq!(lines_of(&q, "s"), per_subscription(&twice, "s"));
+    }
+
+    #[test]
+    fn raw_lines_are_rendered_apart_from_ndjson_lines() {
+        let mut runs = LineRuns::default();
+        let evs: Vec<_> = (1..4).map(ev).collect();
+        let nd = runs.pieces(&first(&evs), 1, LineKind::Ndjson);
+        let raw = runs.pieces(&first(&evs), 1, LineKind::Raw);
+        assert_ne!(nd[0].body, raw[0].body);
+        let mut out = vec![];
+        lines::expand(raw[0].count(), &raw[0].cuts, &raw[0].body, 9, b"", &mut out).unwrap();
+        assert_eq!(
+            out,
+            format!("{0}\n{0}\n{0}\n", "x".repeat(300)).into_bytes()
+        );
     }
 
     #[test]
@@ -337,7 +404,7 @@ mod tests {
         let mut runs = LineRuns::default();
         let evs: Vec<_> = (1..40_000).map(ev).collect();
         for chunk in evs.chunks(500) {
-            runs.pieces(&first(chunk), 1);
+            runs.pieces(&first(chunk), 1, LineKind::Ndjson);
             assert!(runs.bytes <= MAX_RUN_BYTES);
         }
         assert!(

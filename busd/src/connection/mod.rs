@@ -113,7 +113,7 @@ pub struct Connection {
     /// The consumer takes NDJSON lines rendered here (`EventLines`).
     lines: bool,
     /// It also takes lines rendered once for every consumer (`LineBatch`).
-    line_batches: bool,
+    line_batches: Option<line_runs::LineKind>,
     /// Reused buffer for a batch of lines.
     line_buf: Vec<u8>,
 }
@@ -134,7 +134,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         durable: hub.durable(),
         redeliver_at: None,
         lines: false,
-        line_batches: false,
+        line_batches: None,
         line_buf: Vec::new(),
     };
     let peer_ok = stream

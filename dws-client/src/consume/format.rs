@@ -43,7 +43,12 @@ impl<'a> Formatter<'a> {
             chunk: Chunk::default(),
             received: 0,
             seqs: Vec::new(),
-            fragment: proto::lines::subscription_fragment(subscription_id),
+            // Raw lines (Subscribe.raw_lines) get nothing inserted.
+            fragment: if plan.format == crate::cli::Format::Raw {
+                Vec::new()
+            } else {
+                proto::lines::subscription_fragment(subscription_id)
+            },
         }
     }
 

@@ -252,8 +252,9 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         // --data json needs the payload parsed, which the client does.
         ndjson_lines: plan.format == Format::Ndjson && plan.data == DataMode::String,
         // And the lines rendered once for every consumer (LineBatch), with
-        // this subscription's id inserted here.
+        // this subscription's id inserted here; raw lines are used as sent.
         line_batches: plan.format == Format::Ndjson && plan.data == DataMode::String,
+        raw_lines: plan.format == Format::Raw,
         // A consume run attaches; the mode is the subscription's own.
         shared: false,
     })
