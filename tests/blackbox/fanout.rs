@@ -14,13 +14,16 @@ use serde_json::Value;
 fn without_id(line: &str) -> (String, String) {
     let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
     let id = v["subscribe_id"].as_str().unwrap_or_default().to_owned();
-    let needle = format!(",\"subscribe_id\":{}", serde_json::to_string(&id).unwrap());
+    let needle = format!(
+        ",\"subscribe_id\":{}",
+        serde_json::to_string(&id).expect("a string is JSON")
+    );
     (line.replacen(&needle, "", 1), id)
 }
 
 fn seq(line: &str) -> u64 {
-    let v: Value = serde_json::from_str(line).unwrap();
-    v["seq"].as_u64().unwrap()
+    let v: Value = serde_json::from_str(line).expect("a JSON line");
+    v["seq"].as_u64().expect("a seq")
 }
 
 #[test]
@@ -81,15 +84,15 @@ fn every_consumer_of_a_shared_fan_out_gets_exactly_its_events_with_its_own_id() 
             Some(r) => assert_eq!(r, &stripped, "the same lines for every consumer but the id"),
         }
     }
-    let reference = reference.unwrap();
+    let reference = reference.expect("three consumers");
     let out = raw.wait_exit(EXIT_TIMEOUT);
     out.assert_clean_exit("limit", 2 * N as u64);
     let datas: Vec<String> = reference
         .iter()
         .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["data"]
+            serde_json::from_str::<Value>(l).expect("a JSON line")["data"]
                 .as_str()
-                .unwrap()
+                .expect("data")
                 .to_owned()
         })
         .collect();
