@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/bus.proto");
     prost_build::Config::new()
         .btree_map(["."])
+        // A line batch is passed on without a copy (`proto::lines`).
+        .bytes([".dws.bus.v1.LineBatch"])
         .compile_protos(&["proto/bus.proto"], &["proto"])?;
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! - [`pattern`]: event-key patterns (`a.b`, `a.*`, `*`).
 //! - [`limits`]: the bounds both sides enforce.
 //! - [`ndjson`]: the NDJSON event line of the consume contract.
+//! - [`lines`]: `LineBatch`, lines rendered once for every subscription.
 //! - [`ready`]: the ready pipe's verdict between a spawned bus and `dws`.
 //! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
 //! - [`status`]: the status document of `dws event status`, filled by the bus.
@@ -16,6 +17,7 @@
 
 pub mod codec;
 pub mod limits;
+pub mod lines;
 pub mod ndjson;
 pub mod paths;
 pub mod pattern;

@@ -18,6 +18,8 @@
 //!   replayed behind higher seqs, an older client's cumulative ack), gaps
 //!   reach the successor of a consumer that never read past them, bad ack
 //!   lines with stderr unread.
+//! - [`fanout`]: lines rendered once for every consumer of a fan-out,
+//!   each with its own subscription id, next to a filtered subscription's.
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
 //!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
@@ -99,6 +101,7 @@ mod dingtalk_tls;
 mod durability;
 mod ecosystem;
 mod exactness;
+mod fanout;
 mod lifecycle;
 mod limits;
 mod personal;

@@ -2,9 +2,11 @@
 //! buffer through [`Connection::send`]. This file owns delivery — moving
 //! events, gaps and source-state changes from the hub into that buffer
 //! within [`OUT_HIGH_WATER`] ([`Connection::fill`]), as `Event` frames or as
-//! `EventLines` batches of NDJSON lines rendered here — and the frames that
-//! end a connection or a request: `Error` and `Bye` (including the `Bye` of a
-//! halted subscription and the `Error` of a failed store).
+//! `EventLines` batches of NDJSON lines rendered here, or `LineBatch` frames
+//! shared with every consumer taking the same events (`line_runs`) — and
+//! the frames that end a connection or a request: `Error` and `Bye`
+//! (including the `Bye` of a halted subscription and the `Error` of a
+//! failed store).
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use proto::{
     v1::{self, server_frame::Kind as S, ByeReason, ErrorCode},
 };
 
-use super::{replies::store_failed_message, Connection, Phase};
+use super::{line_runs, replies::store_failed_message, Connection, Phase};
 use crate::eventlog::LoggedEvent;
 
 /// Stop pulling events into the outbound buffer above this many bytes: the
@@ -29,7 +31,7 @@ impl Connection {
     /// Appends one frame to the outbound buffer.
     pub(super) fn send(&mut self, kind: S) {
         let frame = v1::ServerFrame { kind: Some(kind) };
-        if let Err(e) = encode_frame(&frame, &mut self.out) {
+        if let Err(e) = encode_frame(&frame, self.out.buf()) {
             // Only a reply over MAX_FRAME_LEN can fail here.
             tracing::error!(conn = self.id, cause = %e, "cannot encode a reply");
         }
@@ -90,7 +92,12 @@ impl Connection {
             }
             let damaged = d.damaged;
             let n = d.events.len();
-            if self.lines {
+            let shared = self
+                .line_batches
+                .and_then(|kind| Some((kind, line_runs::shareable(&d.events, kind)?)));
+            if let Some((kind, delivery)) = shared {
+                line_runs::queue(&mut self.out, line_runs::pieces(&d.events, delivery, kind));
+            } else if self.lines {
                 self.send_lines(&d.subscription_id, &d.events);
             } else {
                 for (event, redelivered, delivery) in &d.events {
@@ -136,7 +143,7 @@ impl Connection {
             subscription_id,
             redelivered,
             delivery,
-            &mut self.out,
+            self.out.buf(),
         ) {
             tracing::error!(conn = self.id, seq = event.seq, cause = %e, "cannot encode event");
         }

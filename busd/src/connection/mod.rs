@@ -8,7 +8,10 @@
 //!   subscription control) and bad frames;
 //! - `replies`: replies that wait for the store (`Awaited`);
 //! - `delivery`: the outbound buffer — events pulled from the hub, NDJSON
-//!   line batches, source-state changes, `Error` and `Bye`.
+//!   line batches, source-state changes, `Error` and `Bye`;
+//! - `line_runs`: NDJSON lines rendered once for every consumer that takes
+//!   the same first deliveries (`LineBatch`); `outbox`: the outbound
+//!   buffer, which queues those shared bytes without copying them.
 //!
 //! Each connection owns an outbound buffer. Frames are appended to it and the
 //! buffer is written with one `write` per wake-up, so a burst of events costs
@@ -32,12 +35,15 @@
 //! [`FRAME_DEADLINE`].
 
 mod delivery;
+mod line_runs;
+mod outbox;
 mod replies;
 mod requests;
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use bytes::BytesMut;
+use outbox::Outbox;
 use proto::{time::sleep_until_opt, v1::ErrorCode, CodecError, ServerCodec};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -91,7 +97,7 @@ pub struct Connection {
     /// own the cluster's log (the hub itself knows nothing of the cluster).
     link: Option<Arc<Link>>,
     id: ConnId,
-    out: BytesMut,
+    out: Outbox,
     phase: Phase,
     /// Set once the connection is going away; it then only flushes.
     closing: bool,
@@ -106,6 +112,8 @@ pub struct Connection {
     redeliver_at: Option<std::time::Instant>,
     /// The consumer takes NDJSON lines rendered here (`EventLines`).
     lines: bool,
+    /// It also takes lines rendered once for every consumer (`LineBatch`).
+    line_batches: Option<line_runs::LineKind>,
     /// Reused buffer for a batch of lines.
     line_buf: Vec<u8>,
 }
@@ -117,7 +125,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         hub: hub.clone(),
         link,
         id,
-        out: BytesMut::with_capacity(8 * 1024),
+        out: Outbox::with_capacity(8 * 1024),
         phase: Phase::AwaitHello,
         closing: false,
         source_gen: 0,
@@ -126,6 +134,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         durable: hub.durable(),
         redeliver_at: None,
         lines: false,
+        line_batches: None,
         line_buf: Vec::new(),
     };
     let peer_ok = stream
@@ -207,7 +216,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         let deadline = drain_deadline.into_iter().chain(client_deadline).min();
         tokio::select! {
             reason = shutdown.recv(), if !conn.closing => conn.bye(reason),
-            res = wr.write_buf(&mut conn.out), if !conn.out.is_empty() => {
+            res = conn.out.write_to(&mut wr), if !conn.out.is_empty() => {
                 if let Err(e) = res {
                     tracing::debug!(conn = id, cause = %e, "write failed");
                     break;

@@ -180,6 +180,13 @@ impl Connection {
             // A named subscription is on disk before anyone is told it exists.
             Ok((reply, save)) => {
                 self.lines = req.attach && req.ndjson_lines;
+                self.line_batches =
+                    match (req.attach, req.raw_lines, self.lines && req.line_batches) {
+                        (false, _, _) => None,
+                        (true, true, _) => Some(super::line_runs::LineKind::Raw),
+                        (true, false, true) => Some(super::line_runs::LineKind::Ndjson),
+                        (true, false, false) => None,
+                    };
                 self.reply_after(
                     req.request_id,
                     save.map(Until::SubsGen),

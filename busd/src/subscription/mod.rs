@@ -38,6 +38,7 @@ mod gap;
 mod hole;
 #[cfg(test)]
 mod model;
+mod position;
 mod record;
 mod selecting;
 mod shared;
@@ -514,7 +515,7 @@ impl Subscription {
     /// seqs acked.
     pub fn ack(&mut self, seq: u64) -> Vec<u64> {
         let mut acked = Vec::new();
-        let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
+        let Ok(i) = self.position(seq) else {
             return acked;
         };
         let Slot::InFlight { .. } = self.pending[i].slot else {
@@ -539,7 +540,7 @@ impl Subscription {
 
     /// Acks one in-flight event (explicit acks). Returns whether it was one.
     pub fn ack_one(&mut self, seq: u64) -> bool {
-        let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
+        let Ok(i) = self.position(seq) else {
             return false;
         };
         let acked = self.ack_entry(i);
@@ -549,7 +550,7 @@ impl Subscription {
 
     /// Nack: the in-flight event `seq` is delivered again, not before `until`.
     pub fn nack(&mut self, seq: u64, until: Instant) -> bool {
-        let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
+        let Ok(i) = self.position(seq) else {
             return false;
         };
         if let Slot::InFlight { .. } = self.pending[i].slot {

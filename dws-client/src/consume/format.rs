@@ -31,16 +31,24 @@ pub(super) struct Formatter<'a> {
     /// Seqs formatted since the last [`Formatter::take_seqs`], in delivery
     /// order (what explicit acks settle against, what write acks name).
     seqs: Vec<u64>,
+    /// What goes into each line of a `LineBatch` (`proto::lines`).
+    fragment: Vec<u8>,
 }
 
 impl<'a> Formatter<'a> {
-    pub(super) fn new(plan: &'a Plan) -> Formatter<'a> {
+    pub(super) fn new(plan: &'a Plan, subscription_id: &str) -> Formatter<'a> {
         Formatter {
             plan,
             writer: EventWriter::new(plan.format, plan.data),
             chunk: Chunk::default(),
             received: 0,
             seqs: Vec::new(),
+            // Raw lines (Subscribe.raw_lines) get nothing inserted.
+            fragment: if plan.format == crate::cli::Format::Raw {
+                Vec::new()
+            } else {
+                proto::lines::subscription_fragment(subscription_id)
+            },
         }
     }
 
@@ -87,6 +95,38 @@ impl<'a> Formatter<'a> {
             .then_some(Reason::Limit)
     }
 
+    /// Lines the bus rendered once for every subscription: this one's id
+    /// inserted in each, cut at `--max-events`.
+    fn line_batch(&mut self, b: &v1::LineBatch) -> Result<Option<Reason>> {
+        let room = self
+            .plan
+            .max_events
+            .map_or(u64::MAX, |max| max.saturating_sub(self.received));
+        let take = u64::from(b.count).min(room);
+        let seqs = b
+            .first_seq
+            .checked_add(take)
+            .map(|end| b.first_seq..end)
+            .ok_or_else(|| CliError::runtime("the bus sent a line batch past the last seq"))?;
+        proto::lines::expand(
+            b.count,
+            &b.cuts,
+            &b.body,
+            take as usize,
+            &self.fragment,
+            &mut self.chunk.bytes,
+        )
+        .map_err(|e| CliError::runtime(format!("the bus sent {e}")))?;
+        self.chunk.events += take;
+        self.received += take;
+        self.seqs.extend(seqs);
+        Ok(self
+            .plan
+            .max_events
+            .is_some_and(|max| self.received >= max)
+            .then_some(Reason::Limit))
+    }
+
     /// The seqs formatted since the last call, in delivery order.
     pub(super) fn take_seqs(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.seqs)
@@ -113,6 +153,7 @@ impl<'a> Formatter<'a> {
                 }
             }
             S::EventLines(b) => return Ok(self.lines(&b)),
+            S::LineBatch(b) => return self.line_batch(&b),
             S::Gap(g) => stderr_line(
                 self.plan.quiet,
                 &format!(
@@ -174,7 +215,7 @@ mod tests {
     #[test]
     fn rendered_lines_pass_through_cut_at_max_events() {
         let plan = plan(&["--max-events", "3", "--ack", "explicit"]);
-        let mut f = Formatter::new(&plan);
+        let mut f = Formatter::new(&plan, "s1");
         assert_eq!(f.handle(Some(lines(&[4, 5]))), Ok(None));
         assert_eq!(f.handle(Some(lines(&[6, 7, 8]))), Ok(Some(Reason::Limit)));
         assert_eq!(f.chunk.bytes, b"{\"seq\":4}\n{\"seq\":5}\n{\"seq\":6}\n");
@@ -183,10 +224,50 @@ mod tests {
         assert!(f.take_seqs().is_empty());
     }
 
+    fn batch(first_seq: u64, n: u64) -> S {
+        let (mut body, mut cuts) = (vec![], vec![]);
+        for seq in first_seq..first_seq + n {
+            let head = format!("{{\"seq\":{seq}");
+            proto::lines::render_line(&mut body, &mut cuts, head.as_bytes(), b"", 1);
+        }
+        S::LineBatch(v1::LineBatch {
+            first_seq,
+            count: n as u32,
+            cuts: cuts.into(),
+            body: body.into(),
+        })
+    }
+
+    #[test]
+    fn a_line_batch_gets_this_subscriptions_id_and_is_cut_at_max_events() {
+        let plan = plan(&["--max-events", "3", "--ack", "explicit"]);
+        let mut f = Formatter::new(&plan, "s1");
+        assert_eq!(f.handle(Some(batch(4, 2))), Ok(None));
+        assert_eq!(f.handle(Some(batch(6, 3))), Ok(Some(Reason::Limit)));
+        let line = |s| {
+            format!(
+                "{{\"seq\":{s},\"subscribe_id\":\"s1\",\"redelivered\":false,\"delivery\":1}}\n"
+            )
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&f.chunk.bytes),
+            format!("{}{}{}", line(4), line(5), line(6))
+        );
+        assert_eq!(f.chunk.events, 3);
+        assert_eq!(f.take_seqs(), [4, 5, 6]);
+        let S::LineBatch(mut bad) = batch(9, 2) else {
+            unreachable!()
+        };
+        bad.count = 3;
+        let mut f = Formatter::new(&plan, "s1");
+        assert!(f.handle(Some(S::LineBatch(bad))).is_err());
+        assert!(f.chunk.bytes.is_empty() && f.take_seqs().is_empty());
+    }
+
     #[test]
     fn bye_and_a_vanished_bus_end_the_run() {
         let plan = plan(&["--quiet"]);
-        let mut f = Formatter::new(&plan);
+        let mut f = Formatter::new(&plan, "s1");
         let bye = |reason: ByeReason| {
             Some(S::Bye(v1::Bye {
                 reason: reason as i32,

@@ -80,7 +80,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let deadline = plan.duration.map(|d| started + d);
     let mut pump = StdoutPump::start();
     let mut progress = pump.watch();
-    let mut out = Formatter::new(&plan);
+    let mut out = Formatter::new(&plan, &sub.subscription_id);
     out.begin();
     // A chunk the pump could not take yet: while one waits, the socket is
     // not read (the bus's credit window bounds what is in flight).
@@ -251,6 +251,10 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         // NDJSON is what the bus can render once for every consumer.
         // --data json needs the payload parsed, which the client does.
         ndjson_lines: plan.format == Format::Ndjson && plan.data == DataMode::String,
+        // And the lines rendered once for every consumer (LineBatch), with
+        // this subscription's id inserted here; raw lines are used as sent.
+        line_batches: plan.format == Format::Ndjson && plan.data == DataMode::String,
+        raw_lines: plan.format == Format::Raw,
         // A consume run attaches; the mode is the subscription's own.
         shared: false,
     })

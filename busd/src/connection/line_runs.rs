@@ -1,0 +1,415 @@
+//! One rendering of a fan-out for every consumer: runs of NDJSON lines
+//! (without `subscribe_id`, see `proto::lines`) for consecutive seqs,
+//! rendered by the first connection that sends them and then sent as the
+//! same bytes — slices of one shared buffer, queued in each connection's
+//! [`Outbox`] without a copy — to every consumer whose pull takes exactly
+//! those events as their first delivery. Everything else (redeliveries,
+//! delivery counts that differ, a filtered subscription's seqs with holes,
+//! a consumer of an older `dws`) goes the per-subscription way
+//! (`EventLines`).
+//!
+//! A run holds weak references to its events, and a pulled event is served
+//! from a run only if it is the very event the run rendered, so a run can
+//! never stand for another event under the same seq. The runs are bounded
+//! ([`MAX_RUN_BYTES`] in all, oldest seqs dropped first); a connection
+//! queues a slice of a run only when the slice is at least
+//! [`MIN_SHARED_SLICE`] bytes (smaller ones are copied), so what its unsent
+//! output keeps alive stays within a small multiple of it.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, Weak},
+};
+
+use bytes::Bytes;
+use prost::Message;
+use proto::{
+    lines::{self, CUT_LEN},
+    v1,
+};
+
+use super::outbox::Outbox;
+use crate::eventlog::LoggedEvent;
+
+/// Bytes of all runs together (bodies and cuts); the oldest go first.
+const MAX_RUN_BYTES: usize = 8 << 20;
+/// A run's body stops growing past this.
+const RUN_BODY_BUDGET: usize = 64 << 10;
+/// A run slice smaller than this is copied into the outbox, not shared.
+const MIN_SHARED_SLICE: usize = RUN_BODY_BUDGET / 8;
+/// An event whose line parts exceed this never goes into a run.
+const MAX_SHARED_LINE: usize = 1 << 20;
+
+/// An event as pulled: the event, its redelivered mark, its delivery count.
+pub(super) type Pulled = (Arc<LoggedEvent>, bool, u32);
+
+/// Which lines a consumer takes in `LineBatch` frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LineKind {
+    /// The contract's NDJSON line, the subscription id inserted by `dws`.
+    Ndjson,
+    /// `--format raw`: the payload and a newline.
+    Raw,
+}
+
+/// The batch-sharing decision: the delivery count every event of `events`
+/// carries when the pull may be served from shared runs — first deliveries
+/// (not marked redelivered) with one delivery count, consecutive seqs,
+/// lines of a bounded size; `None` otherwise.
+pub(super) fn shareable(events: &[Pulled], kind: LineKind) -> Option<u32> {
+    let (first, _, delivery) = events.first()?;
+    let ok = events.iter().enumerate().all(|(i, (e, redelivered, d))| {
+        let size = match kind {
+            LineKind::Ndjson => {
+                let (head, tail) = e.line_parts();
+                head.len() + tail.len()
+            }
+            LineKind::Raw => e.encoded.len(),
+        };
+        !redelivered
+            && d == delivery
+            && first.seq.checked_add(i as u64) == Some(e.seq)
+            && size <= MAX_SHARED_LINE
+    });
+    ok.then_some(*delivery)
+}
+
+#[derive(Debug)]
+struct Run {
+    kind: LineKind,
+    delivery: u32,
+    events: Vec<Weak<LoggedEvent>>,
+    cuts: Bytes,
+    body: Bytes,
+    /// Offset of each line's start in `body`, and the body's length last.
+    starts: Vec<usize>,
+}
+
+impl Run {
+    fn bytes(&self) -> usize {
+        self.cuts.len() + self.body.len()
+    }
+}
+
+/// A piece of a pull served by one run: lines `from..to` of the run that
+/// starts at `first_seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Piece {
+    pub(super) first_seq: u64,
+    pub(super) cuts: Bytes,
+    pub(super) body: Bytes,
+}
+
+impl Piece {
+    fn count(&self) -> u32 {
+        (self.cuts.len() / CUT_LEN) as u32
+    }
+}
+
+/// The rendered runs, by first seq.
+#[derive(Debug, Default)]
+pub(super) struct LineRuns {
+    runs: BTreeMap<u64, Run>,
+    bytes: usize,
+}
+
+static RUNS: Mutex<LineRuns> = Mutex::new(LineRuns {
+    runs: BTreeMap::new(),
+    bytes: 0,
+});
+
+/// The pieces that carry `events` (see [`shareable`]), in order.
+pub(super) fn pieces(events: &[Pulled], delivery: u32, kind: LineKind) -> Vec<Piece> {
+    let mut runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    runs.pieces(events, delivery, kind)
+}
+
+impl LineRuns {
+    pub(super) fn pieces(
+        &mut self,
+        events: &[Pulled],
+        delivery: u32,
+        kind: LineKind,
+    ) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < events.len() {
+            let piece = match self.served(&events[i..], delivery, kind) {
+                Some(p) => p,
+                None => self.render(&events[i..], delivery, kind),
+            };
+            i += piece.count() as usize;
+            out.push(piece);
+        }
+        out
+    }
+
+    /// The longest prefix of `events` a run rendered, if any.
+    fn served(&self, events: &[Pulled], delivery: u32, kind: LineKind) -> Option<Piece> {
+        let seq = events.first()?.0.seq;
+        let (&first_seq, run) = self.runs.range(..=seq).next_back()?;
+        let from = usize::try_from(seq - first_seq).ok()?;
+        if run.delivery != delivery || run.kind != kind {
+            return None;
+        }
+        let n = run
+            .events
+            .get(from..)?
+            .iter()
+            .zip(events)
+            .take_while(|(w, (e, _, _))| std::ptr::eq(w.as_ptr(), Arc::as_ptr(e)))
+            .count();
+        if n == 0 {
+            return None;
+        }
+        let to = from + n;
+        Some(Piece {
+            first_seq: seq,
+            cuts: run.cuts.slice(from * CUT_LEN..to * CUT_LEN),
+            body: run.body.slice(run.starts[from]..run.starts[to]),
+        })
+    }
+
+    /// Renders a new run from the start of `events` (at least one line, up
+    /// to the body budget) and keeps it.
+    fn render(&mut self, events: &[Pulled], delivery: u32, kind: LineKind) -> Piece {
+        let mut body = Vec::new();
+        let mut cuts = Vec::new();
+        let mut starts = vec![0];
+        let mut weak = Vec::new();
+        for (e, _, _) in events {
+            if !weak.is_empty() && body.len() >= RUN_BODY_BUDGET {
+                break;
+            }
+            match kind {
+                LineKind::Ndjson => {
+                    let (head, tail) = e.line_parts();
+                    lines::render_line(&mut body, &mut cuts, head, tail, delivery);
+                }
+                LineKind::Raw => {
+                    let data = v1::Event::decode(e.encoded.clone()).map(|ev| ev.data);
+                    let data = data.unwrap_or_else(|err| {
+                        // The bus encoded it itself; never expected.
+                        tracing::error!(seq = e.seq, cause = %err, "cannot decode a logged event");
+                        String::new()
+                    });
+                    lines::render_raw_line(&mut body, &mut cuts, data.as_bytes());
+                }
+            }
+            starts.push(body.len());
+            weak.push(Arc::downgrade(e));
+        }
+        let first_seq = events.first().map_or(0, |(e, _, _)| e.seq);
+        let run = Run {
+            kind,
+            delivery,
+            events: weak,
+            cuts: Bytes::from(cuts),
+            body: Bytes::from(body),
+            starts,
+        };
+        let piece = Piece {
+            first_seq,
+            cuts: run.cuts.clone(),
+            body: run.body.clone(),
+        };
+        self.bytes += run.bytes();
+        if let Some(old) = self.runs.insert(first_seq, run) {
+            self.bytes -= old.bytes();
+        }
+        while self.bytes > MAX_RUN_BYTES {
+            let Some((_, old)) = self.runs.pop_first() else {
+                break;
+            };
+            self.bytes -= old.bytes();
+        }
+        piece
+    }
+}
+
+/// Queues one `LineBatch` frame per piece: its header encoded, its cuts and
+/// body shared when large enough, copied otherwise.
+pub(super) fn queue(out: &mut Outbox, pieces: Vec<Piece>) {
+    for p in pieces {
+        let count = p.count();
+        if lines::frame_prefix(p.first_seq, count, p.cuts.len(), p.body.len(), out.buf()).is_err() {
+            // A run's body stays far below a frame (RUN_BODY_BUDGET plus one
+            // bounded line).
+            tracing::error!(seq = p.first_seq, "a line batch over the frame size");
+            continue;
+        }
+        let share = p.body.len() >= MIN_SHARED_SLICE;
+        if share {
+            out.push_shared(p.cuts);
+        } else {
+            out.buf().extend_from_slice(&p.cuts);
+        }
+        lines::body_key(p.body.len(), out.buf());
+        if share {
+            out.push_shared(p.body);
+        } else {
+            out.buf().extend_from_slice(&p.body);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(seq: u64) -> Arc<LoggedEvent> {
+        Arc::new(LoggedEvent {
+            seq,
+            event_type: "t".into(),
+            received_at_unix_ms: 1,
+            encoded: Bytes::from(prost::Message::encode_to_vec(&proto::v1::Event {
+                seq,
+                event_type: "t".into(),
+                data: "x".repeat(300),
+                ..Default::default()
+            })),
+            scope: String::new(),
+            event_id: String::new(),
+            route: String::new(),
+            damaged: false,
+            line_parts: Default::default(),
+            where_input: Default::default(),
+        })
+    }
+
+    fn first(events: &[Arc<LoggedEvent>]) -> Vec<Pulled> {
+        events.iter().map(|e| (e.clone(), false, 1)).collect()
+    }
+
+    #[test]
+    fn only_consecutive_first_deliveries_with_one_count_are_shared() {
+        let evs: Vec<_> = (5..9).map(ev).collect();
+        assert_eq!(shareable(&first(&evs), LineKind::Ndjson), Some(1));
+        assert_eq!(shareable(&[], LineKind::Ndjson), None);
+        assert_eq!(shareable(&first(&evs), LineKind::Raw), Some(1));
+        let mut redelivered = first(&evs);
+        redelivered[2].1 = true;
+        assert_eq!(
+            shareable(&redelivered, LineKind::Ndjson),
+            None,
+            "a redelivery differs"
+        );
+        let mut counts = first(&evs);
+        counts[3].2 = 2;
+        assert_eq!(
+            shareable(&counts, LineKind::Ndjson),
+            None,
+            "delivery counts differ"
+        );
+        let holes = first(&[evs[0].clone(), evs[2].clone()]);
+        assert_eq!(
+            shareable(&holes, LineKind::Ndjson),
+            None,
+            "a filtered subscription's holes"
+        );
+        let no_count: Vec<_> = evs.iter().map(|e| (e.clone(), false, 0)).collect();
+        assert_eq!(shareable(&no_count, LineKind::Ndjson), Some(0));
+    }
+
+    fn lines_of(pieces: &[Piece], sub: &str) -> Vec<u8> {
+        let mut out = vec![];
+        for p in pieces {
+            lines::expand(
+                p.count(),
+                &p.cuts,
+                &p.body,
+                usize::MAX,
+                &lines::subscription_fragment(sub),
+                &mut out,
+            )
+            .unwrap();
+        }
+        out
+    }
+
+    fn per_subscription(events: &[Pulled], sub: &str) -> Vec<u8> {
+        let mut out = vec![];
+        for (e, r, d) in events {
+            let (head, tail) = e.line_parts();
+            proto::ndjson::write_line(&mut out, head, sub, tail, *r, *d);
+        }
+        out
+    }
+
+    #[test]
+    fn a_second_consumer_gets_the_same_bytes_and_renders_only_what_is_new() {
+        let mut runs = LineRuns::default();
+        let evs: Vec<_> = (10..20).map(ev).collect();
+        let a = runs.pieces(&first(&evs[..6]), 1, LineKind::Ndjson);
+        assert_eq!(a.len(), 1);
+        assert_eq!(
+            lines_of(&a, "s1"),
+            per_subscription(&first(&evs[..6]), "s1")
+        );
+        // Another subscription pulls 2..10: lines 2..6 are the same buffer.
+        let b = runs.pieces(&first(&evs[2..]), 1, LineKind::Ndjson);
+        assert_eq!(b.len(), 2);
+        let start = runs.runs[&10].starts[2];
+        assert_eq!(
+            b[0].body.as_ptr(),
+            a[0].body[start..].as_ptr(),
+            "not a copy"
+        );
+        assert_eq!(
+            lines_of(&b, "s-2"),
+            per_subscription(&first(&evs[2..]), "s-2")
+        );
+        assert_eq!(runs.runs.len(), 2, "only seqs 16..20 were rendered again");
+        // A third sees both runs, rendering nothing.
+        let c = runs.pieces(&first(&evs), 1, LineKind::Ndjson);
+        assert_eq!(c.len(), 2);
+        assert_eq!(runs.runs.len(), 2);
+        assert_eq!(lines_of(&c, "x"), per_subscription(&first(&evs), "x"));
+    }
+
+    #[test]
+    fn another_event_under_a_rendered_seq_or_another_count_is_rendered_anew() {
+        let mut runs = LineRuns::default();
+        let evs: Vec<_> = (1..4).map(ev).collect();
+        runs.pieces(&first(&evs), 1, LineKind::Ndjson);
+        let other: Vec<_> = (1..4).map(ev).collect();
+        let p = runs.pieces(&first(&other), 1, LineKind::Ndjson);
+        assert!(
+            std::ptr::eq(runs.runs[&1].events[0].as_ptr(), Arc::as_ptr(&other[0])),
+            "rendered anew for the other event"
+        );
+        assert_eq!(lines_of(&p, "s"), per_subscription(&first(&other), "s"));
+        let twice: Vec<_> = evs.iter().map(|e| (e.clone(), false, 2)).collect();
+        let q = runs.pieces(&twice, 2, LineKind::Ndjson);
+        assert_eq!(lines_of(&q, "s"), per_subscription(&twice, "s"));
+    }
+
+    #[test]
+    fn raw_lines_are_rendered_apart_from_ndjson_lines() {
+        let mut runs = LineRuns::default();
+        let evs: Vec<_> = (1..4).map(ev).collect();
+        let nd = runs.pieces(&first(&evs), 1, LineKind::Ndjson);
+        let raw = runs.pieces(&first(&evs), 1, LineKind::Raw);
+        assert_ne!(nd[0].body, raw[0].body);
+        let mut out = vec![];
+        lines::expand(raw[0].count(), &raw[0].cuts, &raw[0].body, 9, b"", &mut out).unwrap();
+        assert_eq!(
+            out,
+            format!("{0}\n{0}\n{0}\n", "x".repeat(300)).into_bytes()
+        );
+    }
+
+    #[test]
+    fn runs_stay_within_their_byte_bound() {
+        let mut runs = LineRuns::default();
+        let evs: Vec<_> = (1..40_000).map(ev).collect();
+        for chunk in evs.chunks(500) {
+            runs.pieces(&first(chunk), 1, LineKind::Ndjson);
+            assert!(runs.bytes <= MAX_RUN_BYTES);
+        }
+        assert!(
+            runs.runs.first_key_value().is_some_and(|(s, _)| *s > 1),
+            "the oldest went"
+        );
+    }
+}
