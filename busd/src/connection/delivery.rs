@@ -96,7 +96,11 @@ impl Connection {
                 .line_batches
                 .and_then(|kind| Some((kind, line_runs::shareable(&d.events, kind)?)));
             if let Some((kind, delivery)) = shared {
-                line_runs::queue(&mut self.out, line_runs::pieces(&d.events, delivery, kind));
+                match line_runs::pieces(&d.events, delivery, kind) {
+                    Ok(pieces) => line_runs::queue(&mut self.out, pieces),
+                    // Nothing of this pull is sent; the bus stops.
+                    Err(e) => return self.hub.store_failed(e.to_string()),
+                }
             } else if self.lines {
                 self.send_lines(&d.subscription_id, &d.events);
             } else {

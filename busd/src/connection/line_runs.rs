@@ -29,7 +29,7 @@ use proto::{
 };
 
 use super::outbox::Outbox;
-use crate::eventlog::LoggedEvent;
+use crate::eventlog::{LoggedEvent, ReadError};
 
 /// Bytes of all runs together (bodies and cuts); the oldest go first.
 const MAX_RUN_BYTES: usize = 8 << 20;
@@ -59,11 +59,13 @@ pub(super) enum LineKind {
 pub(super) fn shareable(events: &[Pulled], kind: LineKind) -> Option<u32> {
     let (first, _, delivery) = events.first()?;
     let ok = events.iter().enumerate().all(|(i, (e, redelivered, d))| {
+        // A cold event whose body cannot be read back is not shared: the
+        // per-subscription path meets the same failure and fails the store.
         let size = match kind {
-            LineKind::Ndjson => {
-                let (head, tail) = e.line_parts();
-                head.len() + tail.len()
-            }
+            LineKind::Ndjson => match e.line_parts() {
+                Ok((head, tail)) => head.len() + tail.len(),
+                Err(_) => return false,
+            },
             LineKind::Raw => e.encoded.len(),
         };
         !redelivered
@@ -119,7 +121,11 @@ static RUNS: Mutex<LineRuns> = Mutex::new(LineRuns {
 });
 
 /// The pieces that carry `events` (see [`shareable`]), in order.
-pub(super) fn pieces(events: &[Pulled], delivery: u32, kind: LineKind) -> Vec<Piece> {
+pub(super) fn pieces(
+    events: &[Pulled],
+    delivery: u32,
+    kind: LineKind,
+) -> Result<Vec<Piece>, ReadError> {
     let mut runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
     runs.pieces(events, delivery, kind)
 }
@@ -130,18 +136,18 @@ impl LineRuns {
         events: &[Pulled],
         delivery: u32,
         kind: LineKind,
-    ) -> Vec<Piece> {
+    ) -> Result<Vec<Piece>, ReadError> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < events.len() {
             let piece = match self.served(&events[i..], delivery, kind) {
                 Some(p) => p,
-                None => self.render(&events[i..], delivery, kind),
+                None => self.render(&events[i..], delivery, kind)?,
             };
             i += piece.count() as usize;
             out.push(piece);
         }
-        out
+        Ok(out)
     }
 
     /// The longest prefix of `events` a run rendered, if any.
@@ -172,7 +178,14 @@ impl LineRuns {
 
     /// Renders a new run from the start of `events` (at least one line, up
     /// to the body budget) and keeps it.
-    fn render(&mut self, events: &[Pulled], delivery: u32, kind: LineKind) -> Piece {
+    /// A body that cannot be read back from the store is a store failure
+    /// (the caller's).
+    fn render(
+        &mut self,
+        events: &[Pulled],
+        delivery: u32,
+        kind: LineKind,
+    ) -> Result<Piece, ReadError> {
         let mut body = Vec::new();
         let mut cuts = Vec::new();
         let mut starts = vec![0];
@@ -183,11 +196,11 @@ impl LineRuns {
             }
             match kind {
                 LineKind::Ndjson => {
-                    let (head, tail) = e.line_parts();
-                    lines::render_line(&mut body, &mut cuts, head, tail, delivery);
+                    let (head, tail) = e.line_parts()?;
+                    lines::render_line(&mut body, &mut cuts, &head, &tail, delivery);
                 }
                 LineKind::Raw => {
-                    let data = v1::Event::decode(e.encoded.clone()).map(|ev| ev.data);
+                    let data = v1::Event::decode(e.encoded()?).map(|ev| ev.data);
                     let data = data.unwrap_or_else(|err| {
                         // The bus encoded it itself; never expected.
                         tracing::error!(seq = e.seq, cause = %err, "cannot decode a logged event");
@@ -223,7 +236,7 @@ impl LineRuns {
             };
             self.bytes -= old.bytes();
         }
-        piece
+        Ok(piece)
     }
 }
 
@@ -267,13 +280,9 @@ mod tests {
                 event_type: "t".into(),
                 data: "x".repeat(300),
                 ..Default::default()
-            })),
-            scope: String::new(),
-            event_id: String::new(),
-            route: String::new(),
-            damaged: false,
-            line_parts: Default::default(),
-            where_input: Default::default(),
+            }))
+            .into(),
+            ..LoggedEvent::default()
         })
     }
 
@@ -330,8 +339,8 @@ mod tests {
     fn per_subscription(events: &[Pulled], sub: &str) -> Vec<u8> {
         let mut out = vec![];
         for (e, r, d) in events {
-            let (head, tail) = e.line_parts();
-            proto::ndjson::write_line(&mut out, head, sub, tail, *r, *d);
+            let (head, tail) = e.line_parts().unwrap();
+            proto::ndjson::write_line(&mut out, &head, sub, &tail, *r, *d);
         }
         out
     }
@@ -340,14 +349,14 @@ mod tests {
     fn a_second_consumer_gets_the_same_bytes_and_renders_only_what_is_new() {
         let mut runs = LineRuns::default();
         let evs: Vec<_> = (10..20).map(ev).collect();
-        let a = runs.pieces(&first(&evs[..6]), 1, LineKind::Ndjson);
+        let a = runs.pieces(&first(&evs[..6]), 1, LineKind::Ndjson).unwrap();
         assert_eq!(a.len(), 1);
         assert_eq!(
             lines_of(&a, "s1"),
             per_subscription(&first(&evs[..6]), "s1")
         );
         // Another subscription pulls 2..10: lines 2..6 are the same buffer.
-        let b = runs.pieces(&first(&evs[2..]), 1, LineKind::Ndjson);
+        let b = runs.pieces(&first(&evs[2..]), 1, LineKind::Ndjson).unwrap();
         assert_eq!(b.len(), 2);
         let start = runs.runs[&10].starts[2];
         assert_eq!(
@@ -361,7 +370,7 @@ mod tests {
         );
         assert_eq!(runs.runs.len(), 2, "only seqs 16..20 were rendered again");
         // A third sees both runs, rendering nothing.
-        let c = runs.pieces(&first(&evs), 1, LineKind::Ndjson);
+        let c = runs.pieces(&first(&evs), 1, LineKind::Ndjson).unwrap();
         assert_eq!(c.len(), 2);
         assert_eq!(runs.runs.len(), 2);
         assert_eq!(lines_of(&c, "x"), per_subscription(&first(&evs), "x"));
@@ -371,16 +380,16 @@ mod tests {
     fn another_event_under_a_rendered_seq_or_another_count_is_rendered_anew() {
         let mut runs = LineRuns::default();
         let evs: Vec<_> = (1..4).map(ev).collect();
-        runs.pieces(&first(&evs), 1, LineKind::Ndjson);
+        runs.pieces(&first(&evs), 1, LineKind::Ndjson).unwrap();
         let other: Vec<_> = (1..4).map(ev).collect();
-        let p = runs.pieces(&first(&other), 1, LineKind::Ndjson);
+        let p = runs.pieces(&first(&other), 1, LineKind::Ndjson).unwrap();
         assert!(
             std::ptr::eq(runs.runs[&1].events[0].as_ptr(), Arc::as_ptr(&other[0])),
             "rendered anew for the other event"
         );
         assert_eq!(lines_of(&p, "s"), per_subscription(&first(&other), "s"));
         let twice: Vec<_> = evs.iter().map(|e| (e.clone(), false, 2)).collect();
-        let q = runs.pieces(&twice, 2, LineKind::Ndjson);
+        let q = runs.pieces(&twice, 2, LineKind::Ndjson).unwrap();
         assert_eq!(lines_of(&q, "s"), per_subscription(&twice, "s"));
     }
 
@@ -388,8 +397,8 @@ mod tests {
     fn raw_lines_are_rendered_apart_from_ndjson_lines() {
         let mut runs = LineRuns::default();
         let evs: Vec<_> = (1..4).map(ev).collect();
-        let nd = runs.pieces(&first(&evs), 1, LineKind::Ndjson);
-        let raw = runs.pieces(&first(&evs), 1, LineKind::Raw);
+        let nd = runs.pieces(&first(&evs), 1, LineKind::Ndjson).unwrap();
+        let raw = runs.pieces(&first(&evs), 1, LineKind::Raw).unwrap();
         assert_ne!(nd[0].body, raw[0].body);
         let mut out = vec![];
         lines::expand(raw[0].count(), &raw[0].cuts, &raw[0].body, 9, b"", &mut out).unwrap();
@@ -404,7 +413,7 @@ mod tests {
         let mut runs = LineRuns::default();
         let evs: Vec<_> = (1..40_000).map(ev).collect();
         for chunk in evs.chunks(500) {
-            runs.pieces(&first(chunk), 1, LineKind::Ndjson);
+            runs.pieces(&first(chunk), 1, LineKind::Ndjson).unwrap();
             assert!(runs.bytes <= MAX_RUN_BYTES);
         }
         assert!(
