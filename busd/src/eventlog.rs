@@ -141,7 +141,8 @@ impl LoggedEvent {
         self.encoded.get()
     }
 
-    fn is_cooled(&self) -> bool {
+    /// Outside the hot tail: its renderings are not kept.
+    pub fn is_cooled(&self) -> bool {
         self.cooled.load(Ordering::Relaxed)
     }
 

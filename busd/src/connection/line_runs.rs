@@ -54,14 +54,19 @@ pub(super) enum LineKind {
 
 /// The batch-sharing decision: the delivery count every event of `events`
 /// carries when the pull may be served from shared runs — first deliveries
-/// (not marked redelivered) with one delivery count, consecutive seqs,
-/// lines of a bounded size; `None` otherwise.
+/// (not marked redelivered) with one delivery count, consecutive seqs in
+/// the log's hot tail, lines of a bounded size; `None` otherwise.
 pub(super) fn shareable(events: &[Pulled], kind: LineKind) -> Option<u32> {
     let (first, _, delivery) = events.first()?;
     let ok = events.iter().enumerate().all(|(i, (e, redelivered, d))| {
-        // A cold event whose body cannot be read back is not shared: the
-        // per-subscription path meets the same failure and fails the store.
+        // Runs serve the hot tail only: an event outside it (a catch-up
+        // from the store) is rendered per subscription and not kept.
+        if e.is_cooled() {
+            return false;
+        }
         let size = match kind {
+            // A body that cannot be read back is not shared: the
+            // per-subscription path meets the same failure, a store failure.
             LineKind::Ndjson => match e.line_parts() {
                 Ok((head, tail)) => head.len() + tail.len(),
                 Err(_) => return false,
@@ -288,6 +293,16 @@ mod tests {
 
     fn first(events: &[Arc<LoggedEvent>]) -> Vec<Pulled> {
         events.iter().map(|e| (e.clone(), false, 1)).collect()
+    }
+
+    #[test]
+    fn an_event_outside_the_hot_tail_is_not_shared() {
+        let evs: Vec<_> = (5..9).map(ev).collect();
+        evs[2]
+            .cooled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(shareable(&first(&evs), LineKind::Ndjson), None);
+        assert_eq!(shareable(&first(&evs[..2]), LineKind::Raw), Some(1));
     }
 
     #[test]
