@@ -73,6 +73,7 @@ mod tests_store;
 #[cfg(test)]
 mod tests_tls;
 pub mod tls;
+mod tls_error;
 
 use std::{fmt, future::poll_fn, time::Duration};
 
