@@ -24,6 +24,7 @@
 pub mod db;
 mod define;
 mod forward;
+pub use forward::OUTCOME_UNKNOWN;
 mod lease;
 mod shared;
 mod tail;

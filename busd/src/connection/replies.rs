@@ -95,12 +95,43 @@ impl Connection {
         }
         if let Some(why) = &d.failed {
             self.forwards_waiting = 0;
+            // "Failed" only for what will never be appended: an event the
+            // store made durable before it failed gets its reply, and a
+            // forwarded publish the owner has not answered may still be
+            // appended by it (its inbox row outlives this bus).
             for a in std::mem::take(&mut self.awaiting) {
-                self.error(a.request_id, ErrorCode::Internal, store_failed_message(why));
+                match (&a.until, link.as_deref()) {
+                    (Until::Forwarded(ticket), Some(l)) if l.is_answered(*ticket) => {
+                        match l.take_answer(*ticket) {
+                            Ok(ack) => self.send(S::PublishAck(v1::PublishAck {
+                                request_id: a.request_id,
+                                ..ack
+                            })),
+                            Err((code, message)) => self.error(a.request_id, code, message),
+                        }
+                    }
+                    (Until::Forwarded(_), _) => self.error(
+                        a.request_id,
+                        ErrorCode::Internal,
+                        forward_unknown_message(why),
+                    ),
+                    (until, l) if until.reached(&d, l) => self.send(a.reply),
+                    _ => self.error(a.request_id, ErrorCode::Internal, store_failed_message(why)),
+                }
             }
             self.closing = true;
         }
     }
+}
+
+/// What a client is told when the store failed while its forwarded publish
+/// waited for the cluster's owner.
+fn forward_unknown_message(why: &str) -> String {
+    format!(
+        "the bus stopped before the cluster's owner answered this forwarded publish, so {}: \
+         its store failed ({why}); publishing it again may append it twice unless it has an --id",
+        crate::cluster::OUTCOME_UNKNOWN
+    )
 }
 
 /// What a client is told when the store failed under it.

@@ -76,12 +76,8 @@ pub(super) async fn append_through_outage(
         if let Some(why) = fenced {
             // An attempt whose answer was lost may have committed before
             // the lease went: then the batch is durable, and so reported.
-            if failed_once {
-                if let Ok(client) = ensure(conn, settings).await {
-                    if already_in(client, settings, events).await {
-                        return Ok(());
-                    }
-                }
+            if failed_once && found_after_lost_answer(conn, settings, events).await {
+                return Ok(());
             }
             return Err(PgError::Fenced(why));
         }
@@ -99,10 +95,8 @@ pub(super) async fn append_through_outage(
             // lost commit (under this epoch, before another host took the
             // lease)? Then the batch is durable and its publishers are told
             // so; only what is not in the log is reported failed.
-            if let Ok(client) = ensure(conn, settings).await {
-                if already_in(client, settings, events).await {
-                    return Ok(());
-                }
+            if found_after_lost_answer(conn, settings, events).await {
+                return Ok(());
             }
         }
         if !transient(&err) || Instant::now() >= deadline {
@@ -115,20 +109,50 @@ pub(super) async fn append_through_outage(
     }
 }
 
+/// Whether an attempt whose answer was lost committed the batch: asked until
+/// the server answers, since a failure to ask is no answer (sessions may
+/// still be terminated around a lost lease), for up to [`OUTAGE_BOUND`];
+/// `false` only when the log does not hold the batch or no answer came.
+async fn found_after_lost_answer(
+    conn: &mut Option<(Client, Driver)>,
+    settings: &PgSettings,
+    events: &[Arc<LoggedEvent>],
+) -> bool {
+    let deadline = Instant::now() + OUTAGE_BOUND;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if let Ok(client) = ensure(conn, settings).await {
+            match already_in(client, settings, events).await {
+                Ok(found) => return found,
+                Err(_) => close(conn.take()).await,
+            }
+        }
+        if Instant::now() >= deadline {
+            tracing::error!(
+                "cannot tell whether an append whose answer was lost committed; its publishers \
+                 are told it failed"
+            );
+            return false;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
 /// Whether the log already holds exactly this batch (same seqs, same ids).
-async fn already_in(client: &Client, settings: &PgSettings, events: &[Arc<LoggedEvent>]) -> bool {
+async fn already_in(
+    client: &Client,
+    settings: &PgSettings,
+    events: &[Arc<LoggedEvent>],
+) -> Result<bool, PgError> {
     let (Some(first), Some(last)) = (events.first(), events.last()) else {
-        return true;
+        return Ok(true);
     };
     let n = (last.seq - first.seq + 1) as i64;
-    match log::read_after(client, &settings.cluster, first.seq - 1, n).await {
-        Ok(rows) => {
-            rows.len() == events.len()
-                && rows
-                    .iter()
-                    .zip(events)
-                    .all(|(r, e)| r.seq == e.seq && r.event_id == e.event_id && r.scope == e.scope)
-        }
-        Err(_) => false,
-    }
+    let rows = log::read_after(client, &settings.cluster, first.seq - 1, n).await?;
+    Ok(rows.len() == events.len()
+        && rows
+            .iter()
+            .zip(events)
+            .all(|(r, e)| r.seq == e.seq && r.event_id == e.event_id && r.scope == e.scope))
 }

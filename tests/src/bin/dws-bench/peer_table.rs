@@ -34,7 +34,7 @@ struct PeerJob {
 
 pub fn run_peer_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
     println!();
-    println!("Issue 20's table: the bus on both stores and the peers, in one run");
+    println!("The peer comparison: the bus on both stores and the peers, in one run");
     let bin = match peers::locate(opts.peers_bin.as_deref()) {
         Ok(b) => Some(b),
         Err(why) => {

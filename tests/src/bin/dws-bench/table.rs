@@ -1,4 +1,4 @@
-//! Issue 20's table (the bus on its memory and disk stores next to Redis
+//! The peer comparison table (the bus on its memory and disk stores next to Redis
 //! pub/sub, NATS core, Redis Streams with `appendfsync always` and JetStream
 //! on its file store) and every goal's ratio, each met or missed. Pure: the
 //! sections fill the cells, this renders them and judges the goals.
@@ -461,7 +461,7 @@ const fn goal(what: &'static str, ours: (Row, Col), theirs: Than, rule: Rule) ->
     }
 }
 
-/// Issue 20's goals, in its order.
+/// The performance goals (docs/benchmark.md), in order.
 const GOALS: [Goal; 20] = {
     use Col::*;
     use Row::*;
