@@ -19,7 +19,7 @@ use std::{
 };
 
 use bytes::BytesMut;
-use dws_tests::{common::listed, wire::Wire, Child, TestEnv};
+use dws_tests::{common::listed, proc_kb, wire::Wire, Child, TestEnv};
 use proto::{
     v1::{
         client_frame::Kind as C, server_frame::Kind as S, ClientFrame, Publish, StatusRequest,
@@ -47,15 +47,6 @@ fn still_served(env: &TestEnv, consumer: &mut Child, tag: &str) {
     consumer.wait_stdout_line("the event published after the attack", LONG, |l| {
         l.contains(tag)
     });
-}
-
-/// A field of `/proc/PID/status` in kB (`VmRSS`, `VmHWM`).
-fn proc_kb(pid: i32, field: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn frame(kind: C) -> ClientFrame {

@@ -8,22 +8,13 @@
 
 use std::thread;
 
-use dws_tests::{common::*, wait_pid_gone, Sig, TestEnv, EXIT_TIMEOUT};
+use dws_tests::{common::*, proc_kb, wait_pid_gone, Sig, TestEnv, EXIT_TIMEOUT};
 use nix::{sys::signal::kill, unistd::Pid};
 use serde_json::Value;
 
 /// Events published, and the bytes of each one's data.
 const EVENTS: usize = 240;
 const DATA: usize = 256 * 1024;
-
-/// A field of `/proc/PID/status` in kB (`VmRSS`, `VmHWM`).
-fn proc_kb(pid: i32, field: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn data_of(i: usize) -> String {
     format!("{{\"i\":{i},\"pad\":\"{}\"}}", "r".repeat(DATA))

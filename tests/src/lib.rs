@@ -70,7 +70,7 @@ pub use contract::{Exited, Ready, REASONS};
 pub use env::TestEnv;
 pub use nix::sys::signal::Signal as Sig;
 pub use output::{assert_absent, Output};
-pub use pids::{all_process_argv, freeze_when, is_live, signal_pid, wait_pid_gone};
+pub use pids::{all_process_argv, freeze_when, is_live, proc_kb, signal_pid, wait_pid_gone};
 pub use process::{Child, UnreadChild};
 
 /// How long a test waits for a consumer's ready line. Generous on purpose: a

@@ -70,6 +70,16 @@ fn environ_has(pid: i32, needle: &[u8]) -> bool {
     read_proc(pid, "environ").is_some_and(|e| e.split(|b| *b == 0).any(|kv| kv == needle))
 }
 
+/// A field of `/proc/PID/status` in kB (`VmRSS`, `VmHWM`); 0 when
+/// unreadable.
+pub fn proc_kb(pid: i32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// `true` if `pid` exists and is not a zombie.
 pub fn is_live(pid: i32) -> bool {
     read_proc(pid, "stat").is_some_and(|stat| stat_is_live(&stat))
