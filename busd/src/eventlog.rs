@@ -197,7 +197,11 @@ impl LoggedEvent {
             return Ok(hit.parts().clone());
         }
         let encoded = self.encoded.get()?;
-        let parts = self.line_parts.get_or(!self.is_cooled(), || {
+        if self.is_cooled() {
+            // A catch-up read from the store: rendered for this delivery only.
+            return Ok(render_cold(&encoded));
+        }
+        let parts = self.line_parts.get_or(true, || {
             let e = proto::v1::Event::decode(encoded).unwrap_or_default();
             let (head, tail) = proto::ndjson::parts(&e);
             Arc::new(LineParts::new(Bytes::from(head), Bytes::from(tail)))
@@ -227,6 +231,32 @@ impl LoggedEvent {
     pub fn routed_to(&self, upstream_id: Option<&str>) -> bool {
         self.route.is_empty() || upstream_id == Some(self.route.as_str())
     }
+}
+
+/// The line parts of an event outside the hot tail, rendered for one
+/// delivery and not kept. A catch-up renders one such event after another:
+/// the event is decoded into a scratch event reused by the thread (its
+/// strings keep their capacity), so a cold line costs the rendering's
+/// allocations only, not one per decoded field, in a heap full of the
+/// log's small objects.
+fn render_cold(encoded: &[u8]) -> (Bytes, Bytes) {
+    use prost::Message;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<proto::v1::Event> = std::cell::RefCell::default();
+    }
+    SCRATCH.with(|scratch| {
+        let mut e = scratch.borrow_mut();
+        e.clear();
+        if e.merge(encoded).is_err() {
+            e.clear();
+        }
+        let (head, tail) = proto::ndjson::parts(&e);
+        // A large event's capacity is not kept for the next one.
+        if e.data.capacity() > 1 << 16 {
+            *e = proto::v1::Event::default();
+        }
+        (Bytes::from(head), Bytes::from(tail))
+    })
 }
 
 /// Retention bounds of the log.
@@ -477,9 +507,10 @@ mod tests {
             hot_events: 3,
         });
         let all: Vec<_> = (1..=8).map(real).collect();
+        let mut rendered = vec![];
         for e in &all {
             log.append(e.clone());
-            e.line_parts().unwrap();
+            rendered.push(e.line_parts().unwrap());
             e.where_input();
         }
         while log.evict_one().is_some() {}
@@ -490,9 +521,10 @@ mod tests {
             assert_eq!(e.where_input.peek().is_some(), hot, "seq {}", e.seq);
             // No store to read it back from: the bytes stay, once.
             assert!(e.encoded.is_resident());
-            // A cooled event still renders, without keeping it.
-            let (head, _) = e.line_parts().unwrap();
-            assert!(!head.is_empty());
+            // A cooled event still renders (the same line), without keeping it.
+            let parts = e.line_parts().unwrap();
+            assert!(!parts.0.is_empty());
+            assert_eq!(parts, rendered[e.seq as usize - 1], "seq {}", e.seq);
             assert_eq!(e.line_parts.peek().is_some(), hot);
         }
         // Large events cut the hot tail by bytes too.
