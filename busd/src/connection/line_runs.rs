@@ -298,9 +298,7 @@ mod tests {
     #[test]
     fn an_event_outside_the_hot_tail_is_not_shared() {
         let evs: Vec<_> = (5..9).map(ev).collect();
-        evs[2]
-            .cooled
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        evs[2].cool();
         assert_eq!(shareable(&first(&evs), LineKind::Ndjson), None);
         assert_eq!(shareable(&first(&evs[..2]), LineKind::Raw), Some(1));
     }
