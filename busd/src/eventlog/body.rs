@@ -24,18 +24,6 @@ pub trait ColdSource: Send + Sync + fmt::Debug {
     /// The last `len` bytes of the payload of the record at offset `at` of
     /// `segment`, checked against the record's checksum.
     fn read(&self, segment: &Arc<PathBuf>, at: u64, len: usize) -> std::io::Result<Bytes>;
-
-    /// [`ColdSource::read`] of several records of one segment at once
-    /// (offsets ascending): one read of the stretch that holds them.
-    fn read_many(
-        &self,
-        segment: &Arc<PathBuf>,
-        at: &[(u64, usize)],
-    ) -> std::io::Result<Vec<Bytes>> {
-        at.iter()
-            .map(|&(at, len)| self.read(segment, at, len))
-            .collect()
-    }
 }
 
 /// Where a store put an event's record (what the store hands the log).

@@ -134,13 +134,6 @@ impl ColdSource for SegmentReader {
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
         w.record(segment, at, len)
     }
-
-    fn read_many(&self, segment: &Arc<PathBuf>, at: &[(u64, usize)]) -> io::Result<Vec<Bytes>> {
-        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        at.iter()
-            .map(|&(at, len)| w.record(segment, at, len))
-            .collect()
-    }
 }
 
 #[cfg(test)]
