@@ -2,12 +2,13 @@
 //! fixed-rate latency run and the memory run with a stalled consumer.
 
 use crate::{
-    fanout::{run_fanout, run_fanout_median, Mode},
+    fanout::{run_fanout, run_fanout_median, FanoutResult, Mode},
+    fsync_floor,
     memory::{describe_memory, run_memory},
-    opts::Opts,
+    opts::{Opts, StoreSel},
     procs::{clock_ticks_per_sec, guarded, interrupted},
     report::{fmt_cpu, kb, size_name, COARSE_NOTE},
-    table::Table,
+    table::{Col, Row, Table},
 };
 
 /// The fan-out table, the fixed-rate latency run and the memory run; what
@@ -46,7 +47,8 @@ pub fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut
     );
     let mut raised_any = false;
     let mut coarse_any = false;
-    for &size in &[256usize, 4096] {
+    let sizes: &[usize] = if opts.only_latency { &[] } else { &[256, 4096] };
+    for &size in sizes {
         for &n in &opts.consumers {
             if interrupted() {
                 break;
@@ -134,10 +136,18 @@ pub fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut
                     events * opts.rate_consumers as u64,
                     kb(r.busd_hwm_kb)
                 );
+                println!(
+                    "  context switches per delivery (sleeps and wake-ups of every thread): busd {}, consumers {}",
+                    fmt_switches(r.busd_switches_per_delivery),
+                    fmt_switches(r.consumer_switches_per_delivery)
+                );
                 if r.cpu_coarse() {
                     println!("{COARSE_NOTE}");
                 }
                 table.record_latency(opts.store, &r);
+                if opts.store == StoreSel::DISK_FSYNC && !interrupted() {
+                    fsync_floor(opts, &r, failures, table);
+                }
             }
             Err(e) => {
                 println!("  FAILED (see below)");
@@ -159,5 +169,18 @@ pub fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut
                 failures.push(format!("stalled-consumer memory: {e}"));
             }
         }
+    }
+}
+
+fn fmt_switches(v: Option<f64>) -> String {
+    v.map_or("?".into(), |v| format!("{v:.2}"))
+}
+
+/// The disk store's floor at the fixed rate (see [`fsync_floor`]), in the
+/// table's "fdatasync alone" column.
+fn fsync_floor(opts: &Opts, r: &FanoutResult, failures: &mut Vec<String>, table: &mut Table) {
+    if let Some(w) = fsync_floor::print_floor(opts.rate, opts.rate_secs, r.p99_us, failures) {
+        table.set(Row::LatP50, Col::Fsync, Some(w.p50_us));
+        table.set(Row::LatP99, Col::Fsync, Some(w.p99_us));
     }
 }
