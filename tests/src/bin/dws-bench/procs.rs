@@ -316,15 +316,15 @@ impl Consumer {
 /// clock ticks, from /proc/<pid>/stat (fields 14 and 15).
 /// Context switches (voluntary and not) of every thread of `pid` so far:
 /// how often it went to sleep and was woken, or was preempted. `None` once
-/// it is gone.
+/// it is gone; of an exited process (a zombie), what its main thread did.
 pub fn proc_switches(pid: i64) -> Option<u64> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut total = 0;
-    for task in tasks.flatten() {
+    // A thread that ends meanwhile is skipped (its count is lost with it).
+    let counts = tasks.flatten().filter_map(|task| {
         let text = std::fs::read_to_string(task.path().join("status")).ok()?;
-        total += parse_switches(&text)?;
-    }
-    Some(total)
+        parse_switches(&text)
+    });
+    Some(counts.sum())
 }
 
 fn parse_switches(status: &str) -> Option<u64> {
