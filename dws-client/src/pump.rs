@@ -9,11 +9,8 @@
 //! reading the socket while a chunk waits (the bus's credit window then
 //! bounds what is in flight), and acks only what the pump reports written.
 //!
-//! Each chunk is written and flushed whole: one `writev(2)` per burst of
-//! events, so a burst costs one syscall and one wake-up of the reader. A
-//! chunk is the bytes formatted here plus, in order among them, slices of
-//! the bus's frames passed on as they are (lines the bus rendered, see
-//! `consume::format`), so those are copied only by the kernel.
+//! Each chunk is written and flushed whole: one `write(2)` per burst of
+//! events, so a burst costs one syscall and one wake-up of the reader.
 //!
 //! The fast path skips the thread: while the pump is idle, the main loop
 //! first tries [`StdoutPump::write_direct`], a write that cannot block
@@ -27,22 +24,14 @@
 
 use std::{
     cell::Cell,
-    io::{self, IoSlice, Write},
+    io::{self, Write},
 };
 
-use bytes::{Buf, Bytes};
 use tokio::sync::{mpsc, watch};
 
-/// Most slices handed to one `writev` (the kernel's `IOV_MAX`).
-const MAX_IOV: usize = 1024;
-
-/// Events formatted for stdout, and how many: `parts` (oldest first), then
-/// `bytes`.
+/// Events formatted for stdout, and how many.
 #[derive(Debug, Default)]
 pub struct Chunk {
-    /// Written before `bytes`: formatted bytes and shared slices, in order.
-    parts: Vec<Bytes>,
-    /// Formatted since the last shared slice.
     pub bytes: Vec<u8>,
     pub events: u64,
 }
@@ -53,78 +42,6 @@ impl Chunk {
             bytes: Vec::with_capacity(bytes),
             ..Chunk::default()
         }
-    }
-
-    /// Bytes to write.
-    pub fn len(&self) -> usize {
-        self.parts.iter().map(Bytes::len).sum::<usize>() + self.bytes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty() && self.parts.iter().all(Bytes::is_empty)
-    }
-
-    /// Everything to write, copied (for tests).
-    #[cfg(test)]
-    pub fn contents(&self) -> Vec<u8> {
-        let mut v: Vec<u8> = self.parts.iter().flat_map(|b| b.iter().copied()).collect();
-        v.extend_from_slice(&self.bytes);
-        v
-    }
-
-    /// Appends `b` after everything so far, without a copy.
-    pub fn push_shared(&mut self, b: Bytes) {
-        if b.is_empty() {
-            return;
-        }
-        if !self.bytes.is_empty() {
-            self.parts
-                .push(Bytes::from(std::mem::take(&mut self.bytes)));
-        }
-        self.parts.push(b);
-    }
-
-    /// The bytes to write, as at most [`MAX_IOV`] slices.
-    fn slices(&self) -> Vec<IoSlice<'_>> {
-        let mut v: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV.min(self.parts.len() + 1));
-        v.extend(self.parts.iter().take(MAX_IOV).map(|b| IoSlice::new(b)));
-        if v.len() < MAX_IOV && !self.bytes.is_empty() {
-            v.push(IoSlice::new(&self.bytes));
-        }
-        v
-    }
-
-    /// Drops the first `n` bytes (written).
-    fn advance(&mut self, mut n: usize) {
-        let mut done = 0;
-        for p in &mut self.parts {
-            if n == 0 {
-                break;
-            }
-            let k = n.min(p.len());
-            p.advance(k);
-            n -= k;
-            if p.is_empty() {
-                done += 1;
-            }
-        }
-        self.parts.drain(..done);
-        if n > 0 {
-            self.bytes.drain(..n.min(self.bytes.len()));
-        }
-    }
-
-    /// Writes the whole chunk to `out` (blocking), then flushes it.
-    fn write_to(&mut self, out: &mut impl Write) -> io::Result<()> {
-        while !self.is_empty() {
-            match out.write_vectored(&self.slices()) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.advance(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        out.flush()
     }
 }
 
@@ -181,9 +98,9 @@ impl StdoutPump {
         std::thread::spawn(move || {
             let stdout = io::stdout();
             let mut p = Progress::default();
-            while let Some(mut chunk) = rx.blocking_recv() {
+            while let Some(chunk) = rx.blocking_recv() {
                 let mut out = stdout.lock();
-                match chunk.write_to(&mut out) {
+                match out.write_all(&chunk.bytes).and_then(|()| out.flush()) {
                     Ok(()) => p.written += chunk.events,
                     Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
                         p.failed = Some(WriteFailure::BrokenPipe);
@@ -247,10 +164,11 @@ impl StdoutPump {
     /// Writes `chunk` to stdout without blocking, as far as stdout takes
     /// it. Call only when [`StdoutPump::can_write_direct`].
     pub fn write_direct(&mut self, mut chunk: Chunk) -> Direct {
-        while !chunk.is_empty() {
-            match write_nowait(&chunk.slices()) {
+        let mut off = 0;
+        while off < chunk.bytes.len() {
+            match write_nowait(&chunk.bytes[off..]) {
                 Ok(0) => break,
-                Ok(n) => chunk.advance(n),
+                Ok(n) => off += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
@@ -266,13 +184,13 @@ impl StdoutPump {
                 }
             }
         }
-        if chunk.is_empty() {
+        if off == chunk.bytes.len() {
             self.direct.written += chunk.events;
-            chunk.parts.clear();
             chunk.bytes.clear();
             chunk.events = 0;
             return Direct::Written(chunk);
         }
+        chunk.bytes.drain(..off);
         Direct::Rest(chunk)
     }
 
@@ -312,21 +230,16 @@ impl Permit<'_> {
     }
 }
 
-/// One `pwritev2(1, bufs, -1, RWF_NOWAIT)`: writes what stdout takes
-/// without blocking; `WouldBlock` when it takes nothing now.
-fn write_nowait(bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix; `bufs` is
-    // borrowed for the whole call, at most MAX_IOV long, and the kernel
-    // only reads from it.
-    let n = unsafe {
-        libc::pwritev2(
-            libc::STDOUT_FILENO,
-            bufs.as_ptr().cast::<libc::iovec>(),
-            bufs.len() as libc::c_int,
-            -1,
-            libc::RWF_NOWAIT,
-        )
+/// One `pwritev2(1, buf, -1, RWF_NOWAIT)`: writes what stdout takes without
+/// blocking; `WouldBlock` when it takes nothing now.
+fn write_nowait(buf: &[u8]) -> io::Result<usize> {
+    let iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
     };
+    // SAFETY: `iov` describes `buf`, which is borrowed for the whole call;
+    // the kernel only reads from it.
+    let n = unsafe { libc::pwritev2(libc::STDOUT_FILENO, &iov, 1, -1, libc::RWF_NOWAIT) };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -347,58 +260,5 @@ impl ProgressWatch {
             return p;
         }
         self.0.borrow_and_update().clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chunk() -> Chunk {
-        let mut c = Chunk::default();
-        c.bytes.extend_from_slice(b"ab");
-        c.push_shared(Bytes::from_static(b"cde"));
-        c.push_shared(Bytes::new());
-        c.bytes.extend_from_slice(b"f");
-        c.push_shared(Bytes::from_static(b"gh"));
-        c.bytes.extend_from_slice(b"ij");
-        c
-    }
-
-    /// Takes at most `max` bytes per write, like a pipe with little room.
-    struct Short(Vec<u8>, usize);
-
-    impl Write for Short {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            let n = b.len().min(self.1);
-            self.0.extend_from_slice(&b[..n]);
-            Ok(n)
-        }
-        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-            let first = bufs
-                .iter()
-                .find(|b| !b.is_empty())
-                .map_or(&[][..], |b| &b[..]);
-            self.write(first)
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn shared_slices_keep_their_place_among_formatted_bytes_across_short_writes() {
-        let mut c = chunk();
-        assert_eq!(c.len(), 10);
-        let mut out = Short(vec![], 2);
-        c.write_to(&mut out).unwrap();
-        assert_eq!(out.0, b"abcdefghij");
-        assert!(c.is_empty() && c.len() == 0);
-        let mut c = chunk();
-        c.advance(4);
-        assert_eq!(c.len(), 6);
-        let mut out = Short(vec![], 100);
-        c.write_to(&mut out).unwrap();
-        assert_eq!(out.0, b"efghij");
     }
 }

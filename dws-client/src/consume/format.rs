@@ -14,10 +14,6 @@ use crate::{
     pump::Chunk,
 };
 
-/// Lines of a batch passed on as a slice of its frame from this many
-/// bytes; fewer are copied into the chunk (a slice costs a `writev` entry).
-const MIN_SHARED_LINES: usize = 4096;
-
 /// Printed before the exited line when the connection ended without a Bye
 /// frame (EOF, reset, a frame cut short): the bus crashed or was killed,
 /// rather than stopped. The reason stays `bus_shutdown`.
@@ -112,28 +108,15 @@ impl<'a> Formatter<'a> {
             .checked_add(take)
             .map(|end| b.first_seq..end)
             .ok_or_else(|| CliError::runtime("the bus sent a line batch past the last seq"))?;
-        let bad = |e| CliError::runtime(format!("the bus sent {e}"));
-        if self.fragment.is_empty() {
-            // Nothing to insert: the lines go to stdout as a slice of the
-            // frame, copied only by the kernel (small ones are copied here).
-            let len =
-                proto::lines::checked_len(b.count, &b.cuts, &b.body, take as usize).map_err(bad)?;
-            if len >= MIN_SHARED_LINES {
-                self.chunk.push_shared(b.body.slice(..len));
-            } else {
-                self.chunk.bytes.extend_from_slice(&b.body[..len]);
-            }
-        } else {
-            proto::lines::expand(
-                b.count,
-                &b.cuts,
-                &b.body,
-                take as usize,
-                &self.fragment,
-                &mut self.chunk.bytes,
-            )
-            .map_err(bad)?;
-        }
+        proto::lines::expand(
+            b.count,
+            &b.cuts,
+            &b.body,
+            take as usize,
+            &self.fragment,
+            &mut self.chunk.bytes,
+        )
+        .map_err(|e| CliError::runtime(format!("the bus sent {e}")))?;
         self.chunk.events += take;
         self.received += take;
         self.seqs.extend(seqs);
@@ -279,34 +262,6 @@ mod tests {
         let mut f = Formatter::new(&plan, "s1");
         assert!(f.handle(Some(S::LineBatch(bad))).is_err());
         assert!(f.chunk.bytes.is_empty() && f.take_seqs().is_empty());
-    }
-
-    #[test]
-    fn raw_lines_pass_on_as_they_are_cut_at_max_events() {
-        let plan = plan(&["--format", "raw", "--max-events", "3", "--ack", "explicit"]);
-        let mut f = Formatter::new(&plan, "s1");
-        let raw = |first_seq: u64, datas: &[String]| {
-            let (mut body, mut cuts) = (vec![], vec![]);
-            for d in datas {
-                proto::lines::render_raw_line(&mut body, &mut cuts, d.as_bytes());
-            }
-            Some(S::LineBatch(v1::LineBatch {
-                first_seq,
-                count: datas.len() as u32,
-                cuts: cuts.into(),
-                body: body.into(),
-            }))
-        };
-        let big = "x".repeat(MIN_SHARED_LINES);
-        // A small batch is copied, a large one passed on as a slice.
-        assert_eq!(f.handle(raw(4, &["a".into()])), Ok(None));
-        assert_eq!(
-            f.handle(raw(5, &[big.clone(), "b".into(), "c".into()])),
-            Ok(Some(Reason::Limit))
-        );
-        assert_eq!(f.chunk.contents(), format!("a\n{big}\nb\n").into_bytes());
-        assert_eq!(f.chunk.events, 3);
-        assert_eq!(f.take_seqs(), [4, 5, 6]);
     }
 
     #[test]

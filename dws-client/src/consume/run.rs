@@ -94,7 +94,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     // per few milliseconds, not one per event.
     let mut ack_due: Option<Instant> = None;
     let reason: Result<Reason> = loop {
-        if waiting.is_none() && !out.chunk.is_empty() {
+        if waiting.is_none() && !out.chunk.bytes.is_empty() {
             if pump.can_write_direct() {
                 // The fast path: no thread hand-off while stdout keeps up.
                 let chunk = std::mem::take(&mut out.chunk);
@@ -190,7 +190,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     // subscription, say goodbye.
     out.end();
     let mut rest = waiting.into_iter().collect::<Vec<_>>();
-    if !out.chunk.is_empty() {
+    if !out.chunk.bytes.is_empty() {
         rest.push(std::mem::take(&mut out.chunk));
     }
     let progress = drain(rest, &mut pump, &mut progress, &mut signals, reason).await;
