@@ -461,6 +461,8 @@ async fn serve(
 
     let tracker = TaskTracker::new();
     let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
+    // Runs as long as the runtime: the committer's wake-ups go through it.
+    tokio::spawn(hub.clone().wake_relay());
     // In a cluster only the lease holder runs the upstream source: a fresh
     // one each time it becomes the owner.
     let (source_task, link) = match profile.store.postgres.clone() {

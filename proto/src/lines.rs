@@ -119,10 +119,35 @@ impl fmt::Display for BadBatch {
 
 impl std::error::Error for BadBatch {}
 
+/// Checks a whole batch (count, cuts, newline ends) and returns the bytes
+/// of its first `take` lines as they are in `body` (nothing inserted): what
+/// a consumer that inserts nothing (`--format raw`, an empty id) passes on
+/// as a slice of the body.
+pub fn checked_len(count: u32, cuts: &[u8], body: &[u8], take: usize) -> Result<usize, BadBatch> {
+    if cuts.len() != count as usize * CUT_LEN {
+        return Err(BadBatch);
+    }
+    let mut pos = 0usize;
+    let mut taken = 0usize;
+    for (i, (head, len)) in cut_pairs(cuts).enumerate() {
+        let end = pos.checked_add(len).ok_or(BadBatch)?;
+        if head > len || len == 0 || end > body.len() || body[end - 1] != b'\n' {
+            return Err(BadBatch);
+        }
+        pos = end;
+        if i < take {
+            taken = end;
+        }
+    }
+    if pos != body.len() {
+        return Err(BadBatch);
+    }
+    Ok(taken)
+}
+
 /// Appends the first `take` lines of a batch to `out`, each with
 /// `fragment` ([`subscription_fragment`]) inserted at its cut. Checks the
-/// whole batch first (count, cuts, newline ends), so a bad one appends
-/// nothing.
+/// whole batch first ([`checked_len`]), so a bad one appends nothing.
 pub fn expand(
     count: u32,
     cuts: &[u8],
@@ -131,24 +156,15 @@ pub fn expand(
     fragment: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), BadBatch> {
-    let lines = cut_pairs(cuts);
-    if cuts.len() != count as usize * CUT_LEN {
-        return Err(BadBatch);
+    let taken = checked_len(count, cuts, body, take)?;
+    if fragment.is_empty() {
+        // Nothing to insert: the lines as they are.
+        out.extend_from_slice(&body[..taken]);
+        return Ok(());
     }
-    let mut pos = 0usize;
-    for (head, len) in lines.clone() {
-        let end = pos.checked_add(len).ok_or(BadBatch)?;
-        if head > len || len == 0 || end > body.len() || body[end - 1] != b'\n' {
-            return Err(BadBatch);
-        }
-        pos = end;
-    }
-    if pos != body.len() {
-        return Err(BadBatch);
-    }
-    out.reserve(pos + fragment.len() * take.min(count as usize));
+    out.reserve(taken + fragment.len() * take.min(count as usize));
     let mut pos = 0;
-    for (head, len) in lines.take(take) {
+    for (head, len) in cut_pairs(cuts).take(take) {
         out.extend_from_slice(&body[pos..pos + head]);
         out.extend_from_slice(fragment);
         out.extend_from_slice(&body[pos + head..pos + len]);
@@ -255,6 +271,10 @@ mod tests {
         out.clear();
         expand(b.count, &b.cuts, &b.body, 2, b"", &mut out).unwrap();
         assert_eq!(out, b"a\nb\n\n");
+        assert_eq!(checked_len(b.count, &b.cuts, &b.body, 0), Ok(0));
+        assert_eq!(checked_len(b.count, &b.cuts, &b.body, 1), Ok(4));
+        assert_eq!(checked_len(b.count, &b.cuts, &b.body, 9), Ok(5));
+        assert_eq!(checked_len(3, &b.cuts, &b.body, 1), Err(BadBatch));
     }
 
     #[test]

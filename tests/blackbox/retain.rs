@@ -6,7 +6,10 @@
 //! stays far below the payload it retains (read from `/proc/PID/status`
 //! against a generous bound, never a speed).
 
-use std::thread;
+use std::{
+    thread,
+    time::{Duration, Instant},
+};
 
 use dws_tests::{common::*, proc_kb, wait_pid_gone, Sig, TestEnv, EXIT_TIMEOUT};
 use nix::{sys::signal::kill, unistd::Pid};
@@ -45,10 +48,12 @@ fn busd_pid(env: &TestEnv) -> i32 {
     pids[0]
 }
 
-/// `consume --subscribe-id lag --max-events n`: the events, asserting each
-/// arrived whole and the seqs rise.
-fn catch_up(env: &TestEnv, n: usize) -> Vec<Value> {
+/// `consume --subscribe-id lag --max-events n` within `timeout`: the
+/// events, asserting there are `n` and their seqs rise, and how long the
+/// consumer took.
+fn catch_up(env: &TestEnv, n: usize, timeout: Duration) -> (Vec<Value>, Duration) {
     let max = n.to_string();
+    let started = Instant::now();
     let out = env
         .dws([
             "event",
@@ -58,12 +63,19 @@ fn catch_up(env: &TestEnv, n: usize) -> Vec<Value> {
             "--max-events",
             &max,
         ])
-        .run_with_timeout(EXIT_TIMEOUT);
+        .run_with_timeout(timeout);
+    let took = started.elapsed();
     out.assert_clean_exit("limit", n as u64);
     let events = out.json_lines();
     assert_eq!(events.len(), n);
     let seqs: Vec<u64> = events.iter().map(|e| u64_of(e, "seq")).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order: {seqs:?}");
+    (events, took)
+}
+
+/// [`catch_up`] of this file's events, asserting each arrived whole.
+fn catch_up_whole(env: &TestEnv, n: usize) -> Vec<Value> {
+    let (events, _) = catch_up(env, n, EXIT_TIMEOUT);
     for e in &events {
         let id = str_of(e, "event_id");
         let data: Value = serde_json::from_str(str_of(e, "data")).expect("data is JSON");
@@ -97,7 +109,7 @@ fn a_subscription_behind_more_than_the_hot_tail_catches_up_in_order_across_kill_
     );
 
     // Without a restart: the first half, from the segments.
-    let got = catch_up(&env, EVENTS / 2);
+    let got = catch_up_whole(&env, EVENTS / 2);
     let rss = proc_kb(pid, "VmRSS");
     assert!(
         rss < bound,
@@ -114,7 +126,7 @@ fn a_subscription_behind_more_than_the_hot_tail_catches_up_in_order_across_kill_
         .iter()
         .map(|e| str_of(e, "event_id").to_owned())
         .collect();
-    for e in catch_up(&env, EVENTS / 2) {
+    for e in catch_up_whole(&env, EVENTS / 2) {
         seen.insert(str_of(&e, "event_id").to_owned());
     }
     for _ in 0..10 {
@@ -122,7 +134,7 @@ fn a_subscription_behind_more_than_the_hot_tail_catches_up_in_order_across_kill_
         if lag == 0 {
             break;
         }
-        for e in catch_up(&env, lag) {
+        for e in catch_up_whole(&env, lag) {
             seen.insert(str_of(&e, "event_id").to_owned());
         }
     }
@@ -146,7 +158,6 @@ fn a_subscription_behind_more_than_the_hot_tail_catches_up_in_order_across_kill_
 fn bench_retention_on_disk() {
     use dws_tests::wire::Wire;
     use proto::v1::{client_frame::Kind as C, server_frame::Kind as S, ClientFrame, Publish};
-    use std::time::{Duration, Instant};
 
     let n: usize = std::env::var("RETAIN_BENCH_EVENTS")
         .ok()
@@ -210,21 +221,8 @@ fn bench_retention_on_disk() {
         st["log"]
     );
     drop(w);
-    let max = n.to_string();
-    let started = Instant::now();
-    let out = env
-        .dws([
-            "event",
-            "consume",
-            "--subscribe-id",
-            "lag",
-            "--max-events",
-            &max,
-        ])
-        .run_with_timeout(Duration::from_secs(3600));
-    let took = started.elapsed();
-    out.assert_clean_exit("limit", n as u64);
-    let lines = out.stdout_lines().len();
+    let (events, took) = catch_up(&env, n, Duration::from_secs(3600));
+    let lines = events.len();
     eprintln!(
         "caught up {lines} events in {:.2} s: {:.0} events/s; busd RSS after {} kB (peak {} kB)",
         took.as_secs_f64(),

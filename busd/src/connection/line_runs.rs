@@ -59,9 +59,13 @@ pub(super) enum LineKind {
 pub(super) fn shareable(events: &[Pulled], kind: LineKind) -> Option<u32> {
     let (first, _, delivery) = events.first()?;
     let ok = events.iter().enumerate().all(|(i, (e, redelivered, d))| {
-        // Runs serve the hot tail only: an event outside it (a catch-up
-        // from the store) is rendered per subscription and not kept.
-        if e.is_cooled() {
+        // Runs serve events whose bytes are in memory: the hot tail, and on
+        // a store that keeps no files (memory) every retained event, so
+        // consumers lagging behind the hot tail still share one rendering
+        // (runs are bounded by MAX_RUN_BYTES whatever they hold). An event
+        // read back from a segment (a catch-up on the disk store) is
+        // rendered per subscription and not kept.
+        if e.is_cooled() && !e.encoded.is_resident() {
             return false;
         }
         let size = match kind {
@@ -295,10 +299,31 @@ mod tests {
         events.iter().map(|e| (e.clone(), false, 1)).collect()
     }
 
+    /// A store that could read every body back (never asked here).
+    #[derive(Debug)]
+    struct Segments;
+
+    impl crate::eventlog::body::ColdSource for Segments {
+        fn read(&self, _: &Arc<std::path::PathBuf>, _: u64, len: usize) -> std::io::Result<Bytes> {
+            Ok(Bytes::from(vec![0; len]))
+        }
+    }
+
     #[test]
-    fn an_event_outside_the_hot_tail_is_not_shared() {
+    fn an_event_outside_the_hot_tail_is_shared_only_while_its_bytes_are_in_memory() {
         let evs: Vec<_> = (5..9).map(ev).collect();
+        // The memory store: a cooled event keeps its bytes.
         evs[2].cool();
+        assert_eq!(shareable(&first(&evs), LineKind::Ndjson), Some(1));
+        // The disk store: a cooled event is read back from its segment.
+        evs[2].encoded.set_cold(crate::eventlog::body::ColdRef {
+            source: Arc::new(Segments),
+            segment: Arc::new("seg".into()),
+            at: 0,
+            payload_len: 1,
+        });
+        evs[2].cool();
+        assert!(!evs[2].encoded.is_resident());
         assert_eq!(shareable(&first(&evs), LineKind::Ndjson), None);
         assert_eq!(shareable(&first(&evs[..2]), LineKind::Raw), Some(1));
     }

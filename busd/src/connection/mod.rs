@@ -39,18 +39,14 @@ mod line_runs;
 mod outbox;
 mod replies;
 mod requests;
+mod socket;
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use bytes::BytesMut;
 use outbox::Outbox;
 use proto::{time::sleep_until_opt, v1::ErrorCode, CodecError, ServerCodec};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::UnixStream,
-    sync::watch,
-    time::Instant,
-};
+use tokio::{net::UnixStream, sync::watch, time::Instant};
 use tokio_util::codec::Decoder;
 
 use crate::{
@@ -156,7 +152,13 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
             conn.closing = true;
         }
     }
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = match socket::split(stream) {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!(conn = id, cause = %e, "cannot set up the connection's socket");
+            return hub.unregister_conn(id);
+        }
+    };
     let mut codec = ServerCodec::new();
     let mut input = BytesMut::with_capacity(READ_CAPACITY);
     let mut charged = 0;
@@ -180,13 +182,12 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
             drain_deadline.get_or_insert_with(|| Instant::now() + DRAIN_TIMEOUT);
             // Publishes still waiting for the disk are answered first.
             if conn.out.is_empty() && conn.awaiting.is_empty() {
-                let _ = wr.shutdown().await;
+                let _ = wr.shutdown();
                 // Close with nothing unread: a socket closed with unread
                 // input resets the peer, which could lose our last frames
                 // (an Error it has not read yet). Linger briefly for its EOF.
-                let mut scratch = [0u8; 16 * 1024];
                 let _ = tokio::time::timeout(CLOSE_LINGER, async {
-                    while matches!(rd.read(&mut scratch).await, Ok(n) if n > 0) {}
+                    while matches!(rd.discard().await, Ok(n) if n > 0) {}
                 })
                 .await;
                 break;

@@ -5,8 +5,8 @@
 
 use std::{collections::VecDeque, io::IoSlice};
 
+use super::socket::Writer;
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::{io::AsyncWriteExt, net::unix::OwnedWriteHalf};
 
 /// Most buffers handed to one `writev`.
 const MAX_IOV: usize = 64;
@@ -58,7 +58,7 @@ impl Outbox {
 
     /// One vectored write of what is queued; drops what was written.
     /// Cancel-safe: nothing is dropped unless the write happened.
-    pub(super) async fn write_to(&mut self, wr: &mut OwnedWriteHalf) -> std::io::Result<usize> {
+    pub(super) async fn write_to(&mut self, wr: &mut Writer) -> std::io::Result<usize> {
         let n = {
             let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV.min(self.queued.len() + 1));
             iov.extend(self.queued.iter().take(MAX_IOV).map(|b| IoSlice::new(b)));

@@ -140,17 +140,6 @@ impl Hub {
         self.state().log.head_seq()
     }
 
-    /// Publishes the new durable head and wakes the consumers (after the
-    /// guard is dropped).
-    fn after_fan_out(&self, mut wake: Vec<Arc<ConnHandle>>, head: u64) {
-        self.shared.durable.send_modify(|d| d.seq = head);
-        wake.sort_by_key(Arc::as_ptr);
-        wake.dedup_by_key(|h| Arc::as_ptr(h));
-        for w in wake {
-            w.wake.notify_one();
-        }
-    }
-
     /// Takes what `conn` may send now: a pending Gap and up to its credit of
     /// events, at most `max_events` and, past the first, `max_bytes`
     /// encoded. Marks them in flight.

@@ -58,6 +58,7 @@ pub use housekeeping::requested_ttl;
 mod ingest;
 mod refused;
 mod registry;
+mod relay;
 mod shared;
 mod source_handle;
 mod source_state;
@@ -71,7 +72,7 @@ use std::{
     collections::BTreeMap,
     path::PathBuf,
     sync::{
-        atomic::{AtomicU64, AtomicUsize},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize},
         Arc, Condvar, Mutex, MutexGuard,
     },
     time::{Duration, Instant},
@@ -183,6 +184,11 @@ struct Shared {
     paused_readers: AtomicUsize,
     /// How long each append to the store took (recorded by the committer).
     append_latency: crate::latency::Histogram,
+    /// Wake-ups the committer hands to the runtime (`relay`).
+    relay: Mutex<relay::Pending>,
+    relay_wake: Notify,
+    /// The relay task runs.
+    relay_on: AtomicBool,
 }
 
 /// Acknowledged seqs the store lost (`Recovered::lost`): `sub` counts the
@@ -321,6 +327,9 @@ impl Hub {
                 input_buffered: AtomicUsize::new(0),
                 paused_readers: AtomicUsize::new(0),
                 append_latency: Default::default(),
+                relay: Mutex::default(),
+                relay_wake: Notify::new(),
+                relay_on: AtomicBool::new(false),
             }),
         }
     }

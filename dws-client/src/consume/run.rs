@@ -38,8 +38,13 @@ use crate::{
 /// stalled one cannot keep the consumer alive.
 const DRAIN_AFTER_SIGNAL: Duration = Duration::from_secs(2);
 
-/// How long an ack of written events may wait for more to join it.
-const ACK_DELAY: Duration = Duration::from_millis(5);
+/// How long an ack of written events may wait for more to join it: the
+/// timer that sends it when no more events come.
+const ACK_DELAY: Duration = Duration::from_millis(20);
+/// An ack waiting this long goes out with the next events written, in the
+/// wake-up they cost anyway: while events flow the timer never fires, and
+/// the bus gets one ack per this interval, not one wake-up per event.
+const ACK_PIGGYBACK: Duration = Duration::from_millis(10);
 /// Written but unacked events that make the ack go out at once (well below
 /// the bus's credit window, so a fast stream never waits for credit).
 const ACK_EAGER: u64 = 256;
@@ -89,9 +94,10 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let mut write_acks = WriteAcks::default();
     // Bad ack lines: reported within bounds, never waited for.
     let mut complaints = Complaints::default();
-    // Acks are coalesced: at most one per ACK_DELAY unless ACK_EAGER
-    // events are waiting, so a trickle of events costs the bus one wake-up
-    // per few milliseconds, not one per event.
+    // Acks are coalesced: while events flow, one per ACK_PIGGYBACK sent in
+    // a wake-up that wrote events anyway; else after ACK_DELAY; at once when
+    // ACK_EAGER events are waiting. A stream of events costs the bus one
+    // ack wake-up per 10 ms per consumer, and the consumer no timer wake-up.
     let mut ack_due: Option<Instant> = None;
     let reason: Result<Reason> = loop {
         if waiting.is_none() && !out.chunk.bytes.is_empty() {
@@ -103,6 +109,12 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         out.chunk = empty;
                         let p = pump.progress();
                         schedule_ack(&p, &write_acks, &mut ack_due);
+                        if piggyback(ack_due, Instant::now()) {
+                            ack_due = None;
+                            for ack in write_acks.take(p.written) {
+                                let _ = bus.send(C::Ack(ack)).await;
+                            }
+                        }
                     }
                     Direct::Rest(rest) => waiting = Some(rest),
                     Direct::Failed => {
@@ -333,6 +345,12 @@ fn schedule_ack(p: &Progress, write_acks: &WriteAcks, ack_due: &mut Option<Insta
     }
 }
 
+/// Whether an ack due at `due` (by the [`ACK_DELAY`] timer) has waited
+/// [`ACK_PIGGYBACK`] already, so it goes out in this wake-up.
+fn piggyback(due: Option<Instant>, now: Instant) -> bool {
+    due.is_some_and(|due| due <= now + (ACK_DELAY - ACK_PIGGYBACK))
+}
+
 /// A failed stdout ends the run: a closed pipe gracefully (reason
 /// `signal`), anything else as a runtime failure.
 fn failure_reason(p: &Progress) -> Option<Result<Reason>> {
@@ -353,5 +371,22 @@ fn gone_is_eof(frame: Result<Option<S>>) -> Result<Option<S>> {
     match frame {
         Err(e) if e.bus_gone => Ok(None),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ack_rides_on_events_written_once_it_waited_long_enough() {
+        let now = Instant::now();
+        assert!(!piggyback(None, now));
+        // Just scheduled: waits for more.
+        assert!(!piggyback(Some(now + ACK_DELAY), now));
+        // Waited ACK_PIGGYBACK: goes with this write.
+        assert!(piggyback(Some(now + ACK_DELAY - ACK_PIGGYBACK), now));
+        // Due (eager, or the timer passed): goes.
+        assert!(piggyback(Some(now), now));
     }
 }

@@ -2,17 +2,106 @@
 //! fixed-rate latency run and the memory run with a stalled consumer.
 
 use crate::{
-    fanout::{run_fanout, run_fanout_median, Mode},
+    fanout::{run_fanout, run_fanout_median, FanoutResult, Mode},
+    fsync_floor,
     memory::{describe_memory, run_memory},
-    opts::Opts,
+    opts::{Opts, StoreSel},
     procs::{clock_ticks_per_sec, guarded, interrupted},
     report::{fmt_cpu, kb, size_name, COARSE_NOTE},
-    table::Table,
+    table::{Col, Row, Table},
 };
 
 /// The fan-out table, the fixed-rate latency run and the memory run; what
 /// the peer comparison table needs goes into `table` too.
 pub fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
+    if !opts.only_latency {
+        fanout_table(opts, failures, table);
+    }
+    if !opts.skip_latency && !interrupted() {
+        let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
+        println!();
+        println!(
+            "Latency at a fixed rate: {} events/s for {:.1} s, {} consumers, 256 B, {}",
+            opts.rate,
+            opts.rate_secs,
+            opts.rate_consumers,
+            opts.store.describe()
+        );
+        println!(
+            "(cpu µs/deliv: busd + consumers as in the table above; the publisher, this benchmark, not counted)"
+        );
+        match guarded(|| {
+            run_fanout(
+                opts.rate_consumers,
+                256,
+                events,
+                Mode::Rate(opts.rate),
+                opts.inflight,
+                opts.store,
+            )
+        }) {
+            Ok(r) => {
+                println!(
+                    "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   cpu {} µs/deliv, busd part {}   ({} deliveries; busd peak {})",
+                    r.p50_us,
+                    r.p99_us,
+                    r.max_us,
+                    fmt_cpu(r.cpu_us_per_delivery, &r),
+                    fmt_cpu(r.busd_cpu_us_per_delivery, &r),
+                    events * opts.rate_consumers as u64,
+                    kb(r.busd_hwm_kb)
+                );
+                println!(
+                    "  context switches per delivery (sleeps and wake-ups of every thread): busd {}, consumers {}",
+                    fmt_switches(r.busd_switches_per_delivery),
+                    fmt_switches(r.consumer_switches_per_delivery)
+                );
+                if r.cpu_coarse() {
+                    println!("{COARSE_NOTE}");
+                }
+                table.record_latency(opts.store, &r);
+                if opts.store == StoreSel::DISK_FSYNC && !interrupted() {
+                    fsync_floor(opts, &r, failures, table);
+                }
+            }
+            Err(e) => {
+                println!("  FAILED (see below)");
+                failures.push(format!("fixed-rate latency: {e}"));
+            }
+        }
+    }
+
+    if !opts.skip_memory && !interrupted() {
+        println!();
+        println!(
+            "Memory with a stalled consumer: {} × 256 B events, 1 fast + 1 stalled consumer (stdout never read), retention {} events, disk store, fsync",
+            opts.memory_events, opts.memory_retention
+        );
+        match guarded(|| run_memory(opts.memory_events, opts.memory_retention, opts.inflight)) {
+            Ok(r) => println!("{}", describe_memory(&r)),
+            Err(e) => {
+                println!("  FAILED (see below)");
+                failures.push(format!("stalled-consumer memory: {e}"));
+            }
+        }
+    }
+}
+
+fn fmt_switches(v: Option<f64>) -> String {
+    v.map_or("?".into(), |v| format!("{v:.2}"))
+}
+
+/// The disk store's floor at the fixed rate (see [`fsync_floor`]), in the
+/// table's "fdatasync alone" column.
+fn fsync_floor(opts: &Opts, r: &FanoutResult, failures: &mut Vec<String>, table: &mut Table) {
+    if let Some(w) = fsync_floor::print_floor(opts.rate, opts.rate_secs, r.p99_us, failures) {
+        table.set(Row::LatP50, Col::Fsync, Some(w.p50_us));
+        table.set(Row::LatP99, Col::Fsync, Some(w.p99_us));
+    }
+}
+
+/// The fan-out table: N × payload on `--store`.
+fn fanout_table(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
     println!();
     println!("Fan-out throughput: 1 publisher (pipelined, ≤{} in flight) → N × `dws event consume --format raw`", opts.inflight);
     println!("(bus on the {})", opts.store.describe());
@@ -98,66 +187,5 @@ pub fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut
     }
     if coarse_any {
         println!("{COARSE_NOTE}");
-    }
-
-    if !opts.skip_latency && !interrupted() {
-        let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
-        println!();
-        println!(
-            "Latency at a fixed rate: {} events/s for {:.1} s, {} consumers, 256 B, {}",
-            opts.rate,
-            opts.rate_secs,
-            opts.rate_consumers,
-            opts.store.describe()
-        );
-        println!(
-            "(cpu µs/deliv: busd + consumers as in the table above; the publisher, this benchmark, not counted)"
-        );
-        match guarded(|| {
-            run_fanout(
-                opts.rate_consumers,
-                256,
-                events,
-                Mode::Rate(opts.rate),
-                opts.inflight,
-                opts.store,
-            )
-        }) {
-            Ok(r) => {
-                println!(
-                    "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   cpu {} µs/deliv, busd part {}   ({} deliveries; busd peak {})",
-                    r.p50_us,
-                    r.p99_us,
-                    r.max_us,
-                    fmt_cpu(r.cpu_us_per_delivery, &r),
-                    fmt_cpu(r.busd_cpu_us_per_delivery, &r),
-                    events * opts.rate_consumers as u64,
-                    kb(r.busd_hwm_kb)
-                );
-                if r.cpu_coarse() {
-                    println!("{COARSE_NOTE}");
-                }
-                table.record_latency(opts.store, &r);
-            }
-            Err(e) => {
-                println!("  FAILED (see below)");
-                failures.push(format!("fixed-rate latency: {e}"));
-            }
-        }
-    }
-
-    if !opts.skip_memory && !interrupted() {
-        println!();
-        println!(
-            "Memory with a stalled consumer: {} × 256 B events, 1 fast + 1 stalled consumer (stdout never read), retention {} events, disk store, fsync",
-            opts.memory_events, opts.memory_retention
-        );
-        match guarded(|| run_memory(opts.memory_events, opts.memory_retention, opts.inflight)) {
-            Ok(r) => println!("{}", describe_memory(&r)),
-            Err(e) => {
-                println!("  FAILED (see below)");
-                failures.push(format!("stalled-consumer memory: {e}"));
-            }
-        }
     }
 }

@@ -150,6 +150,14 @@ pub fn median_of<T>(runs: usize, key: impl Fn(&T) -> f64, f: impl Fn() -> Res<T>
 /// Durable-publish throughput (durability × payload × publishers) and the
 /// publish→ack latency at a fixed rate.
 pub fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
+    if !opts.only_latency {
+        run_floods(opts, failures, table);
+    }
+    run_ack_latency(opts, failures, table);
+}
+
+/// The durable floods: durability × payload × publishers.
+fn run_floods(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
     println!();
     println!(
         "Durable publish: P publisher connections flood `{EVENT_TYPE}` (pipelined, ≤{} unacked each), no consumers, disk store",
@@ -223,7 +231,11 @@ pub fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut
             }
         }
     }
+}
 
+/// Publish→ack at a fixed rate on each durable store; on the fsync store
+/// next to raw fdatasync at the same rate.
+fn run_ack_latency(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
     let events = ((opts.durable_rate as f64 * opts.rate_secs).round() as u64).max(1);
     println!();
     println!(
@@ -252,7 +264,15 @@ pub fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut
                 println!(
                     "  {:<5}  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   ({} acks)",
                     store.durability, r.ack_p50_us, r.ack_p99_us, r.ack_max_us, r.acks
-                )
+                );
+                if store == StoreSel::DISK_FSYNC && !interrupted() {
+                    crate::fsync_floor::print_floor(
+                        opts.durable_rate,
+                        opts.rate_secs,
+                        r.ack_p99_us,
+                        failures,
+                    );
+                }
             }
             Err(e) => {
                 println!("  {:<5}  FAILED (see below)", store.durability);

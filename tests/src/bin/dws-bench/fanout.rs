@@ -13,8 +13,8 @@ use std::{
 use crate::{
     opts::StoreSel,
     procs::{
-        bus_info, check_interrupted, clock_ticks_per_sec, guarded, proc_cpu_ticks, read_proc_kb,
-        thread_cpu_us, BusEnv, Consumer,
+        bus_info, check_interrupted, clock_ticks_per_sec, guarded, proc_cpu_ticks, proc_switches,
+        read_proc_kb, thread_cpu_us, BusEnv, Consumer,
     },
     publisher::Publisher,
     reader::{spawn_reader, ReadResult},
@@ -53,6 +53,11 @@ pub struct FanoutResult {
     /// Events the log held when the consumers were done (all of them when
     /// retention was raised), from the bus status.
     pub retained_events: Option<u64>,
+    /// Context switches per delivery (its threads' sleeps and wake-ups)
+    /// of busd, and of every consumer, from just before the first publish
+    /// until the last publish was acknowledged (see [`proc_switches`]).
+    pub busd_switches_per_delivery: Option<f64>,
+    pub consumer_switches_per_delivery: Option<f64>,
 }
 
 /// CPU figures measured from fewer clock ticks than this are marked coarse:
@@ -269,11 +274,27 @@ pub fn run_fanout_with(
     let busd_cpu0 = proc_cpu_ticks(bus_pid);
     let consumers_cpu0: Vec<Option<u64>> = consumers.iter_mut().map(|c| c.cpu_ticks()).collect();
     let pub_cpu0 = thread_cpu_us();
+    let busd_sw0 = proc_switches(bus_pid);
+    let consumers_sw0: Option<u64> = consumers
+        .iter()
+        .map(|c| proc_switches(c.pid().into()))
+        .sum();
     let mut publisher = Publisher::connect(&socket)?;
     let first_send = match mode {
         Mode::Flood => publisher.flood(events, size, inflight, None)?,
         Mode::Rate(rate) => publisher.paced(events, size, rate, inflight)?,
     };
+    // Before the consumers exit (a zombie's threads are gone from /proc).
+    let busd_sw = busd_sw0
+        .zip(proc_switches(bus_pid))
+        .map(|(a, b)| b.saturating_sub(a));
+    let consumers_sw: Option<u64> = consumers
+        .iter()
+        .map(|c| proc_switches(c.pid().into()))
+        .sum();
+    let consumers_sw = consumers_sw0
+        .zip(consumers_sw)
+        .map(|(a, b)| b.saturating_sub(a));
     let pub_cpu_us = thread_cpu_us() - pub_cpu0 + publisher.close().unwrap_or(f64::NAN);
 
     let results = collect(&rx, &progress, &mut consumers, events, &env)?;
@@ -323,6 +344,8 @@ pub fn run_fanout_with(
         busd_cpu_us_per_delivery,
         cpu_ticks: ticks,
         retained_events,
+        busd_switches_per_delivery: busd_sw.map(|s| s as f64 / deliveries),
+        consumer_switches_per_delivery: consumers_sw.map(|s| s as f64 / deliveries),
     })
 }
 

@@ -16,7 +16,10 @@
 //!   delivery (utime + stime of busd and every consumer from /proc, over N
 //!   × E; the publisher is this benchmark and is not counted); the median
 //!   of `--runs` runs, since short runs on a shared 2-core machine are noisy.
-//! - **Latency at a fixed rate**: 4 consumers, 256 B, 2000 events/s for ~3 s.
+//! - **Latency at a fixed rate**: 4 consumers, 256 B, 2000 events/s for ~3 s,
+//!   with CPU and context switches per delivery; on the fsync disk store
+//!   next to raw `fdatasync` of 256 B appends at the same rate on the same
+//!   file system ([`fsync_floor`]), the floor of a durable delivery.
 //! - **Memory with a stalled consumer** ([`memory`]): one fast consumer plus
 //!   one whose stdout pipe is never read; busd's peak RSS, also per
 //!   retained event, and the stalled subscription's `lost_to_retention`.
@@ -44,6 +47,7 @@ mod classic;
 mod compare;
 mod durable;
 mod fanout;
+mod fsync_floor;
 mod memory;
 mod opts;
 mod peer_table;

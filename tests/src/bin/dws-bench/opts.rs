@@ -59,6 +59,11 @@ struct Cli {
     /// Skip the stalled-consumer memory run.
     #[arg(long)]
     skip_memory: bool,
+    /// Run only the fixed-rate runs: fan-out latency and publish→ack
+    /// latency (on the fsync disk store each with raw fdatasync at the same
+    /// rate next to it).
+    #[arg(long, conflicts_with = "skip_latency")]
+    only_latency: bool,
     /// Store of the fan-out table's buses.
     #[arg(long, value_enum, default_value_t = StoreKind::Disk)]
     store: StoreKind,
@@ -215,6 +220,9 @@ pub struct Opts {
     pub runs: usize,
     pub skip_latency: bool,
     pub skip_memory: bool,
+    /// `--only-latency`: the fixed-rate runs alone (no fan-out table, no
+    /// durable floods).
+    pub only_latency: bool,
     /// The store of the main fan-out table.
     pub store: StoreSel,
     pub skip_durable: bool,
@@ -273,10 +281,11 @@ impl Opts {
             memory_retention: c.memory_retention,
             runs: c.runs as usize,
             skip_latency: c.skip_latency,
-            skip_memory: c.skip_memory,
+            skip_memory: c.skip_memory || c.only_latency,
+            only_latency: c.only_latency,
             store: StoreSel { kind, durability },
             skip_durable: c.skip_durable,
-            skip_store_compare: c.skip_store_compare,
+            skip_store_compare: c.skip_store_compare || c.only_latency,
             only: false,
             durable_events_small: c.durable_events_small,
             durable_events_large: c.durable_events_large,

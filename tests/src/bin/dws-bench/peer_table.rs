@@ -63,9 +63,10 @@ pub fn run_peer_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Tab
     );
     println!(
         "(deliveries/s: medians of {} run(s); CPU: the bus with its publisher, as the peers count theirs; \
-         fixed rate: {} consumers, 256 B; durable: 256 B, {} run(s); fdatasync alone: a small append \
-         fdatasync'ed at {}/s in a temp dir of the same file system)",
-        opts.runs, opts.rate_consumers, opts.durable_runs, opts.durable_rate
+         fixed rate: {} consumers, 256 B; durable: 256 B, {} run(s); fdatasync alone: a 256 B append \
+         fdatasync'ed at the row's rate ({}/s for the fixed rate, {}/s for the durable reply) in a temp \
+         dir of the same file system)",
+        opts.runs, opts.rate_consumers, opts.durable_runs, opts.rate, opts.durable_rate
     );
     println!();
     print!("{}", table.render_judgement());

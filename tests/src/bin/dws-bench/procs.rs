@@ -314,6 +314,27 @@ impl Consumer {
 
 /// utime + stime of process `pid` (all its threads, not its children) in
 /// clock ticks, from /proc/<pid>/stat (fields 14 and 15).
+/// Context switches (voluntary and not) of every thread of `pid` so far:
+/// how often it went to sleep and was woken, or was preempted. `None` once
+/// it is gone; of an exited process (a zombie), what its main thread did.
+pub fn proc_switches(pid: i64) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    // A thread that ends meanwhile is skipped (its count is lost with it).
+    let counts = tasks.flatten().filter_map(|task| {
+        let text = std::fs::read_to_string(task.path().join("status")).ok()?;
+        parse_switches(&text)
+    });
+    Some(counts.sum())
+}
+
+fn parse_switches(status: &str) -> Option<u64> {
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..].trim().parse().ok()
+    };
+    Some(field("voluntary_ctxt_switches:")? + field("nonvoluntary_ctxt_switches:")?)
+}
+
 pub fn proc_cpu_ticks(pid: i64) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat_cpu_ticks(&text)
@@ -377,5 +398,12 @@ mod tests {
         let stat = "42 (a) b) c) S 1 2 3 4 5 6 7 8 9 10 70 30 0 0";
         assert_eq!(parse_stat_cpu_ticks(stat), Some(100));
         assert_eq!(parse_stat_cpu_ticks("42 (x) S 1"), None);
+    }
+
+    #[test]
+    fn switches_add_both_kinds() {
+        let status = "Name:\tbusd\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t3\n";
+        assert_eq!(parse_switches(status), Some(123));
+        assert_eq!(parse_switches("Name:\tx\n"), None);
     }
 }

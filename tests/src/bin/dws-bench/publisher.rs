@@ -34,10 +34,15 @@ const SOCKET_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a paced publisher waits for a consumer that printed nothing.
 const STALL_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Frames read off a socket through the test wire decoder.
+/// Frames read off a socket through the test wire decoder. One read takes
+/// whatever the socket holds (many acks at once in a flood), and the frames
+/// are then decoded from the buffer without another read.
 struct FrameReader {
     stream: UnixStream,
     buf: BytesMut,
+    /// The read buffer, reused for every read (a fresh 256 KiB buffer per
+    /// frame cost more than the rest of the ack path together).
+    chunk: Vec<u8>,
 }
 
 impl FrameReader {
@@ -45,27 +50,45 @@ impl FrameReader {
         FrameReader {
             stream,
             buf: BytesMut::with_capacity(256 * 1024),
+            chunk: vec![0u8; 256 * 1024],
         }
     }
 
-    /// The next frame; `None` on a clean EOF between frames.
-    fn next(&mut self) -> Res<Option<ServerFrame>> {
-        let mut chunk = vec![0u8; 256 * 1024];
+    /// The next frame already read, if a whole one is buffered.
+    fn buffered(&mut self) -> Res<Option<ServerFrame>> {
+        decode_frame(&mut self.buf).map_err(|e| e.to_string())
+    }
+
+    /// Reads once (blocking) into the buffer; `false` on a clean EOF between
+    /// frames.
+    fn fill(&mut self) -> Res<bool> {
         loop {
-            if let Some(f) = decode_frame(&mut self.buf).map_err(|e| e.to_string())? {
-                return Ok(Some(f));
-            }
-            match self.stream.read(&mut chunk) {
-                Ok(0) if self.buf.is_empty() => return Ok(None),
+            match self.stream.read(&mut self.chunk) {
+                Ok(0) if self.buf.is_empty() => return Ok(false),
                 Ok(0) => {
                     return Err(format!(
                         "the bus closed the connection in the middle of a frame ({} bytes)",
                         self.buf.len()
                     ))
                 }
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&self.chunk[..n]);
+                    return Ok(true);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(format!("reading from the bus: {e}")),
+            }
+        }
+    }
+
+    /// The next frame; `None` on a clean EOF between frames.
+    fn next(&mut self) -> Res<Option<ServerFrame>> {
+        loop {
+            if let Some(f) = self.buffered()? {
+                return Ok(Some(f));
+            }
+            if !self.fill()? {
+                return Ok(None);
             }
         }
     }
@@ -323,50 +346,26 @@ impl Publisher {
 }
 
 /// Counts the PublishAck frames (checking their order) until the
-/// connection ends; records why it ended.
+/// connection ends; records why it ended. Every frame one read brought is
+/// handled under one lock and one wake-up of the publisher.
 fn drain_acks(mut frames: FrameReader, shared: Shared) {
     let (lock, cv) = &*shared;
     loop {
-        let frame = frames.next();
+        let read = frames.fill();
         let now = Instant::now();
         let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
-        match frame {
-            Ok(Some(f)) => match f.kind {
-                Some(server_frame::Kind::PublishAck(a)) => {
-                    if a.duplicate {
-                        st.ended = Some(format!(
-                            "publish {} acknowledged as a duplicate",
-                            a.request_id
-                        ));
-                    } else {
-                        st.acked += 1;
-                        match st.sent_at.pop_front() {
-                            Some((id, at)) if id == a.request_id => {
-                                st.ack_latencies
-                                    .push(now.saturating_duration_since(at).as_nanos() as u64)
-                            }
-                            Some((id, _)) => {
-                                st.ended = Some(format!(
-                                    "PublishAck for request {} while {id} was the oldest unacknowledged",
-                                    a.request_id
-                                ))
-                            }
-                            None => {}
-                        }
-                    }
+        match read {
+            Ok(true) => loop {
+                match frames.buffered() {
+                    Ok(Some(f)) => on_frame(&mut st, f, now),
+                    Ok(None) => break,
+                    Err(e) => st.ended = Some(e),
                 }
-                Some(server_frame::Kind::Error(e)) => {
-                    st.ended = Some(format!(
-                        "bus error {} (request {}): {}",
-                        e.code, e.request_id, e.message
-                    ));
+                if st.ended.is_some() {
+                    break;
                 }
-                Some(server_frame::Kind::Bye(b)) => {
-                    st.ended = Some(format!("bus said Bye (reason {}): {}", b.reason, b.message));
-                }
-                _ => {}
             },
-            Ok(None) => st.ended = Some("the bus closed the connection".into()),
+            Ok(false) => st.ended = Some("the bus closed the connection".into()),
             Err(e) => st.ended = Some(e),
         }
         let done = st.ended.is_some();
@@ -378,5 +377,43 @@ fn drain_acks(mut frames: FrameReader, shared: Shared) {
         if done {
             return;
         }
+    }
+}
+
+/// One frame on the publisher's connection, read at `now`.
+fn on_frame(st: &mut AckState, f: ServerFrame, now: Instant) {
+    match f.kind {
+        Some(server_frame::Kind::PublishAck(a)) => {
+            if a.duplicate {
+                st.ended = Some(format!(
+                    "publish {} acknowledged as a duplicate",
+                    a.request_id
+                ));
+            } else {
+                st.acked += 1;
+                match st.sent_at.pop_front() {
+                    Some((id, at)) if id == a.request_id => st
+                        .ack_latencies
+                        .push(now.saturating_duration_since(at).as_nanos() as u64),
+                    Some((id, _)) => {
+                        st.ended = Some(format!(
+                            "PublishAck for request {} while {id} was the oldest unacknowledged",
+                            a.request_id
+                        ))
+                    }
+                    None => {}
+                }
+            }
+        }
+        Some(server_frame::Kind::Error(e)) => {
+            st.ended = Some(format!(
+                "bus error {} (request {}): {}",
+                e.code, e.request_id, e.message
+            ));
+        }
+        Some(server_frame::Kind::Bye(b)) => {
+            st.ended = Some(format!("bus said Bye (reason {}): {}", b.reason, b.message));
+        }
+        _ => {}
     }
 }

@@ -3,8 +3,8 @@
 //! the windowed async publisher, the one-at-a-time publisher and the durable
 //! pull consumer, with the semantics of the reference clients.
 
-use crate::procs::{now_ns, sleep_until_ns};
-use crate::role::{print_ready, pub_json, wait_go, write_samples, Lag, RoleArgs, RoleKind};
+use crate::procs::now_ns;
+use crate::role::{print_ready, pub_json, wait_go, write_samples, Pacer, RoleArgs, RoleKind};
 use crate::stats::{new_payload, stamp, SubStats};
 use crate::PeersError;
 use async_nats::jetstream::{self, consumer, stream};
@@ -220,17 +220,10 @@ async fn js_latpub(a: &RoleArgs) -> Result<Value, PeersError> {
     let js = jetstream::new(connect(&a.url).await?);
     wait_go(a)?;
     let mut buf = new_payload(a.size);
-    let total = a.lat_msgs();
-    let period = 1e9 / a.rate;
     let subject = async_nats::Subject::from(a.topic.clone());
-    let (mut lag, mut lat, mut sent, mut errors) = (Lag::default(), Vec::new(), 0u64, 0u64);
-    let start = now_ns();
-    for i in 0..total {
-        let sched = start + (i as f64 * period) as u64;
-        sleep_until_ns(sched);
-        let t = now_ns();
-        lag.note(sched, t, period);
-        stamp(&mut buf, i, t);
+    let (mut lat, mut sent, mut errors) = (Vec::new(), 0u64, 0u64);
+    let mut pace = Pacer::new(a.lat_msgs(), a.rate);
+    while let Some(t) = pace.tick(&mut buf) {
         let r = match js
             .publish(subject.clone(), Bytes::copy_from_slice(&buf))
             .await
@@ -253,9 +246,9 @@ async fn js_latpub(a: &RoleArgs) -> Result<Value, PeersError> {
     }
     let end = now_ns();
     write_samples(a.latfile.as_deref(), &lat)?;
-    let mut extra = lag.json();
+    let mut extra = pace.lag.json();
     extra["errors"] = json!(errors);
-    Ok(pub_json(sent, start, end, extra))
+    Ok(pub_json(sent, pace.start_ns(), end, extra))
 }
 
 /// A durable pull consumer (DeliverAll, AckAll): fetch up to --fetch (never

@@ -2,8 +2,8 @@
 //! pub/sub publisher and subscriber, and the Streams publisher and
 //! consumer-group subscriber, with the semantics of the reference clients.
 
-use crate::procs::{now_ns, sleep_until_ns};
-use crate::role::{print_ready, pub_json, wait_go, write_samples, Lag, RoleArgs, RoleKind};
+use crate::procs::now_ns;
+use crate::role::{print_ready, pub_json, wait_go, write_samples, Pacer, RoleArgs, RoleKind};
 use crate::stats::{new_payload, stamp, SubStats};
 use crate::PeersError;
 use redis::{Connection, Value};
@@ -96,21 +96,15 @@ fn latpub(a: &RoleArgs) -> Result<serde_json::Value, PeersError> {
     wait_go(a)?;
     let mut buf = new_payload(a.size);
     let total = a.lat_msgs();
-    let period = 1e9 / a.rate;
-    let (mut lag, mut lat) = (Lag::default(), Vec::with_capacity(total as usize));
-    let start = now_ns();
-    for i in 0..total {
-        let sched = start + (i as f64 * period) as u64;
-        sleep_until_ns(sched);
-        let t = now_ns();
-        lag.note(sched, t, period);
-        stamp(&mut buf, i, t);
+    let mut lat = Vec::with_capacity(total as usize);
+    let mut pace = Pacer::new(total, a.rate);
+    while let Some(t) = pace.tick(&mut buf) {
         let _: Value = command(a.kind, &a.topic, &buf).query(&mut con)?;
         lat.push(now_ns().saturating_sub(t) as i64);
     }
     let end = now_ns();
     write_samples(a.latfile.as_deref(), &lat)?;
-    Ok(pub_json(total, start, end, lag.json()))
+    Ok(pub_json(total, pace.start_ns(), end, pace.lag.json()))
 }
 
 /// SUBSCRIBE, READY on its confirmation, then count messages until --msgs (or

@@ -3,6 +3,8 @@
 //! subscribed; a publisher given `--wait-go` prints `READY` and starts on a
 //! line on stdin; each prints one JSON result line at exit.
 
+use crate::procs::{now_ns, sleep_until_ns};
+use crate::stats::stamp;
 use crate::{nats_roles, redis_roles, PeersError};
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
@@ -155,6 +157,49 @@ impl Lag {
     }
 }
 
+/// The sends of a fixed-rate loop: `total` of them at `rate`/s from when it
+/// was made. Each [`Pacer::tick`] sleeps until its slot, notes how late it
+/// woke ([`Lag`]) and stamps the payload with its index and send time.
+pub struct Pacer {
+    start_ns: u64,
+    period_ns: f64,
+    total: u64,
+    next: u64,
+    pub lag: Lag,
+}
+
+impl Pacer {
+    pub fn new(total: u64, rate: f64) -> Pacer {
+        Pacer {
+            start_ns: now_ns(),
+            period_ns: 1e9 / rate,
+            total,
+            next: 0,
+            lag: Lag::default(),
+        }
+    }
+
+    /// When the loop started (monotonic ns).
+    pub fn start_ns(&self) -> u64 {
+        self.start_ns
+    }
+
+    /// Waits for the next send's slot and stamps `buf`; its send time, or
+    /// `None` after the last one.
+    pub fn tick(&mut self, buf: &mut [u8]) -> Option<u64> {
+        if self.next >= self.total {
+            return None;
+        }
+        let sched = self.start_ns + (self.next as f64 * self.period_ns) as u64;
+        sleep_until_ns(sched);
+        let t = now_ns();
+        self.lag.note(sched, t, self.period_ns);
+        stamp(buf, self.next, t);
+        self.next += 1;
+        Some(t)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +219,18 @@ mod tests {
         l.note(1000, 1200, 500.0);
         l.note(2000, 2600, 500.0);
         assert_eq!((l.late, l.max_lag_ns), (1, 600));
+    }
+
+    #[test]
+    fn a_pacer_stamps_each_send_and_stops_after_the_last() {
+        let mut p = Pacer::new(3, 1e6);
+        let mut buf = crate::stats::new_payload(32);
+        let mut sends = Vec::new();
+        while let Some(t) = p.tick(&mut buf) {
+            assert_eq!(crate::stats::header(&buf), Some((sends.len() as u64, t)));
+            sends.push(t);
+        }
+        assert_eq!(sends.len(), 3);
+        assert!(sends[0] >= p.start_ns() && sends.windows(2).all(|w| w[0] <= w[1]));
     }
 }

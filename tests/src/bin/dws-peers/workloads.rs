@@ -2,8 +2,8 @@
 //! per run and the final JSON summary line (printed last on stdout).
 
 use crate::nats_roles::{js_check, js_setup, JS_SUBJECT};
-use crate::procs::{children_cpu_s, now_ns, sleep_until_ns, Proc};
-use crate::role::{read_samples, Lag};
+use crate::procs::{children_cpu_s, now_ns, Proc};
+use crate::role::{read_samples, Pacer};
 use crate::server::{dir_bytes, fs_of, require, version, Broker, Kind, JS_LAZY_NOTE};
 use crate::stats::{self, fanout_result, latency_keys, num, round3, split, summarize};
 use crate::{Opts, PeersError};
@@ -102,14 +102,34 @@ fn start(sys: Sys, o: &Opts) -> Result<Broker, PeersError> {
     Ok(b)
 }
 
-/// One publisher → N subscriber processes; `--msgs` each.
-pub fn fanout(sys: Sys, o: &Opts) -> Result<(), PeersError> {
+/// `--runs` runs of one workload, each against a fresh broker (`one` gets
+/// the run's index and the broker, and returns the run's numbers), then the
+/// summary line with `keys` and `extra`.
+fn run_all(
+    sys: Sys,
+    o: &Opts,
+    keys: &[&str],
+    extra: Value,
+    mut one: impl FnMut(u32, &Broker) -> Result<Map<String, Value>, PeersError>,
+) -> Result<(), PeersError> {
     require(sys.kind().program())?;
     let mut runs = Vec::new();
     let mut durability = Value::Null;
     for i in 0..o.runs {
         let b = start(sys, o)?;
         durability = b.durability();
+        let r = one(i, &b)?;
+        drop(b);
+        runs.push(Value::Object(r));
+    }
+    emit(sys, &runs, keys, durability, extra);
+    Ok(())
+}
+
+/// One publisher → N subscriber processes; `--msgs` each.
+pub fn fanout(sys: Sys, o: &Opts) -> Result<(), PeersError> {
+    let extra = json!({"mode": "fanout", "subs": o.subs, "size": o.size, "msgs": o.msgs});
+    run_all(sys, o, stats::FANOUT_KEYS, extra, |i, b| {
         let (sub_role, pub_role, _) = sys.roles();
         let (c0, s0) = (children_cpu_s(), b.cpu_s());
         let mut subs = Vec::new();
@@ -119,14 +139,14 @@ pub fn fanout(sys: Sys, o: &Opts) -> Result<(), PeersError> {
                 ("size", o.size.to_string()),
                 ("name", format!("g{k}")),
             ];
-            subs.push(Proc::role(&role_args(sub_role, &b, "bench", &f), false)?);
+            subs.push(Proc::role(&role_args(sub_role, b, "bench", &f), false)?);
         }
         for s in &mut subs {
             s.ready()?;
         }
         let f = [("msgs", o.msgs.to_string()), ("size", o.size.to_string())];
         let publisher =
-            Proc::role(&role_args(pub_role, &b, sys.pub_topic(), &f), false)?.result(LONG)?;
+            Proc::role(&role_args(pub_role, b, sys.pub_topic(), &f), false)?.result(LONG)?;
         let results = subs
             .into_iter()
             .map(|s| s.result(LONG))
@@ -134,10 +154,9 @@ pub fn fanout(sys: Sys, o: &Opts) -> Result<(), PeersError> {
         let cpu = (b.cpu_s() - s0, children_cpu_s() - c0);
         let mut r = fanout_result(&publisher, &results, o.msgs, o.size as usize, cpu);
         if sys.durable() {
-            r.insert("stored".into(), json!(stored(sys, &b)?));
+            r.insert("stored".into(), json!(stored(sys, b)?));
             r.insert("store_bytes".into(), json!(dir_bytes(&b.data_dir())));
         }
-        drop(b);
         say!(
             "run {i}: {} N={} {} B: total={:.0} deliveries/s per-sub median={:.0} min={:.0} pub={:.0} msg/s lost={} \
              gaps={} reordered={}{} recv={} cpu/delivery={:.2}us",
@@ -155,21 +174,16 @@ pub fn fanout(sys: Sys, o: &Opts) -> Result<(), PeersError> {
             r["recv_per_sub"],
             fv(&r, "cpu_us_per_delivery"),
         );
-        runs.push(Value::Object(r));
-    }
-    let extra = json!({"mode": "fanout", "subs": o.subs, "size": o.size, "msgs": o.msgs});
-    emit(sys, &runs, stats::FANOUT_KEYS, durability, extra);
-    Ok(())
+        Ok(r)
+    })
 }
 
 /// Redis pub/sub at a fixed rate: latency publish → each subscriber.
 pub fn redis_latency(o: &Opts) -> Result<(), PeersError> {
-    require("redis-server")?;
     let rate = o.rate.unwrap_or(2000.0);
     let expected = (rate * o.duration) as u64;
-    let mut runs = Vec::new();
-    for i in 0..o.runs {
-        let b = start(Sys::Redis, o)?;
+    let extra = json!({"mode": "latency", "subs": o.subs, "size": o.size, "rate": rate, "duration": o.duration});
+    run_all(Sys::Redis, o, stats::LATENCY_KEYS, extra, |i, b| {
         let flags = |lat: String| {
             [
                 ("size", o.size.to_string()),
@@ -187,7 +201,7 @@ pub fn redis_latency(o: &Opts) -> Result<(), PeersError> {
         let mut subs = Vec::new();
         for k in 0..o.subs {
             subs.push(Proc::role(
-                &role_args("redis-latsub", &b, "bench", &flags(lat_file(k))),
+                &role_args("redis-latsub", b, "bench", &flags(lat_file(k))),
                 false,
             )?);
         }
@@ -196,7 +210,7 @@ pub fn redis_latency(o: &Opts) -> Result<(), PeersError> {
         }
         let pub_lat = b.dir().join("latpub.bin").to_string_lossy().to_string();
         let publisher = Proc::role(
-            &role_args("redis-latpub", &b, "bench", &flags(pub_lat)),
+            &role_args("redis-latpub", b, "bench", &flags(pub_lat)),
             false,
         )?
         .result(LONG)?;
@@ -207,7 +221,6 @@ pub fn redis_latency(o: &Opts) -> Result<(), PeersError> {
         let mut samples: Vec<i64> = (0..o.subs)
             .flat_map(|k| read_samples(Path::new(&lat_file(k))))
             .collect();
-        drop(b);
         let delivered: u64 = results.iter().filter_map(|s| s["recv"].as_u64()).sum();
         let mut r = latency_keys(&mut samples, "");
         r.insert("sent".into(), publisher["sent"].clone());
@@ -219,22 +232,24 @@ pub fn redis_latency(o: &Opts) -> Result<(), PeersError> {
             "run {i}: redis {rate}/s x {}s, {} subs: p50={:.1}us p99={:.1}us max={:.1}us samples={} lost={}",
             o.duration, o.subs, fv(&r, "p50_us"), fv(&r, "p99_us"), fv(&r, "max_us"), r["samples"], r["lost"]
         );
-        runs.push(Value::Object(r));
-    }
-    let extra = json!({"mode": "latency", "subs": o.subs, "size": o.size, "rate": rate, "duration": o.duration});
-    emit(Sys::Redis, &runs, stats::LATENCY_KEYS, Value::Null, extra);
-    Ok(())
+        Ok(r)
+    })
 }
 
 /// Durable publishes: --pubs publishers started together (no consumers), or
 /// with --rate one publisher, one publish at a time.
 pub fn publish(sys: Sys, o: &Opts) -> Result<(), PeersError> {
-    require(sys.kind().program())?;
-    let mut runs = Vec::new();
-    let mut durability = Value::Null;
-    for i in 0..o.runs {
-        let b = start(sys, o)?;
-        durability = b.durability();
+    let (keys, extra) = match o.rate {
+        Some(rate) => (
+            stats::RATE_KEYS,
+            json!({"mode": "rate", "rate": rate, "duration": o.duration, "size": o.size}),
+        ),
+        None => (
+            stats::PUBLISH_KEYS,
+            json!({"mode": "publish", "pubs": o.pubs, "size": o.size, "msgs": o.msgs}),
+        ),
+    };
+    run_all(sys, o, keys, extra, |i, b| {
         let (c0, s0) = (children_cpu_s(), b.cpu_s());
         let lat_file = |k: u32| {
             b.dir()
@@ -251,11 +266,11 @@ pub fn publish(sys: Sys, o: &Opts) -> Result<(), PeersError> {
                 ("latfile", lat_file(0)),
             ];
             let p =
-                Proc::role(&role_args(lat_role, &b, sys.pub_topic(), &f), false)?.result(LONG)?;
+                Proc::role(&role_args(lat_role, b, sys.pub_topic(), &f), false)?.result(LONG)?;
             let mut r = latency_keys(&mut read_samples(Path::new(&lat_file(0))), "");
             let u = |k: &str| p[k].as_u64().unwrap_or(0);
             let expected = (rate * o.duration) as u64;
-            let stored = stored(sys, &b)?;
+            let stored = stored(sys, b)?;
             r.insert("sent".into(), json!(u("sent")));
             r.insert("stored".into(), json!(stored));
             r.insert("lost".into(), json!(expected as i64 - stored as i64));
@@ -274,7 +289,7 @@ pub fn publish(sys: Sys, o: &Opts) -> Result<(), PeersError> {
                     ("wait-go", String::new()),
                 ];
                 procs.push(Proc::role(
-                    &role_args(pub_role, &b, sys.pub_topic(), &f),
+                    &role_args(pub_role, b, sys.pub_topic(), &f),
                     true,
                 )?);
             }
@@ -291,11 +306,10 @@ pub fn publish(sys: Sys, o: &Opts) -> Result<(), PeersError> {
             let mut samples: Vec<i64> = (0..o.pubs)
                 .flat_map(|k| read_samples(Path::new(&lat_file(k))))
                 .collect();
-            let stored = stored(sys, &b)?;
+            let stored = stored(sys, b)?;
             let cpu = (b.cpu_s() - s0, children_cpu_s() - c0);
             publish_result(&res, &mut samples, stored, o, cpu, dir_bytes(&b.data_dir()))
         };
-        drop(b);
         if o.rate.is_some() {
             say!(
                 "run {i}: {} {}/s x {}s one at a time: p50={:.1}us p99={:.1}us max={:.1}us achieved={:.0}/s late={} \
@@ -313,20 +327,8 @@ pub fn publish(sys: Sys, o: &Opts) -> Result<(), PeersError> {
                 r["stored"], r["lost"], fv(&r, "cpu_us_per_publish")
             );
         }
-        runs.push(Value::Object(r));
-    }
-    let (keys, extra) = match o.rate {
-        Some(rate) => (
-            stats::RATE_KEYS,
-            json!({"mode": "rate", "rate": rate, "duration": o.duration, "size": o.size}),
-        ),
-        None => (
-            stats::PUBLISH_KEYS,
-            json!({"mode": "publish", "pubs": o.pubs, "size": o.size, "msgs": o.msgs}),
-        ),
-    };
-    emit(sys, &runs, keys, durability, extra);
-    Ok(())
+        Ok(r)
+    })
 }
 
 /// Throughput publish numbers from the publishers' result lines.
@@ -399,15 +401,9 @@ pub fn fdatasync(o: &Opts) -> Result<(), PeersError> {
             .map_err(|e| PeersError::io("open the append file", e))?;
         let mut buf = stats::new_payload(o.size as usize);
         let total = (rate * o.duration) as u64;
-        let period = 1e9 / rate;
-        let (mut lag, mut samples) = (Lag::default(), Vec::with_capacity(total as usize));
-        let t0 = now_ns();
-        for k in 0..total {
-            let sched = t0 + (k as f64 * period) as u64;
-            sleep_until_ns(sched);
-            let t = now_ns();
-            lag.note(sched, t, period);
-            stats::stamp(&mut buf, k, t);
+        let mut samples = Vec::with_capacity(total as usize);
+        let mut pace = Pacer::new(total, rate);
+        while let Some(t) = pace.tick(&mut buf) {
             file.write_all(&buf)
                 .map_err(|e| PeersError::io("append", e))?;
             file.sync_data()
@@ -419,8 +415,9 @@ pub fn fdatasync(o: &Opts) -> Result<(), PeersError> {
         r.insert("lost".into(), json!(0));
         r.insert(
             "achieved_rate".into(),
-            num(total as f64 / (end.saturating_sub(t0) as f64 / 1e9)),
+            num(total as f64 / (end.saturating_sub(pace.start_ns()) as f64 / 1e9)),
         );
+        let lag = pace.lag;
         r.insert("late_sends".into(), json!(lag.late));
         say!(
             "run {i}: fdatasync of {} B appends at {rate}/s x {}s on {where_}: p50={:.1}us p99={:.1}us max={:.1}us \
