@@ -304,7 +304,7 @@ mod tests {
     struct Segments;
 
     impl crate::eventlog::body::ColdSource for Segments {
-        fn read(&self, _: &crate::eventlog::body::ColdRef, len: usize) -> std::io::Result<Bytes> {
+        fn read(&self, _: &Arc<std::path::PathBuf>, _: u64, len: usize) -> std::io::Result<Bytes> {
             Ok(Bytes::from(vec![0; len]))
         }
     }
@@ -312,9 +312,8 @@ mod tests {
     #[test]
     fn an_event_outside_the_hot_tail_is_shared_only_while_its_bytes_are_in_memory() {
         let evs: Vec<_> = (5..9).map(ev).collect();
-        let cooled = std::sync::atomic::Ordering::Relaxed;
         // The memory store: a cooled event keeps its bytes.
-        evs[2].cooled.store(true, cooled);
+        evs[2].cool();
         assert_eq!(shareable(&first(&evs), LineKind::Ndjson), Some(1));
         // The disk store: a cooled event is read back from its segment.
         evs[2].encoded.set_cold(crate::eventlog::body::ColdRef {

@@ -1,7 +1,8 @@
-//! An event's encoded bytes as the log holds them: resident in memory while
-//! the event is in the log's hot tail (or always, on a store that keeps no
-//! files), else read back on each use from its record in a disk store
-//! segment ([`ColdRef`], through the store's [`ColdSource`]).
+//! An event's encoded bytes as the log holds them: in memory with the
+//! caches of a hot event while it is in the log's hot tail, then either
+//! resident alone (a store that keeps no files) or read back on each use
+//! from its record in a disk store segment (a cold place: the segment,
+//! shared by every event in it, and an offset).
 //!
 //! A read of a cold body can fail (an I/O error, a record that no longer
 //! checks out): that is a store failure, reported through
@@ -11,20 +12,21 @@
 use std::{
     fmt,
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard, OnceLock},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use bytes::Bytes;
 
+use super::LineParts;
+
 /// Reads event bodies back from a store's files.
 pub trait ColdSource: Send + Sync + fmt::Debug {
-    /// The last `len` bytes of the payload of the record at `at` in
-    /// `segment` (a payload of `payload_len` bytes), checked against the
-    /// record's checksum.
-    fn read(&self, r: &ColdRef, len: usize) -> std::io::Result<Bytes>;
+    /// The last `len` bytes of the payload of the record at offset `at` of
+    /// `segment`, checked against the record's checksum.
+    fn read(&self, segment: &Arc<PathBuf>, at: u64, len: usize) -> std::io::Result<Bytes>;
 }
 
-/// Where an event's record lies in a segment.
+/// Where a store put an event's record (what the store hands the log).
 #[derive(Debug, Clone)]
 pub struct ColdRef {
     pub source: Arc<dyn ColdSource>,
@@ -32,6 +34,44 @@ pub struct ColdRef {
     /// Byte offset of the record (its header) in the segment.
     pub at: u64,
     pub payload_len: u32,
+}
+
+/// A segment and its reader, shared by every cold event in it.
+#[derive(Debug)]
+pub struct ColdSegment {
+    pub source: Arc<dyn ColdSource>,
+    pub path: Arc<PathBuf>,
+}
+
+/// A cold event's place: 16 bytes per event.
+#[derive(Debug, Clone)]
+pub struct Place {
+    pub segment: Arc<ColdSegment>,
+    pub at: u64,
+}
+
+/// The segment handle last made: consecutive events of one segment share it.
+static LAST_SEGMENT: Mutex<Option<Arc<ColdSegment>>> = Mutex::new(None);
+
+fn place_of(r: ColdRef) -> Place {
+    let mut last = lock(&LAST_SEGMENT);
+    let segment = match last.as_ref() {
+        Some(s)
+            if Arc::ptr_eq(&s.path, &r.segment)
+                && std::ptr::addr_eq(Arc::as_ptr(&s.source), Arc::as_ptr(&r.source)) =>
+        {
+            s.clone()
+        }
+        _ => {
+            let s = Arc::new(ColdSegment {
+                source: r.source,
+                path: r.segment,
+            });
+            *last = Some(s.clone());
+            s
+        }
+    };
+    Place { segment, at: r.at }
 }
 
 /// Why a cold body could not be read: the store failed.
@@ -67,54 +107,52 @@ pub fn take_read_failure() -> Option<String> {
     lock(&READ_FAILURE).take()
 }
 
-/// A value computed on first need and dropped when the event cools.
-#[derive(Debug)]
-pub struct Cached<T>(Mutex<Option<T>>);
-
-impl<T> Default for Cached<T> {
-    fn default() -> Self {
-        Cached(Mutex::new(None))
-    }
+fn failed(p: &Place, e: std::io::Error) -> ReadError {
+    let why = format!(
+        "cannot read an event back from {} (offset {}): {e}",
+        p.segment.path.display(),
+        p.at
+    );
+    note_read_failure(&why);
+    ReadError(why)
 }
 
-impl<T: Clone> Cached<T> {
-    /// The cached value, or `make()`'s, kept only when `keep`.
-    pub fn get_or(&self, keep: bool, make: impl FnOnce() -> T) -> T {
-        let mut c = lock(&self.0);
-        if let Some(v) = c.as_ref() {
-            return v.clone();
-        }
-        let v = make();
-        if keep {
-            *c = Some(v.clone());
-        }
-        v
-    }
-
-    /// The cached value, if any.
-    pub fn peek(&self) -> Option<T> {
-        lock(&self.0).clone()
-    }
-
-    pub fn clear(&self) {
-        lock(&self.0).take();
-    }
+/// A hot event's bytes and what is rendered from them once.
+#[derive(Debug, Default)]
+struct Hot {
+    bytes: Bytes,
+    cold: Option<Place>,
+    line_parts: Option<Arc<LineParts>>,
+    where_input: Option<Arc<proto::where_expr::Input>>,
 }
 
-/// An event's encoded `v1::Event`: resident, or on disk once cooled.
+#[derive(Debug, Default)]
+enum State {
+    #[default]
+    Empty,
+    /// In the hot tail.
+    Hot(Box<Hot>),
+    /// Out of the hot tail, no file to read it back from.
+    Resident(Box<Bytes>),
+    /// Out of the hot tail, on disk only.
+    Cold(Place),
+}
+
+/// An event's encoded `v1::Event`: hot, resident, or on disk once cooled.
 #[derive(Debug, Default)]
 pub struct Body {
-    len: usize,
-    resident: Mutex<Option<Bytes>>,
-    cold: OnceLock<ColdRef>,
+    len: u32,
+    state: Mutex<State>,
 }
 
 impl From<Bytes> for Body {
     fn from(b: Bytes) -> Body {
         Body {
-            len: b.len(),
-            resident: Mutex::new(Some(b)),
-            cold: OnceLock::new(),
+            len: b.len() as u32,
+            state: Mutex::new(State::Hot(Box::new(Hot {
+                bytes: b,
+                ..Hot::default()
+            }))),
         }
     }
 }
@@ -129,64 +167,143 @@ impl Body {
     /// A body that is on disk only.
     pub fn cold(len: usize, r: ColdRef) -> Body {
         Body {
-            len,
-            resident: Mutex::new(None),
-            cold: OnceLock::from(r),
+            len: len as u32,
+            state: Mutex::new(State::Cold(place_of(r))),
         }
     }
 
     /// Bytes of the encoded event, resident or not.
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Where the bytes are on disk, when only there.
+    pub fn place(&self) -> Option<Place> {
+        match &*lock(&self.state) {
+            State::Cold(p) => Some(p.clone()),
+            _ => None,
+        }
+    }
+
     /// The bytes: resident, else read from the store.
     pub fn get(&self) -> Result<Bytes, ReadError> {
-        if let Some(b) = lock(&self.resident).as_ref() {
-            return Ok(b.clone());
-        }
-        match self.cold.get() {
-            Some(r) => r.source.read(r, self.len).map_err(|e| {
-                let why = format!(
-                    "cannot read an event back from {} (offset {}): {e}",
-                    r.segment.display(),
-                    r.at
-                );
-                note_read_failure(&why);
-                ReadError(why)
-            }),
-            None => Ok(Bytes::new()),
-        }
+        let place = match &*lock(&self.state) {
+            State::Empty => return Ok(Bytes::new()),
+            State::Hot(h) => return Ok(h.bytes.clone()),
+            State::Resident(b) => return Ok((**b).clone()),
+            State::Cold(p) => p.clone(),
+        };
+        place
+            .segment
+            .source
+            .read(&place.segment.path, place.at, self.len())
+            .map_err(|e| failed(&place, e))
     }
 
     /// Where the bytes are on disk (set by the store once they are durable).
     pub fn set_cold(&self, r: ColdRef) {
-        let _ = self.cold.set(r);
+        let place = place_of(r);
+        let mut s = lock(&self.state);
+        match &mut *s {
+            State::Hot(h) => h.cold = Some(place),
+            State::Resident(_) | State::Empty => *s = State::Cold(place),
+            State::Cold(_) => {}
+        }
     }
 
+    /// In memory (hot or resident).
     pub fn is_resident(&self) -> bool {
-        lock(&self.resident).is_some()
+        matches!(&*lock(&self.state), State::Hot(_) | State::Resident(_))
     }
 
-    /// Drops the resident bytes if they can be read back.
-    pub fn drop_resident(&self) {
-        if self.cold.get().is_some() {
-            lock(&self.resident).take();
+    /// Out of the hot tail: nothing is cached for it.
+    pub fn is_cooled(&self) -> bool {
+        !matches!(&*lock(&self.state), State::Hot(_))
+    }
+
+    /// Leaves the hot tail: the caches go, and the bytes too when they can
+    /// be read back.
+    pub fn cool(&self) {
+        let mut s = lock(&self.state);
+        if !matches!(&*s, State::Hot(_)) {
+            return;
+        }
+        if let State::Hot(h) = std::mem::take(&mut *s) {
+            let Hot { bytes, cold, .. } = *h;
+            *s = match cold {
+                Some(p) => State::Cold(p),
+                None => State::Resident(Box::new(bytes)),
+            };
         }
     }
 
     /// Reads the bytes back into memory (an own copy, not a slice of a read
     /// window), for an event that must outlive its segment.
     pub fn make_resident(&self) -> Result<(), ReadError> {
-        if self.is_resident() {
-            return Ok(());
+        let place = match &*lock(&self.state) {
+            State::Cold(p) => p.clone(),
+            _ => return Ok(()),
+        };
+        let b = place
+            .segment
+            .source
+            .read(&place.segment.path, place.at, self.len())
+            .map_err(|e| failed(&place, e))?;
+        let mut s = lock(&self.state);
+        if let State::Cold(_) = &*s {
+            *s = State::Resident(Box::new(Bytes::copy_from_slice(&b)));
         }
-        let b = Bytes::copy_from_slice(&self.get()?);
-        *lock(&self.resident) = Some(b);
         Ok(())
+    }
+
+    /// The cached line parts, if any.
+    pub fn peek_line_parts(&self) -> Option<Arc<LineParts>> {
+        match &*lock(&self.state) {
+            State::Hot(h) => h.line_parts.clone(),
+            _ => None,
+        }
+    }
+
+    /// The cached `--where` input, if any.
+    pub fn peek_where_input(&self) -> Option<Arc<proto::where_expr::Input>> {
+        match &*lock(&self.state) {
+            State::Hot(h) => h.where_input.clone(),
+            _ => None,
+        }
+    }
+
+    /// The line parts: cached, or made from the bytes (and kept while hot).
+    pub fn line_parts(
+        &self,
+        make: impl FnOnce(Bytes) -> Arc<LineParts>,
+    ) -> Result<Arc<LineParts>, ReadError> {
+        if let Some(hit) = self.peek_line_parts() {
+            return Ok(hit);
+        }
+        let made = make(self.get()?);
+        if let State::Hot(h) = &mut *lock(&self.state) {
+            return Ok(h.line_parts.get_or_insert(made).clone());
+        }
+        Ok(made)
+    }
+
+    /// The `--where` input: cached, or made from the bytes (kept while
+    /// hot); `None` bytes when they cannot be read back.
+    pub fn where_input(
+        &self,
+        make: impl FnOnce(Option<Bytes>) -> Arc<proto::where_expr::Input>,
+    ) -> Arc<proto::where_expr::Input> {
+        if let Some(hit) = self.peek_where_input() {
+            return hit;
+        }
+        let made = make(self.get().ok());
+        if let State::Hot(h) = &mut *lock(&self.state) {
+            return h.where_input.get_or_insert(made).clone();
+        }
+        made
     }
 }

@@ -145,12 +145,12 @@ impl Ingest {
         let (scope, key_id) = dedup_key.clone().unwrap_or_default();
         self.staged.push(Arc::new(LoggedEvent {
             seq,
-            event_type: ev.event_type,
+            event_type: ev.event_type.into(),
             received_at_unix_ms,
             encoded: Bytes::from(encoded).into(),
-            scope,
-            event_id: key_id,
-            route: ev.upstream_subscription,
+            scope: scope.into(),
+            event_id: key_id.into(),
+            route: ev.upstream_subscription.into(),
             ..LoggedEvent::default()
         }));
         if let Some(key) = dedup_key {
@@ -186,7 +186,8 @@ impl Ingest {
     pub(super) fn replicated(&mut self, batch: &[Arc<LoggedEvent>]) {
         for e in batch {
             if !e.scope.is_empty() {
-                self.dedup.put((e.scope.clone(), e.event_id.clone()), e.seq);
+                self.dedup
+                    .put((e.scope.to_string(), e.event_id.to_string()), e.seq);
             }
         }
         if let Some(last) = batch.last() {

@@ -248,7 +248,7 @@ impl Hub {
         let mut log = EventLog::with_head(config.retention, first_kept.map_or(head, |f| f - 1));
         for e in &events {
             if !e.scope.is_empty() && !e.damaged {
-                dedup.put((e.scope.clone(), e.event_id.clone()), e.seq);
+                dedup.put((e.scope.to_string(), e.event_id.to_string()), e.seq);
             }
             if e.seq >= floor {
                 log.append(e.clone());

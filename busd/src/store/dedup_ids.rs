@@ -165,7 +165,7 @@ impl DedupIds {
         for e in events {
             if !e.scope.is_empty() && !e.damaged && e.seq >= self.persisted_below {
                 self.recent
-                    .push_back((e.seq, e.scope.clone(), e.event_id.clone()));
+                    .push_back((e.seq, e.scope.to_string(), e.event_id.to_string()));
             }
         }
         if let Some(head) = events.last().map(|e| e.seq) {

@@ -68,12 +68,12 @@ impl EventRecord {
     pub fn into_logged(self) -> LoggedEvent {
         LoggedEvent {
             seq: self.seq,
-            event_type: self.event_type,
+            event_type: self.event_type.into(),
             received_at_unix_ms: self.received_at_unix_ms,
             encoded: bytes::Bytes::from(self.encoded).into(),
-            scope: self.scope,
-            event_id: self.event_id,
-            route: self.route,
+            scope: self.scope.into(),
+            event_id: self.event_id.into(),
+            route: self.route.into(),
             ..LoggedEvent::default()
         }
     }
@@ -96,12 +96,12 @@ impl EventRecord {
         );
         LoggedEvent {
             seq: self.seq,
-            event_type: self.event_type,
+            event_type: self.event_type.into(),
             received_at_unix_ms: self.received_at_unix_ms,
             encoded: body,
-            scope: self.scope,
-            event_id: self.event_id,
-            route: self.route,
+            scope: self.scope.into(),
+            event_id: self.event_id.into(),
+            route: self.route.into(),
             ..LoggedEvent::default()
         }
     }

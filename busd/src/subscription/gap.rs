@@ -118,9 +118,9 @@ impl Subscription {
         let next = if through > 0 {
             self.pending
                 .iter()
-                .find(|e| e.event.seq > through && e.slot != Slot::Acked)
+                .find(|e| e.event.seq > through && e.slot.get() != Slot::Acked)
         } else {
-            self.pending.iter().find(|e| e.slot == Slot::Unsent)
+            self.pending.iter().find(|e| e.slot.get() == Slot::Unsent)
         };
         next.map_or(head.max(through) + 1, |e| e.event.seq)
     }

@@ -42,6 +42,7 @@ mod position;
 mod record;
 mod selecting;
 mod shared;
+mod slot;
 mod slow;
 #[cfg(test)]
 mod slow_tests;
@@ -63,6 +64,7 @@ use std::{
 use proto::v1::{self, PoisonPolicy};
 
 use self::gap::Gaps;
+use self::slot::{Packed, Slot};
 use crate::{
     eventlog::LoggedEvent,
     pattern::Selector,
@@ -75,25 +77,11 @@ pub type ConnId = u64;
 /// (and counted in `parked_dropped`).
 pub const MAX_PARKED: usize = 1000;
 
-/// Where one pending event stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    Unsent,
-    InFlight {
-        since: Instant,
-    },
-    /// Acked while an earlier event is still unacked (explicit acks).
-    Acked,
-    /// Nacked: not to be delivered again before `until`.
-    Delayed {
-        until: Instant,
-    },
-}
-
 #[derive(Debug, Clone)]
 struct Entry {
     event: Arc<LoggedEvent>,
-    slot: Slot,
+    /// A [`Slot`], packed.
+    slot: Packed,
     deliveries: u32,
     /// Which delivery of the subscription sent it last (its `sends` then):
     /// orders deliveries, which seqs do not (a replayed or nacked event
@@ -276,7 +264,7 @@ impl Subscription {
         }
         self.pending.push_back(Entry {
             event: e.clone(),
-            slot: Slot::Unsent,
+            slot: Slot::Unsent.into(),
             deliveries: 0,
             sent: 0,
         });
@@ -289,7 +277,7 @@ impl Subscription {
     /// lost, and reported with the next delivery.
     pub fn evicted(&mut self, seq: u64) {
         if let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) {
-            let slot = self.pending[i].slot;
+            let slot = self.pending[i].slot.get();
             match slot {
                 Slot::Delayed { .. } if self.keeps_delayed(i) => {}
                 Slot::Unsent | Slot::Delayed { .. } => {
@@ -333,9 +321,9 @@ impl Subscription {
     fn unsend_in_flight(&mut self, mut which: impl FnMut(Instant) -> bool) {
         let mut first = None;
         for (i, e) in self.pending.iter_mut().enumerate() {
-            if let Slot::InFlight { since } = e.slot {
+            if let Slot::InFlight { since } = e.slot.get() {
                 if which(since) {
-                    e.slot = Slot::Unsent;
+                    e.slot.set(Slot::Unsent);
                     self.in_flight -= 1;
                     first.get_or_insert(i);
                 }
@@ -407,7 +395,7 @@ impl Subscription {
         let mut still_open: Option<usize> = None;
         while i < self.pending.len() {
             let entry = &self.pending[i];
-            let due = match entry.slot {
+            let due = match entry.slot.get() {
                 Slot::Unsent => true,
                 Slot::Delayed { until } if until <= now => true,
                 Slot::Delayed { until } => {
@@ -460,7 +448,7 @@ impl Subscription {
                 break;
             }
             let entry = &mut self.pending[i];
-            entry.slot = Slot::InFlight { since: now };
+            entry.slot.set(Slot::InFlight { since: now });
             entry.deliveries += 1;
             self.sends += 1;
             entry.sent = self.sends;
@@ -484,7 +472,11 @@ impl Subscription {
 
     /// Drops acked events from the front; returns how many were acked now.
     fn settle(&mut self, newly: u64) -> u64 {
-        while self.pending.front().is_some_and(|e| e.slot == Slot::Acked) {
+        while self
+            .pending
+            .front()
+            .is_some_and(|e| e.slot.get() == Slot::Acked)
+        {
             if let Some(e) = self.pending.pop_front() {
                 self.removed_at(0);
                 self.acked_in_queue -= 1;
@@ -496,8 +488,8 @@ impl Subscription {
     }
 
     fn ack_entry(&mut self, i: usize) -> bool {
-        if let Slot::InFlight { .. } = self.pending[i].slot {
-            self.pending[i].slot = Slot::Acked;
+        if let Slot::InFlight { .. } = self.pending[i].slot.get() {
+            self.pending[i].slot.set(Slot::Acked);
             self.in_flight -= 1;
             self.acked_in_queue += 1;
             self.gaps.read_past(self.pending[i].sent);
@@ -518,7 +510,7 @@ impl Subscription {
         let Ok(i) = self.position(seq) else {
             return acked;
         };
-        let Slot::InFlight { .. } = self.pending[i].slot else {
+        let Slot::InFlight { .. } = self.pending[i].slot.get() else {
             return acked;
         };
         let upto = self.pending[i].sent;
@@ -526,7 +518,7 @@ impl Subscription {
         let mut left = self.in_flight;
         let mut j = 0;
         while left > 0 && j < self.pending.len() {
-            if let Slot::InFlight { .. } = self.pending[j].slot {
+            if let Slot::InFlight { .. } = self.pending[j].slot.get() {
                 left -= 1;
                 if self.pending[j].sent <= upto && self.ack_entry(j) {
                     acked.push(self.pending[j].event.seq);
@@ -553,8 +545,8 @@ impl Subscription {
         let Ok(i) = self.position(seq) else {
             return false;
         };
-        if let Slot::InFlight { .. } = self.pending[i].slot {
-            self.pending[i].slot = Slot::Delayed { until };
+        if let Slot::InFlight { .. } = self.pending[i].slot.get() {
+            self.pending[i].slot.set(Slot::Delayed { until });
             self.in_flight -= 1;
             self.gaps.read_past(self.pending[i].sent);
             self.reopen(i);
@@ -572,7 +564,7 @@ impl Subscription {
                 && self
                     .pending
                     .range(self.scan_from.min(self.pending.len())..)
-                    .any(|e| e.slot == Slot::Unsent))
+                    .any(|e| e.slot.get() == Slot::Unsent))
     }
 
     // ------------------------------------------------------------ reading
@@ -597,7 +589,7 @@ impl Subscription {
     pub fn cursor(&self, head: u64) -> u64 {
         self.pending
             .iter()
-            .find(|e| e.slot != Slot::Acked)
+            .find(|e| e.slot.get() != Slot::Acked)
             .map_or(head, |e| e.event.seq - 1)
     }
 
@@ -618,7 +610,7 @@ impl Subscription {
     pub fn oldest_pending(&self) -> Option<(&Arc<LoggedEvent>, u32)> {
         self.pending
             .iter()
-            .find(|e| e.slot != Slot::Acked)
+            .find(|e| e.slot.get() != Slot::Acked)
             .map(|e| (&e.event, e.deliveries))
     }
 

@@ -114,7 +114,7 @@ impl Subscription {
                 };
                 sub.pending.push_back(Entry {
                     event: e.clone(),
-                    slot,
+                    slot: slot.into(),
                     deliveries,
                     sent: 0,
                 });
@@ -150,7 +150,7 @@ impl Subscription {
             pinned: self
                 .pending
                 .iter()
-                .filter(|e| e.slot != Slot::Acked)
+                .filter(|e| e.slot.get() != Slot::Acked)
                 .map(|e| e.event.seq)
                 .take_while(|&s| s < log_floor)
                 .collect(),
@@ -172,7 +172,7 @@ impl Subscription {
             deliveries: self
                 .pending
                 .iter()
-                .filter(|e| e.deliveries > 0 && e.slot != Slot::Acked)
+                .filter(|e| e.deliveries > 0 && e.slot.get() != Slot::Acked)
                 .map(|e| (e.event.seq, e.deliveries))
                 .collect(),
             parked: self
@@ -188,7 +188,7 @@ impl Subscription {
             acked: self
                 .pending
                 .iter()
-                .filter(|e| e.slot == Slot::Acked)
+                .filter(|e| e.slot.get() == Slot::Acked)
                 .map(|e| e.event.seq)
                 .collect(),
             shared: self.shared,
@@ -196,7 +196,7 @@ impl Subscription {
             delayed: self
                 .pending
                 .iter()
-                .filter_map(|e| match e.slot {
+                .filter_map(|e| match e.slot.get() {
                     Slot::Delayed { until } => Some((e.event.seq, wall_ms(until, now))),
                     _ => None,
                 })

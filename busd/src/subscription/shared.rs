@@ -25,7 +25,7 @@ impl Subscription {
             at,
             Entry {
                 event,
-                slot: Slot::Unsent,
+                slot: Slot::Unsent.into(),
                 deliveries: deliveries.saturating_sub(1),
                 sent: 0,
             },
@@ -39,7 +39,7 @@ impl Subscription {
     pub fn holds(&self, seq: u64) -> bool {
         self.pending
             .binary_search_by_key(&seq, |e| e.event.seq)
-            .is_ok_and(|i| self.pending[i].slot != Slot::Acked)
+            .is_ok_and(|i| self.pending[i].slot.get() != Slot::Acked)
     }
 
     /// Shared delivery, the consumer left: everything not acked is given
@@ -48,7 +48,7 @@ impl Subscription {
         let seqs = self
             .pending
             .iter()
-            .filter(|e| e.slot != Slot::Acked)
+            .filter(|e| e.slot.get() != Slot::Acked)
             .map(|e| e.event.seq)
             .collect();
         self.pending.clear();
@@ -68,7 +68,7 @@ impl Subscription {
     pub fn held_seqs(&self) -> Vec<u64> {
         self.pending
             .iter()
-            .filter(|e| e.slot != Slot::Acked)
+            .filter(|e| e.slot.get() != Slot::Acked)
             .map(|e| e.event.seq)
             .collect()
     }

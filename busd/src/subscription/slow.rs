@@ -35,20 +35,20 @@ impl Subscription {
     pub(super) fn expire_in_flight(&mut self, wait: Duration, now: Instant) -> bool {
         let mut first = None;
         for i in 0..self.pending.len() {
-            let Slot::InFlight { since } = self.pending[i].slot else {
+            let Slot::InFlight { since } = self.pending[i].slot.get() else {
                 continue;
             };
             if since + wait > now {
                 continue;
             }
             let step = self.backoff_step(self.pending[i].deliveries);
-            self.pending[i].slot = if step.is_zero() {
+            self.pending[i].slot.set(if step.is_zero() {
                 Slot::Unsent
             } else {
                 Slot::Delayed {
                     until: since + wait + step,
                 }
-            };
+            });
             self.in_flight -= 1;
             first.get_or_insert(i);
         }
@@ -80,9 +80,9 @@ impl Subscription {
             return false;
         };
         let sent = self.pending[i].sent;
-        match &mut self.pending[i].slot {
-            Slot::InFlight { since } => {
-                *since = now;
+        match self.pending[i].slot.get() {
+            Slot::InFlight { .. } => {
+                self.pending[i].slot.set(Slot::InFlight { since: now });
                 self.gaps.read_past(sent);
                 true
             }
@@ -99,7 +99,7 @@ impl Subscription {
             return false;
         };
         let e = &self.pending[i];
-        if e.slot == Slot::Acked || e.deliveries == 0 {
+        if e.slot.get() == Slot::Acked || e.deliveries == 0 {
             return false;
         }
         self.gaps.read_past(e.sent);
@@ -112,7 +112,7 @@ impl Subscription {
     pub fn delayed(&self) -> (usize, Option<Instant>) {
         self.pending
             .iter()
-            .filter_map(|e| match e.slot {
+            .filter_map(|e| match e.slot.get() {
                 Slot::Delayed { until } => Some(until),
                 _ => None,
             })
@@ -127,7 +127,7 @@ impl Subscription {
     pub(super) fn keeps_delayed(&self, i: usize) -> bool {
         self.pending
             .range(..i)
-            .filter(|e| matches!(e.slot, Slot::Delayed { .. }))
+            .filter(|e| matches!(e.slot.get(), Slot::Delayed { .. }))
             .count()
             < MAX_DELAYED_PINNED
     }

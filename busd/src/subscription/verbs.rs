@@ -12,7 +12,7 @@ impl Subscription {
             return;
         };
         self.removed_at(i);
-        if let Slot::InFlight { .. } = entry.slot {
+        if let Slot::InFlight { .. } = entry.slot.get() {
             self.in_flight -= 1;
         }
         self.acked_through = self.acked_through.max(entry.event.seq);
@@ -128,7 +128,7 @@ impl Subscription {
                 at,
                 Entry {
                     event: event.clone(),
-                    slot: Slot::Unsent,
+                    slot: Slot::Unsent.into(),
                     deliveries: 0,
                     sent: 0,
                 },

@@ -15,13 +15,13 @@ use std::{
 
 use bytes::Bytes;
 
-use crate::{
-    eventlog::{ColdRef, ColdSource},
-    store::record::HEADER,
-};
+use crate::{eventlog::ColdSource, store::record::HEADER};
 
 /// Bytes read at once: the window a catch-up walks through.
 pub const WINDOW: usize = 1 << 20;
+
+/// No record is longer: an event fits in a frame, with its fields.
+const MAX_RECORD: usize = 2 * proto::MAX_FRAME_LEN;
 
 #[derive(Debug, Default)]
 struct Window {
@@ -78,36 +78,61 @@ pub fn body_of(rec: &Bytes, payload_len: usize, len: usize) -> io::Result<Bytes>
     Ok(rec.slice(rec.len() - len..))
 }
 
-impl ColdSource for SegmentReader {
-    fn read(&self, r: &ColdRef, len: usize) -> io::Result<Bytes> {
-        let need = HEADER + r.payload_len as usize;
-        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        let hit = w.segment.as_ref().is_some_and(|s| **s == *r.segment)
-            && r.at >= w.at
-            && r.at + need as u64 <= w.at + w.bytes.len() as u64;
+impl Window {
+    /// Makes the window hold `need` bytes from `at` of `segment` (reading
+    /// [`WINDOW`] bytes or more from there when it does not), and returns
+    /// where `at` is in it. Fewer than `need` bytes: the segment ends first.
+    fn cover(&mut self, segment: &Arc<PathBuf>, at: u64, need: usize) -> io::Result<usize> {
+        let hit = self.segment.as_ref().is_some_and(|s| **s == **segment)
+            && at >= self.at
+            && at + need as u64 <= self.at + self.bytes.len() as u64;
         if !hit {
-            if w.file.as_ref().is_none_or(|(p, _)| **p != *r.segment) {
-                w.file = None;
-                w.file = Some((r.segment.clone(), open(&r.segment)?));
+            if self.file.as_ref().is_none_or(|(p, _)| **p != **segment) {
+                self.file = None;
+                self.file = Some((segment.clone(), open(segment)?));
             }
-            let Some((_, file)) = w.file.as_ref() else {
+            let Some((_, file)) = self.file.as_ref() else {
                 return Err(io::Error::other("no segment open"));
             };
             let mut buf = vec![0; need.max(WINDOW)];
-            let n = read_full(file, &mut buf, r.at)?;
-            if n < need {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the segment ends before the record",
-                ));
-            }
+            let n = read_full(file, &mut buf, at)?;
             buf.truncate(n);
-            w.segment = Some(r.segment.clone());
-            w.at = r.at;
-            w.bytes = Bytes::from(buf);
+            self.segment = Some(segment.clone());
+            self.at = at;
+            self.bytes = Bytes::from(buf);
         }
-        let off = (r.at - w.at) as usize;
-        body_of(&w.bytes.slice(off..off + need), need - HEADER, len)
+        Ok((at - self.at) as usize)
+    }
+
+    /// The record at `at` (header and payload): its payload's last `len`
+    /// bytes, checked.
+    fn record(&mut self, segment: &Arc<PathBuf>, at: u64, len: usize) -> io::Result<Bytes> {
+        let eof = || {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the segment ends before the record",
+            )
+        };
+        let off = self.cover(segment, at, HEADER)?;
+        let head = self.bytes.get(off..off + HEADER).ok_or_else(eof)?;
+        let payload_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if payload_len > MAX_RECORD {
+            let what = "the record's length is implausible";
+            return Err(io::Error::new(io::ErrorKind::InvalidData, what));
+        }
+        let need = HEADER + payload_len;
+        let off = self.cover(segment, at, need)?;
+        if self.bytes.len() < off + need {
+            return Err(eof());
+        }
+        body_of(&self.bytes.slice(off..off + need), payload_len, len)
+    }
+}
+
+impl ColdSource for SegmentReader {
+    fn read(&self, segment: &Arc<PathBuf>, at: u64, len: usize) -> io::Result<Bytes> {
+        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        w.record(segment, at, len)
     }
 }
 

@@ -50,7 +50,7 @@ fn event(seq: u64) -> Arc<LoggedEvent> {
         seq,
         event_type: "a.b".into(),
         scope: "local".into(),
-        event_id: format!("id-{seq}"),
+        event_id: format!("id-{seq}").into(),
         encoded: Bytes::from(vec![(seq % 251) as u8; 40 + (seq % 7) as usize * 30]).into(),
         ..LoggedEvent::default()
     })

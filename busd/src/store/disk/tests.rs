@@ -11,7 +11,7 @@ fn ev(seq: u64) -> Arc<LoggedEvent> {
         seq,
         event_type: "a.b".into(),
         scope: "local".into(),
-        event_id: format!("id-{seq}"),
+        event_id: format!("id-{seq}").into(),
         encoded: Bytes::from(vec![seq as u8; 100]).into(),
         ..LoggedEvent::default()
     })

@@ -44,7 +44,7 @@ fn ev(seq: u64, scope: &str, id: &str) -> Arc<LoggedEvent> {
         route: if seq.is_multiple_of(2) {
             "up-1".into()
         } else {
-            String::new()
+            "".into()
         },
         ..LoggedEvent::default()
     })
@@ -92,9 +92,15 @@ async fn postgres_log_round_trip_gaps_and_dedup() {
     for (r, e) in back.iter().zip(&batch) {
         assert_eq!(
             (r.seq, r.received_at_unix_ms, &r.scope, &r.event_id),
-            (e.seq, e.received_at_unix_ms, &e.scope, &e.event_id)
+            (
+                e.seq,
+                e.received_at_unix_ms,
+                &e.scope.to_string(),
+                &e.event_id.to_string()
+            )
         );
-        assert_eq!((&r.event_type, &r.route), (&e.event_type, &e.route));
+        let (t, route) = (e.event_type.to_string(), e.route.to_string());
+        assert_eq!((&r.event_type, &r.route), (&t, &route));
         assert_eq!(r.encoded, e.encoded().unwrap().to_vec(), "seq {}", r.seq);
     }
     let page = log::read_after(&c, "c1", 1, 1).await.unwrap();
@@ -207,7 +213,7 @@ async fn postgres_log_delete_below_works_in_batches_and_keeps_the_head() {
             Arc::new(LoggedEvent {
                 seq: s,
                 event_type: "t".into(),
-                event_id: format!("g-{s}"),
+                event_id: format!("g-{s}").into(),
                 encoded: Bytes::from_static(b"\x00x").into(),
                 ..LoggedEvent::default()
             })

@@ -36,7 +36,7 @@ fn ev(seq: u64) -> Arc<LoggedEvent> {
         received_at_unix_ms: 5 + seq as i64,
         encoded: Bytes::from(vec![0, 255, seq as u8, 0]).into(),
         scope: "local".into(),
-        event_id: format!("id-{seq}"),
+        event_id: format!("id-{seq}").into(),
         ..LoggedEvent::default()
     })
 }
