@@ -2,7 +2,7 @@
 //! fixed-rate latency run and the memory run with a stalled consumer.
 
 use crate::{
-    fanout::{run_fanout, run_fanout_median, FanoutResult, Mode},
+    fanout::{run_fanout_median, run_fixed_rate, FanoutResult},
     fsync_floor,
     memory::{describe_memory, run_memory},
     opts::{Opts, StoreSel},
@@ -30,16 +30,7 @@ pub fn run_classic_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut
         println!(
             "(cpu µs/deliv: busd + consumers as in the table above; the publisher, this benchmark, not counted)"
         );
-        match guarded(|| {
-            run_fanout(
-                opts.rate_consumers,
-                256,
-                events,
-                Mode::Rate(opts.rate),
-                opts.inflight,
-                opts.store,
-            )
-        }) {
+        match run_fixed_rate(opts, opts.store) {
             Ok(r) => {
                 println!(
                     "  p50 {:.0} µs   p99 {:.0} µs   max {:.0} µs   cpu {} µs/deliv, busd part {}   ({} deliveries; busd peak {})",

@@ -220,6 +220,22 @@ pub fn retention_for(events: u64, size: usize) -> Option<(String, String)> {
         .then(|| ((events + 1024).to_string(), bytes.max(64 << 20).to_string()))
 }
 
+/// The fixed-rate latency run of `opts` (its rate, duration and
+/// consumers, 256 B events) on `store`, guarded against panics.
+pub fn run_fixed_rate(opts: &crate::opts::Opts, store: StoreSel) -> Res<FanoutResult> {
+    let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
+    crate::procs::guarded(|| {
+        run_fanout(
+            opts.rate_consumers,
+            256,
+            events,
+            Mode::Rate(opts.rate),
+            opts.inflight,
+            store,
+        )
+    })
+}
+
 pub fn run_fanout(
     n: usize,
     size: usize,

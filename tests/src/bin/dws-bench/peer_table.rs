@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::{
     durable::{median_of, run_durable, DurableResult},
-    fanout::{run_fanout, run_fanout_median, Mode},
+    fanout::{run_fanout_median, run_fixed_rate, Mode},
     opts::{Opts, StoreSel},
     peers,
     procs::{guarded, interrupted},
@@ -104,18 +104,8 @@ fn fill_bus_cells(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
             }
         }
         if !interrupted() && table.get(Row::LatP99, col).is_none() {
-            let events = ((opts.rate as f64 * opts.rate_secs).round() as u64).max(1);
             let what = format!("bus fixed-rate latency on the {} store", store.kind);
-            let r = guarded(|| {
-                run_fanout(
-                    opts.rate_consumers,
-                    256,
-                    events,
-                    Mode::Rate(opts.rate),
-                    opts.inflight,
-                    store,
-                )
-            });
+            let r = run_fixed_rate(opts, store);
             match r {
                 Ok(r) => {
                     println!("  {what}: p50 {:.0} µs, p99 {:.0} µs", r.p50_us, r.p99_us);
