@@ -68,7 +68,12 @@ enum DialError {
 fn is_unsolicited(kind: &S) -> bool {
     matches!(
         kind,
-        S::SourceState(_) | S::Heartbeat(_) | S::Event(_) | S::EventLines(_) | S::Gap(_)
+        S::SourceState(_)
+            | S::Heartbeat(_)
+            | S::Event(_)
+            | S::EventLines(_)
+            | S::LineBatch(_)
+            | S::Gap(_)
     )
 }
 
@@ -377,6 +382,24 @@ mod tests {
 
     fn frame(kind: S) -> v1::ServerFrame {
         v1::ServerFrame { kind: Some(kind) }
+    }
+
+    /// Deliveries still arriving while a consumer waits for the reply to
+    /// its Unsubscribe are skipped, whatever their form: a LineBatch taken
+    /// for the reply left the owned subscription behind.
+    #[test]
+    fn every_delivery_frame_is_unsolicited() {
+        for k in [
+            S::Event(Default::default()),
+            S::EventLines(Default::default()),
+            S::LineBatch(Default::default()),
+            S::Gap(Default::default()),
+            S::Heartbeat(Default::default()),
+            S::SourceState(Default::default()),
+        ] {
+            assert!(is_unsolicited(&k), "{k:?}");
+        }
+        assert!(!is_unsolicited(&S::Unsubscribed(Default::default())));
     }
 
     async fn handshake_against(

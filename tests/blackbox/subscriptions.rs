@@ -1093,6 +1093,6 @@ fn sigterm_ends_a_consumer_whose_stdout_is_stalled() {
     assert_eq!(
         env.status()["subscriptions"],
         serde_json::json!([]),
-        "owned subscription removed"
+        "owned subscription removed: {out}"
     );
 }
