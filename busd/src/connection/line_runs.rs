@@ -320,7 +320,6 @@ mod tests {
             source: Arc::new(Segments),
             segment: Arc::new("seg".into()),
             at: 0,
-            payload_len: 1,
         });
         evs[2].cool();
         assert!(!evs[2].encoded.is_resident());

@@ -31,9 +31,9 @@ pub trait ColdSource: Send + Sync + fmt::Debug {
 pub struct ColdRef {
     pub source: Arc<dyn ColdSource>,
     pub segment: Arc<PathBuf>,
-    /// Byte offset of the record (its header) in the segment.
+    /// Byte offset of the record (its header) in the segment; the reader
+    /// takes the payload's length from the record's header.
     pub at: u64,
-    pub payload_len: u32,
 }
 
 /// A segment and its reader, shared by every cold event in it.

@@ -55,12 +55,10 @@ pub struct EventRecord {
     pub place: Place,
 }
 
-/// Where an event record lies in a segment: its offset (at its header) and
-/// payload length.
+/// Where an event record lies in a segment: its offset (at its header).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Place {
     pub at: u64,
-    pub payload_len: u32,
 }
 
 impl EventRecord {
@@ -91,7 +89,6 @@ impl EventRecord {
                 source,
                 segment,
                 at: self.place.at,
-                payload_len: self.place.payload_len,
             },
         );
         LoggedEvent {
@@ -255,10 +252,7 @@ fn record_at(buf: &[u8], pos: usize, budget: &mut Budget) -> Option<(Payload, us
     }
     let mut parsed = parse_payload(payload)?;
     if let Payload::Event(e) = &mut parsed {
-        e.place = Place {
-            at: pos as u64,
-            payload_len: len as u32,
-        };
+        e.place = Place { at: pos as u64 };
     }
     Some((parsed, HEADER + len))
 }

@@ -345,18 +345,17 @@ impl<F: FileOps> Store for DiskStore<F> {
                     encoded: &encoded,
                 },
             );
-            places.push((at as u64, (self.buf.len() - at - record::HEADER) as u32));
+            places.push(at as u64);
         }
         record::put_commit(&mut self.buf, first.seq, last.seq);
         let (segment, base) = self.write_buf(first.seq, last.seq)?;
         // Durable: from now on the log may drop the bytes and read them back.
         if let Some(source) = &self.cold {
-            for (e, &(at, payload_len)) in events.iter().zip(&places) {
+            for (e, &at) in events.iter().zip(&places) {
                 e.encoded.set_cold(ColdRef {
                     source: source.clone(),
                     segment: segment.clone(),
                     at: base + at,
-                    payload_len,
                 });
             }
         }
