@@ -111,9 +111,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         schedule_ack(&p, &write_acks, &mut ack_due);
                         if piggyback(ack_due, Instant::now()) {
                             ack_due = None;
-                            for ack in write_acks.take(p.written) {
-                                let _ = bus.send(C::Ack(ack)).await;
-                            }
+                            send_acks(&mut bus, &mut write_acks, p.written).await;
                         }
                     }
                     Direct::Rest(rest) => waiting = Some(rest),
@@ -151,9 +149,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             },
             _ = sleep_until_opt(ack_due) => {
                 ack_due = None;
-                for ack in write_acks.take(pump.progress().written) {
-                    let _ = bus.send(C::Ack(ack)).await;
-                }
+                send_acks(&mut bus, &mut write_acks, pump.progress().written).await;
             }
             _ = progress.changed() => {
                 let p = pump.progress();
@@ -207,9 +203,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     }
     let progress = drain(rest, &mut pump, &mut progress, &mut signals, reason).await;
     if !reason.bus_ended() {
-        for ack in write_acks.take(progress.written) {
-            let _ = bus.send(C::Ack(ack)).await;
-        }
+        send_acks(&mut bus, &mut write_acks, progress.written).await;
         if plan.owned() {
             unsubscribe(&mut bus, &plan, &sub.subscription_id).await;
         }
@@ -304,6 +298,14 @@ async fn drain(
         _ = tokio::time::sleep(drain_bound.min(Duration::from_secs(86_400 * 365))) => {}
     }
     pump.progress()
+}
+
+/// Acks what reached stdout (`written` events) and was not acked yet;
+/// best effort: a bus gone by now redelivers them to the next consumer.
+async fn send_acks(bus: &mut BusConn, write_acks: &mut WriteAcks, written: u64) {
+    for ack in write_acks.take(written) {
+        let _ = bus.send(C::Ack(ack)).await;
+    }
 }
 
 /// Removes the subscription this run owns; warns (the TTL then removes it)
