@@ -454,12 +454,20 @@ fn rendered_lines_count_against_retention_so_memory_stays_near_one_retention() {
     let socket = env.bus_meta_socket().expect("socket");
     let pid = env.bus_meta_pid().expect("pid");
     let before = proc_kb(pid, "VmRSS");
-    // 320 events of 512 KiB (160 MiB), every one rendered as a line.
-    publish_big(&socket, "line-", 320, 512 << 10);
-    consumer.wait_stdout_lines(320, Duration::from_secs(120));
+    // 320 events of 512 KiB (160 MiB), every one rendered as a line. The
+    // publisher waits for the consumer to come within 16 events (16 MiB of
+    // events and lines) after every 8: a consumer slowed by a loaded machine
+    // would otherwise fall a retention behind and be told of a gap, which is
+    // right but not what this test measures.
+    for batch in 0..40usize {
+        publish_big(&socket, &format!("line-{batch}-"), 8, 512 << 10);
+        let published = (batch + 1) * 8;
+        consumer.wait_stdout_line_count(published.saturating_sub(16), LONG);
+    }
+    consumer.wait_stdout_line_count(320, Duration::from_secs(120));
     // One more batch: retention is applied after every batch.
     publish_big(&socket, "last-", 1, 10);
-    consumer.wait_stdout_lines(321, LONG);
+    consumer.wait_stdout_line_count(321, LONG);
     let st = env.status();
     let log_bytes = st["log"]["bytes"].as_u64().unwrap_or(u64::MAX);
     let rss = proc_kb(pid, "VmRSS");

@@ -220,6 +220,18 @@ impl Child {
             })
     }
 
+    /// Waits until stdout holds at least `n` complete lines, copying none
+    /// of them (for consumers of large lines that a test paces itself on).
+    pub fn wait_stdout_line_count(&mut self, n: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let reached = self
+            .stdout_capture()
+            .wait_for(deadline, |lines, _| (lines.len() >= n).then_some(()));
+        reached.unwrap_or_else(|closed| {
+            self.wait_failed("stdout", closed, &format!("{n} stdout line(s)"))
+        })
+    }
+
     /// Like [`Child::wait_stdout_lines`] but returns `None` instead of
     /// panicking when the lines are not there in time (or stdout closed).
     pub fn try_wait_stdout_lines(&mut self, n: usize, timeout: Duration) -> Option<Vec<String>> {
