@@ -45,6 +45,10 @@ pub async fn run(
     let mut backoff = Duration::ZERO;
     loop {
         tokio::select! {
+            // Shutdown first: once it fired, no client is accepted here, so
+            // one arriving now finds no socket and starts a successor.
+            biased;
+            r = shutdown.recv() => return r,
             res = listener.accept() => match res {
                 Ok((stream, _)) => {
                     backoff = Duration::ZERO;
@@ -71,7 +75,6 @@ pub async fn run(
                     }
                 }
             },
-            r = shutdown.recv() => return r,
         }
     }
 }

@@ -231,6 +231,16 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
                     }
                     conn.closing = true;
                 }
+                // The shutdown fired while this task slept, and the select
+                // took the read first: answer nothing of it, say Bye. A
+                // client that arrived as the bus began to exit (a consumer
+                // about to subscribe) goes to the successor instead of
+                // printing ready on a bus that is going away.
+                Ok(_) if shutdown.reason().is_some() => {
+                    if let Some(reason) = shutdown.reason() {
+                        conn.bye(reason);
+                    }
+                }
                 Ok(_) => {
                     held = conn
                         .decode_input(&mut codec, &mut input, &mut frame_started)
