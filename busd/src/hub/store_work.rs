@@ -228,7 +228,10 @@ impl Hub {
             }
             let due = last_save + SAVE_INTERVAL;
             let pick = pick_work(Wants {
-                staged: st.ingest.staged_len() > 0,
+                // On the memory store what is staged is a connection's,
+                // held for one fan-out of its read (`Hub::append_held`):
+                // taken here, it would be fanned out out of order.
+                staged: st.ingest.staged_len() > 0 && !self.shared.config.inline_commit,
                 dirty: st.persist.dirty,
                 urgent: st.persist.urgent(),
                 save_due: Instant::now() >= due,
