@@ -7,6 +7,7 @@
 //! - [`pattern`]: event-key patterns (`a.b`, `a.*`, `*`).
 //! - [`limits`]: the bounds both sides enforce.
 //! - [`ndjson`]: the NDJSON event line of the consume contract.
+//! - [`json`]: JSON strings written as serde_json writes them, faster.
 //! - [`lines`]: `LineBatch`, lines rendered once for every subscription.
 //! - [`ready`]: the ready pipe's verdict between a spawned bus and `dws`.
 //! - [`paths`]: where a profile's work dir and socket live; both sides must agree.
@@ -16,6 +17,7 @@
 //! This crate does no socket I/O.
 
 pub mod codec;
+pub mod json;
 pub mod limits;
 pub mod lines;
 pub mod ndjson;
