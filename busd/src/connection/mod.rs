@@ -45,11 +45,7 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use bytes::BytesMut;
 use outbox::Outbox;
-use proto::{
-    time::sleep_until_opt,
-    v1::{client_frame::Kind as C, ErrorCode},
-    CodecError, ServerCodec,
-};
+use proto::{time::sleep_until_opt, v1::ErrorCode, CodecError, ServerCodec};
 use tokio::{net::UnixStream, sync::watch, time::Instant};
 use tokio_util::codec::Decoder;
 
@@ -116,9 +112,6 @@ pub struct Connection {
     line_batches: Option<line_runs::LineKind>,
     /// Reused buffer for a batch of lines.
     line_buf: Vec<u8>,
-    /// Publishes of this read were staged without their fan-out (see
-    /// [`Connection::fan_out_held`]).
-    fan_out_held: bool,
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
@@ -139,7 +132,6 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         lines: false,
         line_batches: None,
         line_buf: Vec::new(),
-        fan_out_held: false,
     };
     let peer_ok = stream
         .peer_cred()
@@ -334,16 +326,12 @@ impl Connection {
             match codec.decode(input) {
                 Ok(Some(frame)) => {
                     decoded = true;
-                    if !matches!(frame.kind, Some(C::Publish(_))) {
-                        self.fan_out_held();
-                    }
                     self.handle(frame).await;
                 }
                 Ok(None) => break,
                 Err(e) => self.bad_frame(&e),
             }
         }
-        self.fan_out_held();
         // The frame deadline is for a client that started a frame and did
         // not finish it, never for one whose frames wait for it to read.
         *frame_started = match (input.is_empty() || held, *frame_started) {
@@ -357,16 +345,6 @@ impl Connection {
             input.reserve(READ_CAPACITY);
         }
         held
-    }
-
-    /// The publishes of one read are fanned out together, once, after the
-    /// last of them or before any other request (which may wait, or look at
-    /// the log); their replies follow.
-    fn fan_out_held(&mut self) {
-        if std::mem::take(&mut self.fan_out_held) {
-            self.hub.fan_out_staged();
-            self.answer_durable();
-        }
     }
 }
 

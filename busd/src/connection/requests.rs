@@ -312,8 +312,7 @@ impl Connection {
             let placeholder = S::PublishAck(v1::PublishAck::default());
             return self.reply_after(req.request_id, Some(Until::Forwarded(ticket)), placeholder);
         }
-        let appended = self.hub.append_held(event);
-        self.fan_out_held = true;
+        let appended = self.hub.append(event);
         let appended = match appended {
             Ok(a) => a,
             Err(r) => return self.error(req.request_id, r.code, r.message),

@@ -43,35 +43,6 @@ impl Hub {
     /// An event whose deliveries would not fit in a frame is refused here,
     /// at the door, so nothing is ever acked that cannot be delivered.
     pub fn append(&self, ev: NewEvent) -> Result<Appended, Refusal> {
-        self.append_then(ev, true)
-    }
-
-    /// [`Hub::append`] for a connection that read several publishes at
-    /// once: on the memory store their fan-out waits for
-    /// [`Hub::fan_out_staged`], once for all of them, instead of one
-    /// fan-out (a lock, every subscription offered, its consumers woken)
-    /// per event. The disk store's committer batches them anyway.
-    pub fn append_held(&self, ev: NewEvent) -> Result<Appended, Refusal> {
-        self.append_then(ev, false)
-    }
-
-    /// On the memory store, appends and fans out what [`Hub::append_held`]
-    /// staged (with anything staged before it, in seq order).
-    pub fn fan_out_staged(&self) {
-        if !self.shared.config.inline_commit {
-            return;
-        }
-        let mut st = self.state();
-        if st.ingest.staged_len() == 0 {
-            return;
-        }
-        let batch = st.ingest.take_staged(usize::MAX);
-        let (wake, head) = fan_out_locked(&mut st, batch);
-        drop(st);
-        self.after_fan_out(wake, head);
-    }
-
-    fn append_then(&self, ev: NewEvent, fan_out: bool) -> Result<Appended, Refusal> {
         let mut st = self.state();
         let appended = match st.ingest.stage(ev, self.shared.started_at_ms) {
             Ok(a) => a,
@@ -86,9 +57,6 @@ impl Hub {
             return Ok(appended);
         }
         if self.shared.config.inline_commit {
-            if !fan_out {
-                return Ok(appended);
-            }
             let batch = st.ingest.take_staged(usize::MAX);
             let (wake, head) = fan_out_locked(&mut st, batch);
             drop(st);

@@ -228,10 +228,7 @@ impl Hub {
             }
             let due = last_save + SAVE_INTERVAL;
             let pick = pick_work(Wants {
-                // On the memory store what is staged is a connection's,
-                // held for one fan-out of its read (`Hub::append_held`):
-                // taken here, it would be fanned out out of order.
-                staged: st.ingest.staged_len() > 0 && !self.shared.config.inline_commit,
+                staged: st.ingest.staged_len() > 0,
                 dirty: st.persist.dirty,
                 urgent: st.persist.urgent(),
                 save_due: Instant::now() >= due,

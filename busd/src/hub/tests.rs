@@ -139,46 +139,6 @@ fn with_an_inline_commit_an_event_is_durable_at_once() {
 }
 
 #[test]
-fn held_appends_are_fanned_out_together_and_a_plain_append_takes_them_along() {
-    let (mem, _listener) = hub_with(true);
-    mem.append_held(ev("a")).unwrap();
-    mem.append_held(ev("b")).unwrap();
-    assert_eq!(mem.head_seq(), 0, "held: not in the log yet");
-    assert_eq!(mem.durable().borrow().seq, 0);
-    mem.fan_out_staged();
-    assert_eq!(mem.head_seq(), 2);
-    assert_eq!(mem.durable().borrow().seq, 2);
-    mem.fan_out_staged();
-    assert_eq!(mem.head_seq(), 2, "nothing left to fan out");
-    // A source's append meanwhile fans out what a connection held, in order.
-    mem.append_held(ev("c")).unwrap();
-    assert_eq!(mem.append(ev("d")).unwrap().seq, 4);
-    assert_eq!(mem.durable().borrow().seq, 4);
-    // On the disk store the committer batches: holding changes nothing.
-    let disk = hub();
-    disk.append_held(ev("a")).unwrap();
-    disk.fan_out_staged();
-    assert_eq!(commit_staged(&disk), vec![1]);
-}
-
-/// The committer thread never takes events a connection holds for its own
-/// fan-out: taking them, it fanned them out after the connection's later
-/// events (seen as events skipped and then repeated by a consumer).
-#[test]
-fn the_committer_leaves_held_appends_to_the_connection_on_the_memory_store() {
-    let (mem, _listener) = hub_with(true);
-    mem.append_held(ev("a")).unwrap();
-    mem.close_store();
-    let work = mem.next_commit_work(std::time::Instant::now());
-    assert!(
-        matches!(work, CommitWork::Final(_)),
-        "the committer took the held event"
-    );
-    mem.fan_out_staged();
-    assert_eq!(mem.head_seq(), 1);
-}
-
-#[test]
 fn a_too_large_event_is_refused_and_counted() {
     let hub = hub();
     let mut big = ev("big");
