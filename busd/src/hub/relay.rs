@@ -15,6 +15,19 @@ use std::sync::{atomic::Ordering, Arc};
 
 use super::{lock, ConnHandle, Hub};
 
+/// Held by a running relay: when the relay stops for any reason (its task
+/// aborted, the runtime dropped, a panic), commits go back to waking
+/// directly, and what was handed to the relay but not passed on is passed
+/// on here, so no commit's wake-ups are lost with it.
+struct RelayOn(Hub);
+
+impl Drop for RelayOn {
+    fn drop(&mut self) {
+        self.0.shared.relay_on.store(false, Ordering::Release);
+        self.0.pass_on();
+    }
+}
+
 /// What the relay has not passed on yet.
 #[derive(Default)]
 pub(super) struct Pending {
@@ -27,15 +40,21 @@ impl Hub {
     /// Runs the relay until the runtime stops (it never returns on its own).
     pub async fn wake_relay(self) {
         self.shared.relay_on.store(true, Ordering::Release);
+        let _on = RelayOn(self.clone());
         loop {
             self.shared.relay_wake.notified().await;
-            let Pending { wake, durable } = std::mem::take(&mut *lock(&self.shared.relay));
-            if durable {
-                // The value is set already (see `after_fan_out`): only tell.
-                self.shared.durable.send_modify(|_| {});
-            }
-            wake_all(wake);
+            self.pass_on();
         }
+    }
+
+    /// Tells the durable head's watchers and wakes what the relay holds.
+    fn pass_on(&self) {
+        let Pending { wake, durable } = std::mem::take(&mut *lock(&self.shared.relay));
+        if durable {
+            // The value is set already (see `after_fan_out`): only tell.
+            self.shared.durable.send_modify(|_| {});
+        }
+        wake_all(wake);
     }
 
     /// Publishes the durable head `head` and wakes `wake`: directly on the
@@ -59,6 +78,11 @@ impl Hub {
             p.durable = true;
         }
         self.shared.relay_wake.notify_one();
+        // The relay stopped meanwhile: pass this on here (at worst twice,
+        // which costs a spurious wake-up, never a lost one).
+        if !self.shared.relay_on.load(Ordering::Acquire) {
+            self.pass_on();
+        }
     }
 }
 

@@ -138,6 +138,26 @@ fn with_an_inline_commit_an_event_is_durable_at_once() {
     assert_eq!(hub.durable().borrow().seq, 1);
 }
 
+/// A commit from the committer's thread tells the durable head's watchers
+/// also after the relay task is gone (before, it handed them to a relay
+/// that no longer ran: nobody was told, ever).
+#[test]
+fn commits_wake_directly_once_the_relay_is_gone() {
+    let (hub, _listener) = hub_with(false);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let relay = rt.spawn(hub.clone().wake_relay());
+    rt.block_on(tokio::task::yield_now());
+    relay.abort();
+    let _ = rt.block_on(relay);
+    let mut rx = hub.durable();
+    rx.borrow_and_update();
+    hub.after_fan_out(vec![], 7);
+    assert!(rx.has_changed().unwrap(), "the head's watchers were told");
+    assert_eq!(rx.borrow().seq, 7);
+}
+
 #[test]
 fn a_too_large_event_is_refused_and_counted() {
     let hub = hub();
