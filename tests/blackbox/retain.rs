@@ -48,20 +48,23 @@ fn busd_pid(env: &TestEnv) -> i32 {
     pids[0]
 }
 
+/// `dws event consume --subscribe-id ID --max-events N`.
+fn consume_of(env: &TestEnv, id: &str, n: usize) -> dws_tests::Cmd {
+    let max = n.to_string();
+    env.dws([
+        "event",
+        "consume",
+        "--subscribe-id",
+        id,
+        "--max-events",
+        &max,
+    ])
+}
+
 /// `consume --subscribe-id lag --max-events n`: the events, asserting
 /// there are `n` and their seqs rise.
 fn catch_up(env: &TestEnv, n: usize) -> Vec<Value> {
-    let max = n.to_string();
-    let out = env
-        .dws([
-            "event",
-            "consume",
-            "--subscribe-id",
-            "lag",
-            "--max-events",
-            &max,
-        ])
-        .run_with_timeout(EXIT_TIMEOUT);
+    let out = consume_of(env, "lag", n).run_with_timeout(EXIT_TIMEOUT);
     out.assert_clean_exit("limit", n as u64);
     let events = out.json_lines();
     assert_eq!(events.len(), n);
@@ -76,19 +79,9 @@ fn catch_up(env: &TestEnv, n: usize) -> Vec<Value> {
 /// there: `n` lines, seqs rising. Returns how long the consumer took.
 fn catch_up_to_file(env: &TestEnv, id: &str, n: usize) -> Duration {
     use std::io::BufRead;
-    let max = n.to_string();
     let path = env.root().join(format!("catch-up-{id}.ndjson"));
     let started = Instant::now();
-    let mut c = env
-        .dws([
-            "event",
-            "consume",
-            "--subscribe-id",
-            id,
-            "--max-events",
-            &max,
-        ])
-        .spawn_stdout_unread();
+    let mut c = consume_of(env, id, n).spawn_stdout_unread();
     let mut stdout = c.take_stdout().expect("stdout");
     let mut file = std::fs::File::create(&path).expect("create the catch-up file");
     std::io::copy(&mut stdout, &mut file).expect("copy stdout");
