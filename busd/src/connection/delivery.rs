@@ -57,7 +57,13 @@ impl Connection {
 
     pub(super) fn bye(&mut self, reason: ByeReason) {
         // A bus stopped by its store says so: it is an error, not a goodbye.
+        // The replies waiting for the store go first, each with its own
+        // answer: `dws` takes the first Error as its request's answer, and
+        // a forwarded publish the owner may still append must read
+        // "outcome unknown", not this "failed" (the fault suite's
+        // `busd_sessions_terminated` saw one told failed, then appended).
         if let Some(why) = self.hub.store_error() {
+            self.answer_durable();
             self.error(0, ErrorCode::Internal, store_failed_message(&why));
             self.closing = true;
             return;

@@ -352,10 +352,12 @@ impl Hub {
     pub fn store_failed(&self, why: String) {
         tracing::error!(cause = %why, "the store failed; the bus stops (the next start recovers what is on disk)");
         let why: Arc<str> = why.into();
-        self.state().persist.fail(why.clone());
+        // The waiters' view first: a connection that sees `store_error`
+        // then finds the failure in `Durable` too (see `Connection::bye`).
         self.shared
             .durable
             .send_modify(|d| d.failed = Some(why.clone()));
+        self.state().persist.fail(why.clone());
         self.shared.shutdown.trigger(ByeReason::Shutdown);
     }
 
