@@ -449,6 +449,13 @@ async fn serve(
         .map_err(|e| StartError::runtime(format!("cannot write the store: {e}")))?;
     let committer = commit::spawn(hub.clone(), store, dedup_ids)
         .map_err(|e| StartError::runtime(format!("cannot start the committer thread: {e}")))?;
+    // `--where` runs in its own thread and worker process, never under the
+    // hub lock; restored events it must judge again wait for it there.
+    where_filter::runner::spawn(
+        hub.filter_handle(),
+        where_filter::runner::Evaluator::worker(),
+    )
+    .map_err(|e| StartError::runtime(format!("cannot start the filter thread: {e}")))?;
     tracing::info!(
         pid = std::process::id(),
         profile = %endpoint.profile,

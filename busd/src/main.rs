@@ -6,6 +6,10 @@ use std::process::ExitCode;
 use busd::exit::Failure;
 
 fn main() -> ExitCode {
+    // The `--where` filter worker busd starts for itself: nothing else runs.
+    if std::env::args_os().nth(1).as_deref() == Some(busd::where_filter::worker::ARG.as_ref()) {
+        return busd::where_filter::worker::main();
+    }
     let argv: Vec<String> = std::env::args().collect();
     match busd::config::Args::parse_from_argv(&argv) {
         Ok(busd::config::Args {

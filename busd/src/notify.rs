@@ -13,10 +13,16 @@
 //!
 //! A bus that `dws` spawns (no `--foreground`) never notifies, even if it
 //! inherited `NOTIFY_SOCKET` from its spawner: the socket belongs to
-//! whoever started `dws`. Notification failures are logged, never fatal.
+//! whoever started `dws`. A notification never waits: it is one
+//! non-blocking datagram, dropped when the manager's queue is full (a
+//! stalled service manager) or the socket is gone; failures are logged at
+//! most once a minute ([`FAILURES`]), never fatal.
 //! See `contrib/systemd/dws-bus@.service`.
 
 use std::{
+    ffi::OsStr,
+    io,
+    os::unix::net::UnixDatagram,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
@@ -24,12 +30,15 @@ use std::{
 use proto::{paths::Endpoint, v1::ByeReason};
 use sd_notify::NotifyState;
 
-use crate::{hub::Hub, shutdown::Shutdown};
+use crate::{hub::Hub, ratelimit::LogLimit, shutdown::Shutdown};
 
 /// How often the `STATUS=` line is refreshed (only sent when it changed).
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(2);
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// One line a minute about notifications that could not be sent.
+static FAILURES: LogLimit = LogLimit::new(Duration::from_secs(60));
 
 /// `true` when this run is supervised by a service manager: `--foreground`
 /// and a non-empty `NOTIFY_SOCKET`. Decides the idle-timeout default too
@@ -60,9 +69,38 @@ fn send(states: &[NotifyState]) {
     if !enabled() {
         return;
     }
-    if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!("cannot notify the service manager: {e}");
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    if let Err(e) = send_datagram(&path, msg.as_bytes()) {
+        crate::warn_limited!(
+            FAILURES,
+            "cannot notify the service manager (NOTIFY_SOCKET {}): {e}; the notification is dropped",
+            path.to_string_lossy()
+        );
     }
+}
+
+/// One datagram to the service manager's socket, never waiting: a full
+/// queue is `WouldBlock`. A path starting with `@` is an abstract socket.
+fn send_datagram(path: &OsStr, msg: &[u8]) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let sock = UnixDatagram::unbound()?;
+    sock.set_nonblocking(true)?;
+    let bytes = path.as_bytes();
+    let sent = match bytes.strip_prefix(b"@") {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+            sock.send_to_addr(msg, &addr)?
+        }
+        None => sock.send_to(msg, path)?,
+    };
+    if sent != msg.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "incomplete write"));
+    }
+    Ok(())
 }
 
 /// Sends one `STATUS=` line.
@@ -158,6 +196,29 @@ mod tests {
         // NOTIFY_SOCKET is whatever the test runner has; without
         // --foreground it never counts.
         assert!(!supervised(false));
+    }
+
+    #[test]
+    fn a_full_or_absent_socket_fails_at_once_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let receiver = UnixDatagram::bind(&path).unwrap();
+        // Nobody reads: the queue fills, and then each send fails at once.
+        let started = std::time::Instant::now();
+        let mut refused = 0;
+        for _ in 0..10_000 {
+            if send_datagram(path.as_os_str(), &[b'x'; 512]).is_err() {
+                refused += 1;
+            }
+            if refused > 10 {
+                break;
+            }
+        }
+        assert!(refused > 10, "the queue never filled");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(receiver);
+        assert!(send_datagram(path.as_os_str(), b"READY=1\n").is_err());
+        assert!(send_datagram(OsStr::new("@dws-test-no-such-socket"), b"x").is_err());
     }
 
     #[test]

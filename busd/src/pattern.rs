@@ -1,6 +1,7 @@
 //! What a subscription selects: any of its event-key patterns
 //! ([`proto::pattern::Pattern`]), then an optional regex filter on the event
-//! type. Validated when the subscription is created, so a bad pattern or
+//! type, then its `--where` expressions (held here, judged by
+//! `where_filter`). Validated when the subscription is created, so a bad pattern or
 //! regex never reaches the log.
 //!
 //! Matching is indexed, not a scan over the patterns: exact keys sit in a
@@ -16,7 +17,6 @@ use regex::{Regex, RegexBuilder};
 
 use crate::eventlog::LoggedEvent;
 use crate::where_filter::Wheres;
-use proto::where_expr::EvalError;
 
 pub use proto::pattern::Pattern;
 
@@ -133,18 +133,22 @@ impl Selector {
         self.wheres.as_ref().map_or(&[], Wheres::exprs)
     }
 
-    /// Whether a subscription bound to `upstream_id` wants `e`: a damaged
-    /// placeholder always (its type is unknown: every subscription must
-    /// stop at it); else its route and type, then the `--where`
-    /// expressions, whose failure is `Err` (no match, counted by fan-out).
-    pub fn selects(&self, e: &LoggedEvent, upstream_id: Option<&str>) -> Result<bool, EvalError> {
-        if e.damaged {
-            return Ok(true);
-        }
-        if !(e.routed_to(upstream_id) && self.matches(&e.event_type)) {
-            return Ok(false);
-        }
-        self.wheres.as_ref().map_or(Ok(true), |w| w.eval(e))
+    /// Whether a subscription bound to `upstream_id` wants `e` by its
+    /// route, keys and filter: a damaged placeholder always (its type is
+    /// unknown: every subscription must stop at it). The `--where`
+    /// expressions are judged apart, off the hub lock (`where_filter`).
+    pub fn selects_keys(&self, e: &LoggedEvent, upstream_id: Option<&str>) -> bool {
+        e.damaged || (e.routed_to(upstream_id) && self.matches(&e.event_type))
+    }
+
+    /// Whether events it selects by their keys wait for a `--where` verdict.
+    pub fn has_where(&self) -> bool {
+        self.wheres.is_some()
+    }
+
+    /// The `--where` expressions, compiled.
+    pub fn wheres(&self) -> Option<&Wheres> {
+        self.wheres.as_ref()
     }
 
     pub fn pattern_strings(&self) -> Vec<String> {

@@ -36,6 +36,11 @@ impl ShutdownTrigger {
         });
     }
 
+    /// Whether the shutdown started (for a thread that cannot wait on it).
+    pub fn fired(&self) -> bool {
+        self.tx.borrow().is_some()
+    }
+
     pub fn listener(&self) -> Shutdown {
         Shutdown {
             rx: self.tx.subscribe(),

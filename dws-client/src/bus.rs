@@ -74,6 +74,7 @@ fn is_unsolicited(kind: &S) -> bool {
             | S::EventLines(_)
             | S::LineBatch(_)
             | S::Gap(_)
+            | S::WhereNotice(_)
     )
 }
 
@@ -394,6 +395,7 @@ mod tests {
             S::EventLines(Default::default()),
             S::LineBatch(Default::default()),
             S::Gap(Default::default()),
+            S::WhereNotice(Default::default()),
             S::Heartbeat(Default::default()),
             S::SourceState(Default::default()),
         ] {

@@ -234,8 +234,15 @@ pub struct SubscriptionStatus {
     #[serde(rename = "where")]
     pub where_exprs: Vec<String>,
     /// Events whose type matched but whose `--where` evaluation failed or
-    /// passed its step bound (not delivered).
+    /// passed one of its limits (not delivered).
     pub where_errors: u64,
+    /// Events whose type matched, waiting for their `--where` verdict (the
+    /// filter runs apart from the bus; delivery waits at the first).
+    pub where_waiting: u64,
+    /// The last event `--where` gave no answer for within a limit, and
+    /// which limit ("seq 12: ran past its CPU budget (20 ms per event)");
+    /// since the bus started.
+    pub where_last_limit: Option<String>,
 }
 
 /// Where a halted subscription stopped.

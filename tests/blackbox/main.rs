@@ -77,7 +77,9 @@
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
 //! - [`where_filter`]: `--where EXPR`, a jq expression on the event run by
 //!   the bus: matching, refusal, the step bound, restart, re-attach, a
-//!   cluster definition.
+//!   cluster definition; [`where_limits`]: expressions written to hurt cost
+//!   only their own subscription (others served, busd's memory its own, a
+//!   restart not delayed).
 //! - [`ecosystem`]: install script, completions and man pages, JSON
 //!   Schemas against real output, `busd --foreground` under a fake systemd
 //!   (`NOTIFY_SOCKET`) and the unit file, the Python and Node examples,
@@ -117,5 +119,6 @@ mod state_files;
 mod subscriptions;
 mod test_ca;
 mod where_filter;
+mod where_limits;
 mod wire;
 mod workdir;

@@ -280,8 +280,12 @@ fn an_event_past_the_step_bound_or_raising_is_no_match_counted_in_where_errors()
             ("plain", json!({"n": 7}).to_string()),
         ],
     );
+    // The filters judge apart from the bus: wait until they did.
     let st = env.wait_status(EXIT_TIMEOUT, "the fan-out of three events", |st| {
         listed(st, "all")["matched"] == 3
+            && ["heavy", "raises"]
+                .iter()
+                .all(|id| listed(st, id)["where_waiting"] == 0)
     });
     let heavy_s = listed(&st, "heavy");
     assert_eq!(heavy_s["where"], json!([heavy]), "{st:#}");

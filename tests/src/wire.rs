@@ -35,6 +35,22 @@ impl Wire {
         }
     }
 
+    /// A connection that said Hello (this build's protocol) and got its
+    /// HelloAck.
+    pub fn greeted(path: &Path) -> Wire {
+        let mut w = Wire::connect(path);
+        w.hello(proto::PROTOCOL_VERSION);
+        match w.read_frame(Duration::from_secs(30)).kind {
+            Some(proto::v1::server_frame::Kind::HelloAck(_)) => w,
+            other => panic!("expected HelloAck, got {other:?}"),
+        }
+    }
+
+    /// Sends one client frame of this kind.
+    pub fn request(&mut self, kind: client_frame::Kind) {
+        self.send(&ClientFrame { kind: Some(kind) });
+    }
+
     /// A raw client over a socket connected elsewhere (a test that wrote
     /// requests without reading starts reading them here).
     pub fn from_stream(s: UnixStream) -> Wire {

@@ -96,6 +96,11 @@ impl Connection {
             if let Some(gap) = d.gap {
                 self.send(S::Gap(gap));
             }
+            if let Some(notice) = d.where_notice {
+                if self.where_notices {
+                    self.send(S::WhereNotice(notice));
+                }
+            }
             let damaged = d.damaged;
             let n = d.events.len();
             let shared = self

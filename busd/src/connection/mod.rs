@@ -112,6 +112,8 @@ pub struct Connection {
     line_batches: Option<line_runs::LineKind>,
     /// Reused buffer for a batch of lines.
     line_buf: Vec<u8>,
+    /// The consumer takes `WhereNotice` frames.
+    where_notices: bool,
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
@@ -132,6 +134,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         lines: false,
         line_batches: None,
         line_buf: Vec::new(),
+        where_notices: false,
     };
     let peer_ok = stream
         .peer_cred()

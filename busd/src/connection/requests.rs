@@ -180,6 +180,7 @@ impl Connection {
             // A named subscription is on disk before anyone is told it exists.
             Ok((reply, save)) => {
                 self.lines = req.attach && req.ndjson_lines;
+                self.where_notices = req.attach && req.where_notices;
                 self.line_batches =
                     match (req.attach, req.raw_lines, self.lines && req.line_batches) {
                         (false, _, _) => None,

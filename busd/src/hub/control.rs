@@ -60,6 +60,7 @@ impl Hub {
         let refuse = |m: String| Refusal::new(ErrorCode::BadRequest, m);
         let not_now = |m: String| Refusal::new(ErrorCode::FailedPrecondition, m);
         let (mut skipped_seq, mut seek, mut replayed) = (None, None, None);
+        let mut filter = false;
         let changed = match req.verb.as_str() {
             "show" | "parked" => false,
             "restart" => sub.restart().map(|()| true).map_err(not_now)?,
@@ -103,6 +104,7 @@ impl Hub {
                 for e in st.log.since(from) {
                     sub.offer(e);
                 }
+                filter = sub.has_filter_jobs();
                 seek = Some(SeekDoc {
                     requested: &req.target,
                     from_seq: from,
@@ -138,7 +140,11 @@ impl Hub {
         tracing::info!(subscription = %sub.id, verb = %req.verb, "subscription changed by an operator");
         let wake = st.registry.handle(sub.consumer());
         let named = !sub.owned;
+        let id = sub.id.clone();
         st.registry.insert(sub);
+        if filter {
+            self.want_filter(&mut st, &id);
+        }
         let gen = named.then(|| st.persist.must_save());
         drop(st);
         if gen.is_some() {

@@ -17,6 +17,7 @@ use super::{
 use crate::{
     eventlog::{LoggedEvent, NewEvent},
     store::StoreInfo,
+    subscription::Offered,
     upstream::Refusal,
 };
 
@@ -31,6 +32,9 @@ pub struct Delivery {
     pub damaged: Option<String>,
     /// The subscription halted at a poison event: the consumer's last words.
     pub halted: Option<String>,
+    /// Its `--where` gave no answer for an event within a limit (the first
+    /// since this consumer attached).
+    pub where_notice: Option<v1::WhereNotice>,
 }
 
 impl Hub {
@@ -58,7 +62,7 @@ impl Hub {
         }
         if self.shared.config.inline_commit {
             let batch = st.ingest.take_staged(usize::MAX);
-            let (wake, head) = fan_out_locked(&mut st, batch);
+            let (wake, head) = fan_out_locked(&mut st, batch, &self.shared.filter_wake);
             drop(st);
             self.after_fan_out(wake, head);
         } else {
@@ -76,7 +80,7 @@ impl Hub {
     pub fn committed(&self, batch: Vec<Arc<LoggedEvent>>, info: StoreInfo) {
         let mut st = self.state();
         st.persist.set_info(info);
-        let (wake, head) = fan_out_locked(&mut st, batch);
+        let (wake, head) = fan_out_locked(&mut st, batch, &self.shared.filter_wake);
         drop(st);
         self.after_fan_out(wake, head);
     }
@@ -114,7 +118,7 @@ impl Hub {
         }
         st.ingest.replicated(&batch);
         let was_dirty = st.persist.is_dirty();
-        let (mut wake, head) = fan_out_locked(&mut st, batch);
+        let (mut wake, head) = fan_out_locked(&mut st, batch, &self.shared.filter_wake);
         wake.append(&mut told);
         if st.persist.is_dirty() && !was_dirty {
             self.wake_committer();
@@ -188,7 +192,16 @@ impl Hub {
         if newly_dirty {
             self.wake_committer();
         }
-        if pulled.gap.is_none() && pulled.events.is_empty() && damaged.is_none() && halted.is_none()
+        let where_notice = pulled.where_failed.map(|(seq, why)| v1::WhereNotice {
+            subscription_id: sub.id.clone(),
+            seq,
+            reason: why.to_string(),
+        });
+        if pulled.gap.is_none()
+            && pulled.events.is_empty()
+            && damaged.is_none()
+            && halted.is_none()
+            && where_notice.is_none()
         {
             return (None, next_due);
         }
@@ -198,6 +211,7 @@ impl Hub {
             events: pulled.events,
             damaged,
             halted,
+            where_notice,
         };
         (Some(d), next_due)
     }
@@ -280,24 +294,39 @@ pub fn halted_line(id: &str, seq: u64, deliveries: u32) -> String {
 
 /// Appends a durable batch to the log, offers it to every subscription and
 /// applies retention. Returns the connections to wake and the new head.
-fn fan_out_locked(st: &mut State, batch: Vec<Arc<LoggedEvent>>) -> (Vec<Arc<ConnHandle>>, u64) {
+fn fan_out_locked(
+    st: &mut State,
+    batch: Vec<Arc<LoggedEvent>>,
+    filter_wake: &std::sync::Condvar,
+) -> (Vec<Arc<ConnHandle>>, u64) {
     let mut wake = vec![];
     let State {
         registry,
         log,
         shared_work,
+        filter_queue,
         ..
     } = st;
     // Subscription by subscription: each takes its matches of the batch in
-    // seq order, and its consumer is woken once per batch.
+    // seq order, and its consumer is woken once per batch (or, for events
+    // a `--where` judges, the filter thread).
     let (subs, conns) = registry.split_mut();
     for sub in subs {
         let mut took = false;
+        let mut to_filter = false;
         for e in &batch {
-            took |= sub.offer(e);
+            match sub.offer(e) {
+                Offered::No => {}
+                Offered::Taken => took = true,
+                Offered::ToFilter => to_filter = true,
+            }
         }
         if took {
             wake.extend(conns.of(sub.consumer()));
+        }
+        if to_filter {
+            filter_queue.want(&sub.id);
+            filter_wake.notify_one();
         }
     }
     for e in batch {

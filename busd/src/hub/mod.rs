@@ -28,9 +28,11 @@
 //! - `housekeeping`: the idle timer and the TTL reaper;
 //! - `source_state`: the source's state and counters;
 //! - `refused`: the clients refused at a bound, the global input bound;
-//! - `shared`: the hub's side of shared delivery (cluster claims).
+//! - `shared`: the hub's side of shared delivery (cluster claims);
+//! - `filtering`: what the `--where` filter thread takes and gives back.
 //!
-//! Sources get a [`SourceHandle`] (`source_handle`), never the `Hub`.
+//! Sources get a [`SourceHandle`] (`source_handle`), the filter thread a
+//! [`FilterHandle`] (`filtering`), never the `Hub`.
 //!
 //! Locking: one `std::sync::Mutex`. Every critical section is short and
 //! synchronous; no lock is ever held across an `.await`, and wake-ups
@@ -53,6 +55,7 @@
 mod control;
 mod dedup;
 mod delivery;
+mod filtering;
 mod housekeeping;
 pub use housekeeping::requested_ttl;
 mod ingest;
@@ -82,6 +85,7 @@ use tokio::sync::{watch, Notify};
 
 pub use self::{
     delivery::{halted_line, Delivery},
+    filtering::{FilterBatch, FilterHandle},
     ingest::{Appended, MAX_EVENT_TYPES, OTHER_TYPES},
     refused::{Refused, RefusedKind, MAX_BUFFERED_INPUT},
     registry::ConnHandle,
@@ -147,6 +151,8 @@ struct State {
     /// Shared subscriptions' events acked here, and those given back by a
     /// consumer that left: for the claims in the cluster (`shared`).
     shared_work: shared::SharedWork,
+    /// Subscriptions with events waiting for their `--where` verdict.
+    filter_queue: filtering::FilterQueue,
 }
 
 impl State {
@@ -166,6 +172,8 @@ struct Shared {
     state: Mutex<State>,
     /// Wakes the committer: something staged, dirty, or closing.
     commit_wake: Condvar,
+    /// Wakes the filter thread: a subscription has events to judge.
+    filter_wake: Condvar,
     durable: watch::Sender<Durable>,
     /// Wakes the housekeeping task (idle timer, TTL reaper).
     housekeeping: Notify,
@@ -298,6 +306,12 @@ impl Hub {
                 "state restored from the store"
             );
         }
+        // Restored events a `--where` must judge again: the filter takes
+        // them once the bus runs.
+        let mut filter_queue = filtering::FilterQueue::default();
+        for sub in subs.values().filter(|s| s.has_filter_jobs()) {
+            filter_queue.want(&sub.id);
+        }
         let state = State {
             log,
             ingest: Ingest::new(head.saturating_add(1), dedup),
@@ -307,6 +321,7 @@ impl Hub {
             refused: Refused::default(),
             cluster: None,
             shared_work,
+            filter_queue,
         };
         let (durable, _) = watch::channel(Durable {
             seq: head,
@@ -316,6 +331,7 @@ impl Hub {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
                 commit_wake: Condvar::new(),
+                filter_wake: Condvar::new(),
                 durable,
                 housekeeping: Notify::new(),
                 source_gen: AtomicU64::new(0),

@@ -221,6 +221,8 @@ impl Hub {
                     where_exprs: s.selector.where_strs().to_vec(),
                     ack_wait_ms: s.ack_wait.map(|d| d.as_millis() as u64),
                     where_errors: s.counters.where_errors,
+                    where_waiting: s.filtering_len() as u64,
+                    where_last_limit: s.where_last_limit(),
                 }
             })
             .collect();

@@ -225,7 +225,12 @@ impl Hub {
             for e in st.log.since(start_from) {
                 sub.offer(e);
             }
+            let filter = sub.has_filter_jobs();
+            let sub_id = sub.id.clone();
             st.registry.insert(sub);
+            if filter {
+                self.want_filter(&mut st, &sub_id);
+            }
             if !req.owned {
                 save_gen = Some(st.persist.must_save());
             }

@@ -285,3 +285,50 @@ fn ready_now(fut: impl std::future::Future<Output = ()>) -> bool {
             .is_ok()
     })
 }
+
+/// Pulls until `n` events came (the filter thread judges meanwhile).
+fn pull_n(hub: &Hub, conn: super::ConnId, n: usize) -> Vec<u64> {
+    let mut got = vec![];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while got.len() < n && std::time::Instant::now() < deadline {
+        match hub.pull(conn, 10, 1 << 20).0 {
+            Some(d) => got.extend(d.events.iter().map(|e| e.0.seq)),
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    got
+}
+
+#[test]
+fn a_where_is_judged_by_the_filter_thread_while_the_hub_serves_everyone_else() {
+    use crate::where_filter::runner::{spawn, Evaluator};
+    let (hub, _shutdown) = hub_with(true);
+    spawn(hub.filter_handle(), Evaluator::Here).unwrap();
+    let (judged, _h1) = hub.register_conn();
+    let (plain, _h2) = hub.register_conn();
+    let mut req = subscribe("judged", true);
+    req.where_exprs = vec![".data.n % 2 == 0".into()];
+    hub.subscribe(judged, &req, None).unwrap();
+    hub.subscribe(plain, &subscribe("plain", true), None)
+        .unwrap();
+    for i in 1..=6 {
+        let mut e = ev(&format!("e{i}"));
+        e.data = serde_json::json!({ "n": i }).to_string();
+        hub.append(e).unwrap();
+    }
+    // The plain subscription never waits for the filter.
+    assert_eq!(pull_n(&hub, plain, 6), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(pull_n(&hub, judged, 3), [2, 4, 6]);
+    let st = hub.status_json(10);
+    let sub = st["subscriptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "judged")
+        .unwrap()
+        .clone();
+    assert_eq!(sub["matched"], 3, "{sub:#}");
+    assert_eq!(sub["where_waiting"], 0, "{sub:#}");
+    // Shutting down ends the thread.
+    hub.shutdown_trigger().trigger(ByeReason::Shutdown);
+}

@@ -50,6 +50,8 @@ mod slow_tests;
 mod tests;
 #[cfg(test)]
 mod tests_shared;
+#[cfg(test)]
+mod tests_where;
 mod verbs;
 
 pub use check::{check_snapshot, SnapshotError};
@@ -152,6 +154,21 @@ pub struct Subscription {
     scan_from: usize,
     /// Entries in `pending` that are `Acked`.
     acked_in_queue: usize,
+    /// Entries in `pending` that are `Filtering` (waiting for their
+    /// `--where` verdict; see `selecting`).
+    filtering: usize,
+    /// Every `Filtering` entry at or below this seq was handed to the
+    /// filter already ([`Subscription::filter_jobs`]).
+    filter_handed: u64,
+    /// The first `--where` failure past a limit not yet told to a consumer.
+    where_notice: Option<(u64, crate::where_filter::WhereFailure)>,
+    /// The attached consumer was told of a `--where` failure.
+    where_told: bool,
+    /// The last `--where` failure past a limit (for status).
+    where_last: Option<(u64, crate::where_filter::WhereFailure)>,
+    /// Verdicts on events at or below it were counted before a restart
+    /// (the stored counters have them): not counted again.
+    counted_through: u64,
     in_flight: usize,
     parked: VecDeque<Parked>,
     /// Highest seq ever sent: anything at or below it that is sent again is
@@ -193,10 +210,29 @@ pub struct Pulled {
     /// An ack wait ran out during this pull (what is stored changed: a
     /// delivery count, a backoff's due time).
     pub expired: bool,
+    /// The first event the subscription's `--where` gave no answer for
+    /// within a limit, and which limit: told once per attach.
+    pub where_failed: Option<(u64, crate::where_filter::WhereFailure)>,
 }
 
 /// Why an operator verb does not apply.
 pub type VerbError = String;
+
+/// What [`Subscription::offer`] did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offered {
+    No,
+    /// Pending: its consumer may take it.
+    Taken,
+    /// Pending, waiting for its `--where` verdict: the filter must run.
+    ToFilter,
+}
+
+impl Offered {
+    pub fn taken(self) -> bool {
+        self != Offered::No
+    }
+}
 
 impl Subscription {
     /// A new subscription, detached, whose backlog starts after `start_after`.
@@ -228,6 +264,12 @@ impl Subscription {
             pending: VecDeque::new(),
             scan_from: 0,
             acked_in_queue: 0,
+            filtering: 0,
+            filter_handed: 0,
+            where_notice: None,
+            where_told: false,
+            where_last: None,
+            counted_through: 0,
             in_flight: 0,
             parked: VecDeque::new(),
             max_sent_seq: 0,
@@ -251,25 +293,40 @@ impl Subscription {
         pending.into_iter().chain(parked).min()
     }
 
-    /// Whether this subscription wants `e` (a damaged placeholder's type is
-    /// unknown: every subscription must stop at it).
+    /// Whether this subscription wants `e` by its route, keys and
+    /// `--filter` (a damaged placeholder's type is unknown: every
+    /// subscription must stop at it). Its `--where` is not run here: see
+    /// [`Subscription::offer`].
     pub fn selects(&self, e: &LoggedEvent) -> bool {
-        self.selector.selects(e, self.upstream_id.as_deref()) == Ok(true)
+        self.selector.selects_keys(e, self.upstream_id.as_deref())
     }
 
-    /// Fan-out: takes `e` if it matches. Returns whether it did.
-    pub fn offer(&mut self, e: &Arc<LoggedEvent>) -> bool {
-        if self.shared || e.seq <= self.acked_through || !self.takes(e) {
-            return false;
+    /// Fan-out: takes `e` if it matches. An event this subscription's
+    /// `--where` must judge waits in `pending` for the verdict (delivery
+    /// stops at it), which the filter gives off the hub lock.
+    pub fn offer(&mut self, e: &Arc<LoggedEvent>) -> Offered {
+        if self.shared || e.seq <= self.acked_through || !self.selects(e) {
+            return Offered::No;
         }
+        let judged = self.selector.has_where() && !e.damaged;
         self.pending.push_back(Entry {
             event: e.clone(),
-            slot: Slot::Unsent.into(),
+            slot: if judged {
+                Slot::Filtering
+            } else {
+                Slot::Unsent
+            }
+            .into(),
             deliveries: 0,
             sent: 0,
         });
-        self.counters.matched += 1;
-        true
+        if judged {
+            self.filtering += 1;
+            Offered::ToFilter
+        } else {
+            self.counters.matched += 1;
+            Offered::Taken
+        }
     }
 
     /// Retention evicted `seq` from the log. If it was pending and not in
@@ -280,7 +337,11 @@ impl Subscription {
             let slot = self.pending[i].slot.get();
             match slot {
                 Slot::Delayed { .. } if self.keeps_delayed(i) => {}
-                Slot::Unsent | Slot::Delayed { .. } => {
+                // Not judged yet: it may have matched, so it counts lost.
+                Slot::Unsent | Slot::Delayed { .. } | Slot::Filtering => {
+                    if slot == Slot::Filtering {
+                        self.filtering -= 1;
+                    }
                     self.pending.remove(i);
                     self.removed_at(i);
                     self.gaps.lost(1, Some(seq));
@@ -304,6 +365,7 @@ impl Subscription {
         self.window = window.max(1);
         self.explicit = explicit;
         self.halt_told = false;
+        self.where_told = false;
         self.gaps.retell();
         self.unsend_in_flight(|_| true);
     }
@@ -379,6 +441,12 @@ impl Subscription {
         if out.halted.is_some() {
             self.halt_told = true;
         }
+        if self.consumer.is_some() && !self.where_told {
+            if let Some(n) = self.where_notice.take() {
+                out.where_failed = Some(n);
+                self.where_told = true;
+            }
+        }
         // Explicit acks: what waited too long goes out again (after its
         // backoff step).
         if let Some(wait) = self.explicit {
@@ -411,6 +479,8 @@ impl Subscription {
                     false
                 }
                 Slot::Acked => false,
+                // In seq order: nothing after it goes before its verdict.
+                Slot::Filtering => break,
             };
             if !due {
                 i += 1;
@@ -564,7 +634,9 @@ impl Subscription {
                 && self
                     .pending
                     .range(self.scan_from.min(self.pending.len())..)
-                    .any(|e| e.slot.get() == Slot::Unsent))
+                    .map(|e| e.slot.get())
+                    .take_while(|s| *s != Slot::Filtering)
+                    .any(|s| s == Slot::Unsent))
     }
 
     // ------------------------------------------------------------ reading
@@ -593,9 +665,15 @@ impl Subscription {
             .map_or(head, |e| e.event.seq - 1)
     }
 
-    /// Matched events not yet acked (parked ones excluded).
+    /// Matched events not yet acked (parked ones excluded, and those
+    /// still waiting for their `--where` verdict).
     pub fn pending_len(&self) -> usize {
-        self.pending.len() - self.acked_in_queue
+        self.pending.len() - self.acked_in_queue - self.filtering
+    }
+
+    /// Events waiting for their `--where` verdict.
+    pub fn filtering_len(&self) -> usize {
+        self.filtering
     }
 
     pub fn in_flight(&self) -> usize {
@@ -610,7 +688,7 @@ impl Subscription {
     pub fn oldest_pending(&self) -> Option<(&Arc<LoggedEvent>, u32)> {
         self.pending
             .iter()
-            .find(|e| e.slot.get() != Slot::Acked)
+            .find(|e| !matches!(e.slot.get(), Slot::Acked | Slot::Filtering))
             .map(|e| (&e.event, e.deliveries))
     }
 

@@ -98,6 +98,8 @@ impl Subscription {
         let acked: HashSet<u64> = rec.acked.iter().copied().collect();
         let counts: HashMap<u64, u32> = rec.deliveries.iter().copied().collect();
         let due: HashMap<u64, i64> = rec.delayed.iter().copied().collect();
+        let judged = sub.selector.has_where();
+        sub.counted_through = snap_head;
         for e in events.iter().filter(|e| e.seq > rec.cursor) {
             let wanted = if e.seq < snap_floor {
                 rec.pinned.binary_search(&e.seq).is_ok()
@@ -106,10 +108,17 @@ impl Subscription {
             };
             if wanted {
                 let deliveries = counts.get(&e.seq).copied().unwrap_or(0);
+                // Pinned, delivered or delayed: it matched before the
+                // restart. Anything else a `--where` judges again, off the
+                // hub lock, once the bus runs: a start never waits on it.
                 let slot = match due.get(&e.seq) {
                     Some(&ms) => Slot::Delayed {
                         until: instant_at(ms, now),
                     },
+                    None if judged && e.seq >= snap_floor && deliveries == 0 && !e.damaged => {
+                        sub.filtering += 1;
+                        Slot::Filtering
+                    }
                     None => Slot::Unsent,
                 };
                 sub.pending.push_back(Entry {
@@ -118,7 +127,7 @@ impl Subscription {
                     deliveries,
                     sent: 0,
                 });
-                if e.seq > snap_head {
+                if e.seq > snap_head && slot != Slot::Filtering {
                     sub.counters.matched += 1;
                 }
             }
@@ -150,7 +159,7 @@ impl Subscription {
             pinned: self
                 .pending
                 .iter()
-                .filter(|e| e.slot.get() != Slot::Acked)
+                .filter(|e| !matches!(e.slot.get(), Slot::Acked | Slot::Filtering))
                 .map(|e| e.event.seq)
                 .take_while(|&s| s < log_floor)
                 .collect(),

@@ -12,6 +12,9 @@ use std::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Slot {
     Unsent,
+    /// Selected by its keys, waiting for its `--where` verdict (the
+    /// filter runs off the hub lock: `crate::filter`); delivery stops here.
+    Filtering,
     InFlight {
         since: Instant,
     },
@@ -55,7 +58,8 @@ pub(super) struct Packed(u64);
 impl Packed {
     pub(super) fn get(self) -> Slot {
         match self.0 & TAG {
-            0 => Slot::Unsent,
+            0 if self.0 == 0 => Slot::Unsent,
+            0 => Slot::Filtering,
             1 => Slot::InFlight {
                 since: unpack_at(self.0),
             },
@@ -75,6 +79,7 @@ impl From<Slot> for Packed {
     fn from(s: Slot) -> Packed {
         Packed(match s {
             Slot::Unsent => 0,
+            Slot::Filtering => 4,
             Slot::InFlight { since } => pack_at(since, 1),
             Slot::Acked => 2,
             Slot::Delayed { until } => pack_at(until, 3),
@@ -91,6 +96,7 @@ mod tests {
         let now = Instant::now();
         let slots = [
             Slot::Unsent,
+            Slot::Filtering,
             Slot::Acked,
             Slot::InFlight { since: now },
             Slot::Delayed {

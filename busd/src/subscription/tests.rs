@@ -39,17 +39,20 @@ fn seqs(p: &Pulled) -> Vec<(u64, bool)> {
 #[test]
 fn offer_selects_by_pattern_and_route() {
     let mut s = sub(10);
-    assert!(s.offer(&ev(1, "a.x")));
-    assert!(!s.offer(&ev(2, "b.x")));
+    assert!(s.offer(&ev(1, "a.x")).taken());
+    assert!(!s.offer(&ev(2, "b.x")).taken());
     let routed = Arc::new(LoggedEvent {
         seq: 3,
         event_type: "a.y".into(),
         route: "up-1".into(),
         ..LoggedEvent::default()
     });
-    assert!(!s.offer(&routed), "routed to another upstream subscription");
+    assert!(
+        !s.offer(&routed).taken(),
+        "routed to another upstream subscription"
+    );
     s.upstream_id = Some("up-1".into());
-    assert!(s.offer(&routed));
+    assert!(s.offer(&routed).taken());
     assert_eq!(s.counters.matched, 2);
 }
 
@@ -378,10 +381,10 @@ fn seek_forgets_pending_and_restarts_from_the_target() {
     assert_eq!(s.pending_len(), 0);
     assert_eq!(s.in_flight(), 0);
     assert!(
-        !s.offer(&ev(1, "a.x")),
+        !s.offer(&ev(1, "a.x")).taken(),
         "at or before the target: not taken"
     );
-    assert!(s.offer(&ev(2, "a.x")));
+    assert!(s.offer(&ev(2, "a.x")).taken());
     assert_eq!(
         deliveries(&s.pull(10, 3, Instant::now())),
         vec![(2, true, 1)]

@@ -34,7 +34,7 @@ fn shared(start_after: u64) -> Subscription {
 fn a_shared_subscription_holds_what_it_claimed_until_acked() {
     let mut s = shared(0);
     s.attach(1, 10, None);
-    assert!(!s.offer(&ev(1, "a.x")), "never filled by fan-out");
+    assert!(!s.offer(&ev(1, "a.x")).taken(), "never filled by fan-out");
     assert!(s.push_claimed(ev(2, "a.x"), 1));
     assert!(s.push_claimed(ev(1, "a.x"), 2));
     assert_eq!(s.held_seqs(), vec![1, 2]);

@@ -95,6 +95,7 @@ impl Subscription {
     pub fn seek(&mut self, start_after: u64) {
         self.pending.clear();
         self.rescan();
+        self.refilter();
         self.in_flight = 0;
         self.acked_in_queue = 0;
         self.gaps.clear();

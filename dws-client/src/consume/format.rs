@@ -161,6 +161,7 @@ impl<'a> Formatter<'a> {
                     g.lost, g.resume_seq
                 ),
             ),
+            S::WhereNotice(n) => stderr_line(self.plan.quiet, &where_line(&n)),
             S::SourceState(s) => {
                 let status = v1::SourceStatus::try_from(s.state).unwrap_or_default();
                 let name = proto::source_status_name(status);
@@ -188,6 +189,16 @@ impl<'a> Formatter<'a> {
         }
         Ok(None)
     }
+}
+
+/// The consumer's line when its subscription's `--where` gave no answer
+/// for an event within a limit (once per run, the first such event).
+pub fn where_line(n: &v1::WhereNotice) -> String {
+    format!(
+        "[event] where — no answer for seq {} (the --where {}); events it cannot judge within \
+         its limits are not delivered and count in status where_errors",
+        n.seq, n.reason
+    )
 }
 
 #[cfg(test)]

@@ -263,6 +263,8 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         raw_lines: plan.format == Format::Raw,
         // A consume run attaches; the mode is the subscription's own.
         shared: false,
+        // Told on stderr when the subscription's --where passes a limit.
+        where_notices: true,
     })
 }
 
