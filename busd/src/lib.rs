@@ -8,7 +8,9 @@
 //! - [`server`]: the accept loop; [`connection`]: one client connection.
 //! - [`hub`]: all shared state; [`subscription`]: one subscription's
 //!   delivery state machine; [`eventlog`]: the bounded in-memory log;
-//!   [`pattern`]: what a subscription selects.
+//!   [`pattern`]: what a subscription selects; [`where_filter`]: where its
+//!   `--where` runs (a worker process), and [`judge`]: the thread that
+//!   hands it the events.
 //! - [`store`]: the storage boundary (disk, memory); [`commit`]: the one
 //!   thread that writes to it.
 //! - [`source`]: upstream sources behind one trait; [`upstream`]: the
@@ -31,6 +33,7 @@ pub mod doctor;
 pub mod eventlog;
 pub mod exit;
 pub mod hub;
+pub mod judge;
 pub mod latency;
 pub mod lock;
 pub mod logfile;
@@ -451,11 +454,8 @@ async fn serve(
         .map_err(|e| StartError::runtime(format!("cannot start the committer thread: {e}")))?;
     // `--where` runs in its own thread and worker process, never under the
     // hub lock; restored events it must judge again wait for it there.
-    where_filter::runner::spawn(
-        hub.filter_handle(),
-        where_filter::runner::Evaluator::worker(),
-    )
-    .map_err(|e| StartError::runtime(format!("cannot start the filter thread: {e}")))?;
+    judge::spawn(hub.filter_handle(), judge::Evaluator::worker())
+        .map_err(|e| StartError::runtime(format!("cannot start the filter thread: {e}")))?;
     tracing::info!(
         pid = std::process::id(),
         profile = %endpoint.profile,

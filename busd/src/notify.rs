@@ -73,7 +73,12 @@ fn send(states: &[NotifyState]) {
         return;
     };
     let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    // Before logging is set up (`starting`) a failure has nowhere to go:
+    // it must not use up the minute's line.
     if let Err(e) = send_datagram(&path, msg.as_bytes()) {
+        if !tracing::dispatcher::has_been_set() {
+            return;
+        }
         crate::warn_limited!(
             FAILURES,
             "cannot notify the service manager (NOTIFY_SOCKET {}): {e}; the notification is dropped",

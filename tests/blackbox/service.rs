@@ -1,5 +1,6 @@
 //! The bus as a service: systemd socket activation (`LISTEN_FDS`), the
-//! watchdog (`WATCHDOG=1` at half of `WATCHDOG_USEC`), the units
+//! watchdog (`WATCHDOG=1` at half of `WATCHDOG_USEC`), a service manager
+//! that stops reading or is gone (never a stall, one log line a minute), the units
 //! `scripts/install-systemd.sh` renders (checked by `systemd-analyze verify`
 //! when it is installed), and `dws event doctor`.
 //!
@@ -175,6 +176,65 @@ fn the_watchdog_is_pinged_while_the_bus_serves() {
     }
     bus.signal(Sig::SIGTERM);
     bus.wait_exit(EXIT_TIMEOUT).assert_code(0);
+}
+
+#[test]
+fn a_service_manager_that_stops_reading_never_stalls_the_bus() {
+    let env = TestEnv::new();
+    // A notify socket nobody reads: its queue fills within a few pings.
+    let (_stalled, path) = notify_socket(&env);
+    let mut bus = env
+        .busd(["--foreground"])
+        .env("NOTIFY_SOCKET", &path)
+        .env("WATCHDOG_USEC", "20000")
+        .spawn();
+    bus.wait_stderr_line("the bus serving", T, |l| l.contains("bus ready"));
+    // Far past the point where the queue is full (the stall began at 6 s
+    // with a 2 s watchdog; here pings go every 10 ms).
+    std::thread::sleep(Duration::from_secs(2));
+    let mut consumer = env.dws(["event", "consume", "svc.*"]).stdin_hold().spawn();
+    consumer.wait_ready();
+    for i in 0..5 {
+        let started = Instant::now();
+        env.publish("svc.x", &format!("while-stalled-{i}"), &[]);
+        assert!(started.elapsed() < T, "{:?}", started.elapsed());
+    }
+    consumer.wait_stdout_line("the last event", T, |l| l.contains("while-stalled-4"));
+    bus.signal(Sig::SIGTERM);
+    let out = bus.wait_exit(EXIT_TIMEOUT);
+    out.assert_code(0);
+    // Dropped notifications are logged at most once a minute.
+    let said = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("cannot notify the service manager"))
+        .count();
+    assert!(said <= 1, "{said} lines\n{out}");
+}
+
+#[test]
+fn a_notify_socket_that_is_gone_is_logged_once_a_minute_not_per_ping() {
+    let env = TestEnv::new();
+    let gone = env.root().join("no-such-notify.sock");
+    let bus = env
+        .busd(["--foreground"])
+        .env("NOTIFY_SOCKET", &gone)
+        .env("WATCHDOG_USEC", "20000")
+        .spawn();
+    env.wait_until(T, "the bus to serve", || {
+        env.dws(["event", "status"]).run_with_timeout(T).code == Some(0)
+    });
+    // About 200 pings.
+    std::thread::sleep(Duration::from_secs(2));
+    bus.signal(Sig::SIGTERM);
+    let out = bus.wait_exit(EXIT_TIMEOUT);
+    out.assert_code(0);
+    let log = std::fs::read_to_string(env.bus_log_path()).unwrap_or_default();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("cannot notify the service manager"))
+        .count();
+    assert!((1..=2).contains(&said), "{said} lines\n{log}");
 }
 
 #[test]

@@ -301,7 +301,7 @@ fn pull_n(hub: &Hub, conn: super::ConnId, n: usize) -> Vec<u64> {
 
 #[test]
 fn a_where_is_judged_by_the_filter_thread_while_the_hub_serves_everyone_else() {
-    use crate::where_filter::runner::{spawn, Evaluator};
+    use crate::judge::{spawn, Evaluator};
     let (hub, _shutdown) = hub_with(true);
     spawn(hub.filter_handle(), Evaluator::Here).unwrap();
     let (judged, _h1) = hub.register_conn();

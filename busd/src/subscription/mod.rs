@@ -39,6 +39,7 @@ mod hole;
 #[cfg(test)]
 mod model;
 mod position;
+mod reading;
 mod record;
 mod selecting;
 mod shared;
@@ -55,6 +56,7 @@ mod tests_where;
 mod verbs;
 
 pub use check::{check_snapshot, SnapshotError};
+pub use selecting::Offered;
 pub use slow::{wall_ms, MAX_DELAYED_PINNED};
 
 use std::{
@@ -217,22 +219,6 @@ pub struct Pulled {
 
 /// Why an operator verb does not apply.
 pub type VerbError = String;
-
-/// What [`Subscription::offer`] did with an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offered {
-    No,
-    /// Pending: its consumer may take it.
-    Taken,
-    /// Pending, waiting for its `--where` verdict: the filter must run.
-    ToFilter,
-}
-
-impl Offered {
-    pub fn taken(self) -> bool {
-        self != Offered::No
-    }
-}
 
 impl Subscription {
     /// A new subscription, detached, whose backlog starts after `start_after`.
@@ -637,63 +623,6 @@ impl Subscription {
                     .map(|e| e.slot.get())
                     .take_while(|s| *s != Slot::Filtering)
                     .any(|s| s == Slot::Unsent))
-    }
-
-    // ------------------------------------------------------------ reading
-
-    pub fn expires_at(&self) -> Option<Instant> {
-        match (self.consumer, self.detached_at) {
-            // A TTL of `never` (Duration::MAX) overflows: no expiry.
-            (None, Some((at, _))) => at.checked_add(self.ttl),
-            _ => None,
-        }
-    }
-
-    /// Wall-clock time it was left without a consumer, while it is.
-    pub fn detached_since_ms(&self) -> Option<i64> {
-        self.detached_at
-            .filter(|_| self.consumer.is_none())
-            .map(|(_, ms)| ms)
-    }
-
-    /// Every matching event at or below the cursor has been acked (or
-    /// reported lost): the seq before the oldest unacked one, or the head.
-    pub fn cursor(&self, head: u64) -> u64 {
-        self.pending
-            .iter()
-            .find(|e| e.slot.get() != Slot::Acked)
-            .map_or(head, |e| e.event.seq - 1)
-    }
-
-    /// Matched events not yet acked (parked ones excluded, and those
-    /// still waiting for their `--where` verdict).
-    pub fn pending_len(&self) -> usize {
-        self.pending.len() - self.acked_in_queue - self.filtering
-    }
-
-    /// Events waiting for their `--where` verdict.
-    pub fn filtering_len(&self) -> usize {
-        self.filtering
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    pub fn parked_len(&self) -> usize {
-        self.parked.len()
-    }
-
-    /// The oldest unacked event and how many times it was delivered.
-    pub fn oldest_pending(&self) -> Option<(&Arc<LoggedEvent>, u32)> {
-        self.pending
-            .iter()
-            .find(|e| !matches!(e.slot.get(), Slot::Acked | Slot::Filtering))
-            .map(|e| (&e.event, e.deliveries))
-    }
-
-    pub fn explicit_ack(&self) -> bool {
-        self.explicit.is_some()
     }
 }
 

@@ -15,6 +15,22 @@ use crate::{
     where_filter::{Verdict, Wheres},
 };
 
+/// What [`Subscription::offer`] did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offered {
+    No,
+    /// Pending: its consumer may take it.
+    Taken,
+    /// Pending, waiting for its `--where` verdict: the filter must run.
+    ToFilter,
+}
+
+impl Offered {
+    pub fn taken(self) -> bool {
+        self != Offered::No
+    }
+}
+
 impl Subscription {
     /// The `--where` expressions, compiled, if any.
     pub fn wheres(&self) -> Option<&Wheres> {

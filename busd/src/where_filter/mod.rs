@@ -5,7 +5,7 @@
 //! their input (`indices`, `test` with a large pattern, values doubled
 //! many times), so it never runs under the hub lock nor in busd's own
 //! process. Events a subscription's keys select wait in its `pending` for
-//! a verdict (`subscription::selecting`); the filter thread ([`runner`])
+//! a verdict (`subscription::selecting`); the filter thread (`crate::judge`)
 //! takes them subscription by subscription, the one that used the least
 //! time first ([`fair`]), and runs them in a worker process ([`child`],
 //! [`worker`]: `busd` itself, started with [`worker::ARG`]) that has a
@@ -20,9 +20,11 @@
 mod child;
 mod fair;
 pub mod limits;
-pub mod runner;
 mod wire;
 pub mod worker;
+
+pub use child::Pool;
+pub use fair::Fair;
 
 use std::{fmt, sync::Arc};
 

@@ -1,15 +1,19 @@
-//! The filter thread: takes a batch of one subscription's events from the
-//! hub ([`FilterHandle::next_batch`], the subscription chosen by [`Fair`]),
-//! reads their bytes (a cold event's from its segment) and judges them
-//! with the hub unlocked, then hands the verdicts back
-//! ([`FilterHandle::judged`]). It runs until the bus shuts down.
+//! The `--where` filter thread (as `commit` is the committer's): takes a
+//! batch of one subscription's events from the hub
+//! ([`FilterHandle::next_batch`], the subscription chosen by [`Fair`]),
+//! reads their bytes (a cold event's from its segment) and judges them with
+//! the hub unlocked, in the worker process (`where_filter::Pool`), then
+//! hands the verdicts back ([`FilterHandle::judged`]). It runs until the
+//! bus shuts down. The hub never imports it: it holds a [`FilterHandle`].
 
 use std::{path::PathBuf, thread, time::Duration};
 
 use bytes::Bytes;
 
-use super::{child::Pool, fair::Fair, limits::MAX_BATCH_BYTES, Verdict};
-use crate::hub::{FilterBatch, FilterHandle};
+use crate::{
+    hub::{FilterBatch, FilterHandle},
+    where_filter::{limits::MAX_BATCH_BYTES, Fair, Pool, Verdict},
+};
 
 /// Where verdicts come from.
 pub enum Evaluator {
