@@ -41,9 +41,11 @@
 //! - [`contract`]: the strict parsers of the `ready` and `exited` lines.
 //! - [`pids`]: processes seen through `/proc` and signals (liveness, the
 //!   busd scan, freezing a process at a chosen moment).
-//! - [`common`], [`fake_dingtalk`], [`history`], [`pg`], [`wire`]: shared
-//!   test helpers, the fake DingTalk server, the fault suite's history
-//!   checker, a private PostgreSQL, the wire-protocol client.
+//! - [`common`], [`fake_dingtalk`], [`history`], [`pg`], [`proxy`],
+//!   [`wire`]: shared test helpers, the fake DingTalk server, the fault
+//!   suite's history checker, a private PostgreSQL, a TCP proxy that fails
+//!   like a network (black holes, resets, latency), the wire-protocol
+//!   client.
 
 pub mod bins;
 pub mod capture;
@@ -57,6 +59,7 @@ pub mod output;
 pub mod pg;
 pub mod pids;
 pub mod process;
+pub mod proxy;
 pub mod wire;
 
 #[cfg(test)]
