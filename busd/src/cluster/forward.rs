@@ -133,7 +133,26 @@ async fn forwarder(link: Arc<Link>, mut rx: mpsc::UnboundedReceiver<(u64, String
     let mut session = None;
     loop {
         if session.is_none() {
-            match postgres::listen(&s, "forward", &["dws_inbox"]).await {
+            // While publishes wait, a connect that hangs (a path that
+            // swallows bytes) must not hold their answers past their
+            // deadlines: it is given up at the first one.
+            let opened = match waiting.iter().map(|w| w.deadline).min() {
+                Some(first) => {
+                    let left = first.saturating_duration_since(Instant::now());
+                    tokio::time::timeout(
+                        left.max(RECONNECT_EVERY),
+                        postgres::listen(&s, "forward", &["dws_inbox"]),
+                    )
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(PgError::Unreachable(
+                            "PostgreSQL did not accept a session in time".into(),
+                        ))
+                    })
+                }
+                None => postgres::listen(&s, "forward", &["dws_inbox"]).await,
+            };
+            match opened {
                 Ok(sess) => session = Some(sess),
                 Err(e) => {
                     // What was never sent fails now; what was sent waits

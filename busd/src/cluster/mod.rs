@@ -219,10 +219,15 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
             };
         }
         if let Some(client) = &conn {
-            if let Err(e) = adopt(&link, client, &mut seen).await {
+            let adopted = adopt(&link, client, &mut seen).await;
+            if let Err(e) = &adopted {
                 tracing::warn!(cause = %e, "cannot read the cluster's subscriptions");
             }
-            match read_cluster(&link, client).await {
+            let read = match adopted {
+                Err(e @ PgError::Unreachable(_)) => Err(e),
+                _ => read_cluster(&link, client).await,
+            };
+            match read {
                 Ok(doc) => link.hub.set_cluster_status(doc),
                 Err(e) => {
                     link.hub.set_cluster_status(doc_error(&link, e));
@@ -257,14 +262,17 @@ async fn adopt(
     let s = &link.settings;
     let defs = definitions::definitions(client, &s.cluster).await?;
     let dropped: Vec<String> = if seen.is_none() {
-        client
-            .query_opt(DROPPED_SQL, &[&s.cluster, &s.host])
-            .await
-            .map_err(|e| PgError::query(&e))?
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(|e| PgError::query(&e))?
-            .unwrap_or_default()
+        postgres::bounded("reading the dropped subscriptions", async {
+            client
+                .query_opt(DROPPED_SQL, &[&s.cluster, &s.host])
+                .await
+                .map_err(|e| PgError::query(&e))
+        })
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(|e| PgError::query(&e))?
+        .unwrap_or_default()
     } else {
         vec![]
     };

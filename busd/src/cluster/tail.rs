@@ -3,9 +3,13 @@
 //! `NOTIFY dws_log` (one per committed batch) and by a poll every
 //! [`TAIL_POLL`] that also covers notifications missed while the listening
 //! session was down. It stops when this host becomes the owner (the lease
-//! task then reads the rest itself, see `lease`). A broken session is
-//! reopened with a backoff; meanwhile the host's consumers just see no new
-//! events.
+//! task then reads the rest itself, see `lease`). A broken session — or
+//! one whose statement got no answer within its bound
+//! (`postgres::STATEMENT_BOUND`: a path that swallows bytes looks healthy to
+//! TCP) — is reopened with a backoff; meanwhile the host's consumers are
+//! told the source is `reconnecting` (within the poll plus that bound of
+//! the cut), and `connected` again once the tail has read on from where it
+//! was, so nothing is skipped.
 
 use std::{
     sync::{atomic::Ordering, Arc},
@@ -67,6 +71,18 @@ async fn follow(link: &Arc<Link>, mut shutdown: Shutdown) {
             }
             if let Err(e) = catch_up(&link, &client, true).await {
                 tracing::warn!(cause = %e, "reading the cluster log failed; reconnecting");
+                // The consumers hear at once that events stopped arriving
+                // (a path that swallows bytes shows only as a statement
+                // without an answer, after its bound), not after the
+                // reconnect's own bound.
+                if !down && !link.is_owner() {
+                    down = true;
+                    follower_state(
+                        &link,
+                        v1::SourceStatus::Reconnecting,
+                        format!("the cluster store is reconnecting: {e}"),
+                    );
+                }
                 break;
             }
             if down && !link.is_owner() {

@@ -56,29 +56,32 @@ pub async fn claim(
     seqs: &[u64],
     hold: Duration,
 ) -> Result<Vec<(u64, u32)>, PgError> {
-    if seqs.is_empty() {
-        return Ok(vec![]);
-    }
-    let seqs = seqs_db(seqs);
-    let secs = hold.as_secs_f64();
-    let rows = client
-        .query_typed(
-            CLAIM_SQL,
-            &[
-                (&who.cluster, Type::TEXT),
-                (&subscription, Type::TEXT),
-                (&who.host, Type::TEXT),
-                (&who.incarnation, Type::TEXT),
-                (&seqs, Type::INT8_ARRAY),
-                (&secs, Type::FLOAT8),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    Ok(rows
-        .iter()
-        .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i32>(1).max(1) as u32))
-        .collect())
+    crate::store::postgres::bounded("claim", async move {
+        if seqs.is_empty() {
+            return Ok(vec![]);
+        }
+        let seqs = seqs_db(seqs);
+        let secs = hold.as_secs_f64();
+        let rows = client
+            .query_typed(
+                CLAIM_SQL,
+                &[
+                    (&who.cluster, Type::TEXT),
+                    (&subscription, Type::TEXT),
+                    (&who.host, Type::TEXT),
+                    (&who.incarnation, Type::TEXT),
+                    (&seqs, Type::INT8_ARRAY),
+                    (&secs, Type::FLOAT8),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i32>(1).max(1) as u32))
+            .collect())
+    })
+    .await
 }
 
 /// Of `seqs`, those finished (acked on some host, or lost): never claimable
@@ -89,23 +92,26 @@ pub async fn done_of(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<Vec<u64>, PgError> {
-    if seqs.is_empty() {
-        return Ok(vec![]);
-    }
-    let seqs = seqs_db(seqs);
-    let rows = client
-        .query_typed(
-            "SELECT seq FROM dws_claim WHERE cluster = $1 AND subscription = $2 \
+    crate::store::postgres::bounded("done_of", async move {
+        if seqs.is_empty() {
+            return Ok(vec![]);
+        }
+        let seqs = seqs_db(seqs);
+        let rows = client
+            .query_typed(
+                "SELECT seq FROM dws_claim WHERE cluster = $1 AND subscription = $2 \
              AND seq = ANY($3) AND done",
-            &[
-                (&cluster, Type::TEXT),
-                (&subscription, Type::TEXT),
-                (&seqs, Type::INT8_ARRAY),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    Ok(rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect())
+                &[
+                    (&cluster, Type::TEXT),
+                    (&subscription, Type::TEXT),
+                    (&seqs, Type::INT8_ARRAY),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        Ok(rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect())
+    })
+    .await
 }
 
 const RENEW_SQL: &str = "UPDATE dws_claim c
@@ -123,27 +129,30 @@ pub async fn renew(
     held: &BTreeMap<String, Vec<u64>>,
     hold: Duration,
 ) -> Result<u64, PgError> {
-    let (subs, seqs): (Vec<&str>, Vec<i64>) = held
-        .iter()
-        .flat_map(|(sub, seqs)| seqs.iter().map(move |&s| (sub.as_str(), s as i64)))
-        .unzip();
-    if subs.is_empty() {
-        return Ok(0);
-    }
-    let secs = hold.as_secs_f64();
-    client
-        .execute_typed(
-            RENEW_SQL,
-            &[
-                (&who.cluster, Type::TEXT),
-                (&who.incarnation, Type::TEXT),
-                (&subs, Type::TEXT_ARRAY),
-                (&seqs, Type::INT8_ARRAY),
-                (&secs, Type::FLOAT8),
-            ],
-        )
-        .await
-        .map_err(q)
+    crate::store::postgres::bounded("renew", async move {
+        let (subs, seqs): (Vec<&str>, Vec<i64>) = held
+            .iter()
+            .flat_map(|(sub, seqs)| seqs.iter().map(move |&s| (sub.as_str(), s as i64)))
+            .unzip();
+        if subs.is_empty() {
+            return Ok(0);
+        }
+        let secs = hold.as_secs_f64();
+        client
+            .execute_typed(
+                RENEW_SQL,
+                &[
+                    (&who.cluster, Type::TEXT),
+                    (&who.incarnation, Type::TEXT),
+                    (&subs, Type::TEXT_ARRAY),
+                    (&seqs, Type::INT8_ARRAY),
+                    (&secs, Type::FLOAT8),
+                ],
+            )
+            .await
+            .map_err(q)
+    })
+    .await
 }
 
 /// Marks `seqs` of `subscription` acked: done whoever holds the claim now
@@ -155,22 +164,25 @@ pub async fn finish(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<u64, PgError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let seqs = seqs_db(seqs);
-    client
-        .execute_typed(
-            "UPDATE dws_claim SET done = true WHERE cluster = $1 AND subscription = $2 \
+    crate::store::postgres::bounded("finish", async move {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let seqs = seqs_db(seqs);
+        client
+            .execute_typed(
+                "UPDATE dws_claim SET done = true WHERE cluster = $1 AND subscription = $2 \
              AND seq = ANY($3) AND NOT done",
-            &[
-                (&cluster, Type::TEXT),
-                (&subscription, Type::TEXT),
-                (&seqs, Type::INT8_ARRAY),
-            ],
-        )
-        .await
-        .map_err(q)
+                &[
+                    (&cluster, Type::TEXT),
+                    (&subscription, Type::TEXT),
+                    (&seqs, Type::INT8_ARRAY),
+                ],
+            )
+            .await
+            .map_err(q)
+    })
+    .await
 }
 
 /// Gives `seqs` back: expired at once, so another host claims them (only
@@ -181,24 +193,27 @@ pub async fn release(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<u64, PgError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let seqs = seqs_db(seqs);
-    client
-        .execute_typed(
-            "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
+    crate::store::postgres::bounded("release", async move {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let seqs = seqs_db(seqs);
+        client
+            .execute_typed(
+                "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
              WHERE cluster = $1 AND subscription = $2 AND incarnation = $3 \
              AND seq = ANY($4) AND NOT done",
-            &[
-                (&who.cluster, Type::TEXT),
-                (&subscription, Type::TEXT),
-                (&who.incarnation, Type::TEXT),
-                (&seqs, Type::INT8_ARRAY),
-            ],
-        )
-        .await
-        .map_err(q)
+                &[
+                    (&who.cluster, Type::TEXT),
+                    (&subscription, Type::TEXT),
+                    (&who.incarnation, Type::TEXT),
+                    (&seqs, Type::INT8_ARRAY),
+                ],
+            )
+            .await
+            .map_err(q)
+    })
+    .await
 }
 
 /// Gives back every open claim of `incarnation` (its busd stops cleanly).
@@ -207,14 +222,17 @@ pub async fn release_all(
     cluster: &str,
     incarnation: &str,
 ) -> Result<u64, PgError> {
-    client
-        .execute_typed(
-            "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
+    crate::store::postgres::bounded("release_all", async move {
+        client
+            .execute_typed(
+                "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
              WHERE cluster = $1 AND incarnation = $2 AND NOT done",
-            &[(&cluster, Type::TEXT), (&incarnation, Type::TEXT)],
-        )
-        .await
-        .map_err(q)
+                &[(&cluster, Type::TEXT), (&incarnation, Type::TEXT)],
+            )
+            .await
+            .map_err(q)
+    })
+    .await
 }
 
 const LOST_SQL: &str = "
@@ -235,26 +253,29 @@ pub async fn mark_lost(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<u64, PgError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let seqs = seqs_db(seqs);
-    let r = client
-        .execute_typed(
-            LOST_SQL,
-            &[
-                (&who.cluster, Type::TEXT),
-                (&subscription, Type::TEXT),
-                (&who.host, Type::TEXT),
-                (&who.incarnation, Type::TEXT),
-                (&seqs, Type::INT8_ARRAY),
-            ],
-        )
-        .await;
-    match r {
-        Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => Ok(0),
-        r => r.map_err(q),
-    }
+    crate::store::postgres::bounded("mark_lost", async move {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let seqs = seqs_db(seqs);
+        let r = client
+            .execute_typed(
+                LOST_SQL,
+                &[
+                    (&who.cluster, Type::TEXT),
+                    (&subscription, Type::TEXT),
+                    (&who.host, Type::TEXT),
+                    (&who.incarnation, Type::TEXT),
+                    (&seqs, Type::INT8_ARRAY),
+                ],
+            )
+            .await;
+        match r {
+            Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => Ok(0),
+            r => r.map_err(q),
+        }
+    })
+    .await
 }
 
 const SWEEP_SQL: &str = "UPDATE dws_claim c SET done = true, lost = true, reported = false
@@ -273,21 +294,24 @@ pub async fn sweep_lost(
     subscriptions: &[String],
     floor: u64,
 ) -> Result<u64, PgError> {
-    if subscriptions.is_empty() {
-        return Ok(0);
-    }
-    let floor = floor.min(i64::MAX as u64) as i64;
-    client
-        .execute_typed(
-            SWEEP_SQL,
-            &[
-                (&cluster, Type::TEXT),
-                (&subscriptions, Type::TEXT_ARRAY),
-                (&floor, Type::INT8),
-            ],
-        )
-        .await
-        .map_err(q)
+    crate::store::postgres::bounded("sweep_lost", async move {
+        if subscriptions.is_empty() {
+            return Ok(0);
+        }
+        let floor = floor.min(i64::MAX as u64) as i64;
+        client
+            .execute_typed(
+                SWEEP_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&subscriptions, Type::TEXT_ARRAY),
+                    (&floor, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(q)
+    })
+    .await
 }
 
 /// Takes the losses of `subscription` no host reported yet: how many (this
@@ -297,12 +321,15 @@ pub async fn take_lost(
     cluster: &str,
     subscription: &str,
 ) -> Result<u64, PgError> {
-    client
-        .execute_typed(
-            "UPDATE dws_claim SET reported = true WHERE cluster = $1 AND subscription = $2 \
+    crate::store::postgres::bounded("take_lost", async move {
+        client
+            .execute_typed(
+                "UPDATE dws_claim SET reported = true WHERE cluster = $1 AND subscription = $2 \
              AND lost AND NOT reported",
-            &[(&cluster, Type::TEXT), (&subscription, Type::TEXT)],
-        )
-        .await
-        .map_err(q)
+                &[(&cluster, Type::TEXT), (&subscription, Type::TEXT)],
+            )
+            .await
+            .map_err(q)
+    })
+    .await
 }

@@ -50,20 +50,23 @@ pub async fn register(
     build: &str,
     incarnation: &str,
 ) -> Result<(), PgError> {
-    client
-        .execute_typed(
-            REGISTER_SQL,
-            &[
-                (&cluster, Type::TEXT),
-                (&host, Type::TEXT),
-                (&pid, Type::INT4),
-                (&build, Type::TEXT),
-                (&incarnation, Type::TEXT),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    Ok(())
+    crate::store::postgres::bounded("register", async move {
+        client
+            .execute_typed(
+                REGISTER_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&host, Type::TEXT),
+                    (&pid, Type::INT4),
+                    (&build, Type::TEXT),
+                    (&incarnation, Type::TEXT),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        Ok(())
+    })
+    .await
 }
 
 /// Refreshes this host's heartbeat; `false` when its row is gone (removed
@@ -73,14 +76,17 @@ pub async fn heartbeat(
     cluster: &str,
     host: &str,
 ) -> Result<bool, PgError> {
-    let n = client
-        .execute_typed(
-            "UPDATE dws_host SET heartbeat_at = now() WHERE cluster = $1 AND host = $2",
-            &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
-        )
-        .await
-        .map_err(q)?;
-    Ok(n > 0)
+    crate::store::postgres::bounded("heartbeat", async move {
+        let n = client
+            .execute_typed(
+                "UPDATE dws_host SET heartbeat_at = now() WHERE cluster = $1 AND host = $2",
+                &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
+            )
+            .await
+            .map_err(q)?;
+        Ok(n > 0)
+    })
+    .await
 }
 
 /// Removes this host (a clean exit).
@@ -89,14 +95,17 @@ pub async fn unregister(
     cluster: &str,
     host: &str,
 ) -> Result<(), PgError> {
-    client
-        .execute_typed(
-            "DELETE FROM dws_host WHERE cluster = $1 AND host = $2",
-            &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
-        )
-        .await
-        .map_err(q)?;
-    Ok(())
+    crate::store::postgres::bounded("unregister", async move {
+        client
+            .execute_typed(
+                "DELETE FROM dws_host WHERE cluster = $1 AND host = $2",
+                &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
+            )
+            .await
+            .map_err(q)?;
+        Ok(())
+    })
+    .await
 }
 
 const LIST_SQL: &str = "SELECT host, pid, build,
@@ -106,21 +115,24 @@ const LIST_SQL: &str = "SELECT host, pid, build,
 
 /// The cluster's hosts, by name.
 pub async fn list(client: &impl GenericClient, cluster: &str) -> Result<Vec<HostRow>, PgError> {
-    let rows = client
-        .query_typed(LIST_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    rows.iter()
-        .map(|r| {
-            Ok(HostRow {
-                host: r.try_get(0).map_err(q)?,
-                pid: r.try_get(1).map_err(q)?,
-                build: r.try_get(2).map_err(q)?,
-                started_at_unix_ms: r.try_get(3).map_err(q)?,
-                heartbeat_age_ms: r.try_get(4).map_err(q)?,
+    crate::store::postgres::bounded("list", async move {
+        let rows = client
+            .query_typed(LIST_SQL, &[(&cluster, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        rows.iter()
+            .map(|r| {
+                Ok(HostRow {
+                    host: r.try_get(0).map_err(q)?,
+                    pid: r.try_get(1).map_err(q)?,
+                    build: r.try_get(2).map_err(q)?,
+                    started_at_unix_ms: r.try_get(3).map_err(q)?,
+                    heartbeat_age_ms: r.try_get(4).map_err(q)?,
+                })
             })
-        })
-        .collect()
+            .collect()
+    })
+    .await
 }
 
 const CURSORS_SQL: &str = "SELECT c.subscription, s.delivery, c.host, c.record->>'cursor',
@@ -135,26 +147,29 @@ pub async fn cursors(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<Vec<CursorRow>, PgError> {
-    let rows = client
-        .query_typed(CURSORS_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    rows.iter()
-        .map(|r| {
-            let subscription: String = r.try_get(0).map_err(q)?;
-            let cursor: Option<String> = r.try_get(3).map_err(q)?;
-            let cursor = cursor.and_then(|c| c.parse::<u64>().ok()).ok_or_else(|| {
-                PgError::Other(format!(
-                    "the stored cursor of subscription {subscription} is not a seq"
-                ))
-            })?;
-            Ok(CursorRow {
-                subscription,
-                delivery: r.try_get(1).map_err(q)?,
-                host: r.try_get(2).map_err(q)?,
-                cursor,
-                saved_at_unix_ms: r.try_get(4).map_err(q)?,
+    crate::store::postgres::bounded("cursors", async move {
+        let rows = client
+            .query_typed(CURSORS_SQL, &[(&cluster, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        rows.iter()
+            .map(|r| {
+                let subscription: String = r.try_get(0).map_err(q)?;
+                let cursor: Option<String> = r.try_get(3).map_err(q)?;
+                let cursor = cursor.and_then(|c| c.parse::<u64>().ok()).ok_or_else(|| {
+                    PgError::Other(format!(
+                        "the stored cursor of subscription {subscription} is not a seq"
+                    ))
+                })?;
+                Ok(CursorRow {
+                    subscription,
+                    delivery: r.try_get(1).map_err(q)?,
+                    host: r.try_get(2).map_err(q)?,
+                    cursor,
+                    saved_at_unix_ms: r.try_get(4).map_err(q)?,
+                })
             })
-        })
-        .collect()
+            .collect()
+    })
+    .await
 }

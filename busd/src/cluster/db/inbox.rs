@@ -29,7 +29,7 @@ use tokio_postgres::{types::Type, Client, GenericClient};
 
 use crate::eventlog::NewEvent;
 use crate::store::postgres::{
-    fence::{fenced_at, CHECK_EPOCH_SQL as EPOCH_SQL},
+    fence::check_epoch,
     log::{self, from_db, to_db},
     PgError,
 };
@@ -73,26 +73,29 @@ pub async fn push(
     key: &str,
     event: &NewEvent,
 ) -> Result<i64, PgError> {
-    let json = serde_json::to_string(event)
-        .map_err(|e| PgError::Other(format!("cannot encode the event for the inbox: {e}")))?;
-    let row = client
-        .query_typed_one(
-            PUSH_SQL,
-            &[
-                (&cluster, Type::TEXT),
-                (&host, Type::TEXT),
-                (&json, Type::TEXT),
-                (&key, Type::TEXT),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    let id: Option<i64> = row.try_get(0).map_err(q)?;
-    id.ok_or_else(|| {
-        PgError::Other(format!(
-            "inbox key {key} of cluster {cluster} was withdrawn while it was pushed again"
-        ))
+    crate::store::postgres::bounded("push", async move {
+        let json = serde_json::to_string(event)
+            .map_err(|e| PgError::Other(format!("cannot encode the event for the inbox: {e}")))?;
+        let row = client
+            .query_typed_one(
+                PUSH_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&host, Type::TEXT),
+                    (&json, Type::TEXT),
+                    (&key, Type::TEXT),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        let id: Option<i64> = row.try_get(0).map_err(q)?;
+        id.ok_or_else(|| {
+            PgError::Other(format!(
+                "inbox key {key} of cluster {cluster} was withdrawn while it was pushed again"
+            ))
+        })
     })
+    .await
 }
 
 /// What [`withdraw`] found.
@@ -123,17 +126,20 @@ pub async fn withdraw(
     cluster: &str,
     key: &str,
 ) -> Result<Withdrawal, PgError> {
-    let row = client
-        .query_typed_one(WITHDRAW_SQL, &[(&cluster, Type::TEXT), (&key, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    let deleted: bool = row.try_get(0).map_err(q)?;
-    let existed: bool = row.try_get(1).map_err(q)?;
-    Ok(match (deleted, existed) {
-        (true, _) => Withdrawal::Withdrawn,
-        (false, false) => Withdrawal::Absent,
-        (false, true) => Withdrawal::Taken,
+    crate::store::postgres::bounded("withdraw", async move {
+        let row = client
+            .query_typed_one(WITHDRAW_SQL, &[(&cluster, Type::TEXT), (&key, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        let deleted: bool = row.try_get(0).map_err(q)?;
+        let existed: bool = row.try_get(1).map_err(q)?;
+        Ok(match (deleted, existed) {
+            (true, _) => Withdrawal::Withdrawn,
+            (false, false) => Withdrawal::Absent,
+            (false, true) => Withdrawal::Taken,
+        })
     })
+    .await
 }
 
 /// Pending rows not taken under this epoch — with `$4`, those too (the
@@ -163,58 +169,51 @@ pub async fn take(
     limit: i64,
     again: bool,
 ) -> Result<Vec<Taken>, PgError> {
-    if epoch <= 0 {
-        return Err(PgError::Fenced(log::NO_LEASE.into()));
-    }
-    let tx = client.transaction().await.map_err(q)?;
-    let current: Option<(i64, bool)> = match tx
-        .query_typed_opt(EPOCH_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?
-    {
-        Some(row) => Some((row.try_get(0).map_err(q)?, row.try_get(1).map_err(q)?)),
-        None => None,
-    };
-    if let Some(why) = fenced_at(epoch, current) {
-        return Err(PgError::Fenced(why));
-    }
-    let rows = tx
-        .query_typed(
-            TAKE_SQL,
-            &[
-                (&cluster, Type::TEXT),
-                (&epoch, Type::INT8),
-                (&limit, Type::INT8),
-                (&again, Type::BOOL),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    let mut taken = Vec::with_capacity(rows.len());
-    let mut unreadable = vec![];
-    for row in rows {
-        let id: i64 = row.try_get(0).map_err(q)?;
-        let json: String = row.try_get(1).map_err(q)?;
-        let key: Option<String> = row.try_get(2).map_err(q)?;
-        match serde_json::from_str::<NewEvent>(&json) {
-            Ok(ev) => taken.push((id, key, ev)),
-            Err(e) => unreadable.push((
-                id,
-                InboxResult {
-                    seq: 0,
-                    duplicate: false,
-                    event_id: String::new(),
-                    error: Some(format!("the owner cannot read this inbox event: {e}")),
-                },
-            )),
+    crate::store::postgres::bounded("take", async move {
+        if epoch <= 0 {
+            return Err(PgError::Fenced(log::NO_LEASE.into()));
         }
-    }
-    if !unreadable.is_empty() {
-        finish(&tx, cluster, &unreadable).await?;
-    }
-    tx.commit().await.map_err(q)?;
-    taken.sort_by_key(|(id, _, _)| *id);
-    Ok(taken)
+        let tx = client.transaction().await.map_err(q)?;
+        check_epoch(&tx, cluster, epoch).await?;
+        let rows = tx
+            .query_typed(
+                TAKE_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&epoch, Type::INT8),
+                    (&limit, Type::INT8),
+                    (&again, Type::BOOL),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        let mut taken = Vec::with_capacity(rows.len());
+        let mut unreadable = vec![];
+        for row in rows {
+            let id: i64 = row.try_get(0).map_err(q)?;
+            let json: String = row.try_get(1).map_err(q)?;
+            let key: Option<String> = row.try_get(2).map_err(q)?;
+            match serde_json::from_str::<NewEvent>(&json) {
+                Ok(ev) => taken.push((id, key, ev)),
+                Err(e) => unreadable.push((
+                    id,
+                    InboxResult {
+                        seq: 0,
+                        duplicate: false,
+                        event_id: String::new(),
+                        error: Some(format!("the owner cannot read this inbox event: {e}")),
+                    },
+                )),
+            }
+        }
+        if !unreadable.is_empty() {
+            finish(&tx, cluster, &unreadable).await?;
+        }
+        tx.commit().await.map_err(q)?;
+        taken.sort_by_key(|(id, _, _)| *id);
+        Ok(taken)
+    })
+    .await
 }
 
 const FINISH_SQL: &str = "WITH upd AS (
@@ -236,30 +235,33 @@ pub async fn finish(
     cluster: &str,
     results: &[(i64, InboxResult)],
 ) -> Result<u64, PgError> {
-    let ids: Vec<i64> = results.iter().map(|(id, _)| *id).collect();
-    let seqs = results
-        .iter()
-        .map(|(_, r)| to_db(r.seq))
-        .collect::<Result<Vec<i64>, _>>()?;
-    let dups: Vec<bool> = results.iter().map(|(_, r)| r.duplicate).collect();
-    let eids: Vec<&str> = results.iter().map(|(_, r)| r.event_id.as_str()).collect();
-    let errs: Vec<Option<&str>> = results.iter().map(|(_, r)| r.error.as_deref()).collect();
-    let row = client
-        .query_typed_one(
-            FINISH_SQL,
-            &[
-                (&cluster, Type::TEXT),
-                (&ids, Type::INT8_ARRAY),
-                (&seqs, Type::INT8_ARRAY),
-                (&dups, Type::BOOL_ARRAY),
-                (&eids, Type::TEXT_ARRAY),
-                (&errs, Type::TEXT_ARRAY),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    let n: i64 = row.try_get(0).map_err(q)?;
-    Ok(n.max(0) as u64)
+    crate::store::postgres::bounded("finish", async move {
+        let ids: Vec<i64> = results.iter().map(|(id, _)| *id).collect();
+        let seqs = results
+            .iter()
+            .map(|(_, r)| to_db(r.seq))
+            .collect::<Result<Vec<i64>, _>>()?;
+        let dups: Vec<bool> = results.iter().map(|(_, r)| r.duplicate).collect();
+        let eids: Vec<&str> = results.iter().map(|(_, r)| r.event_id.as_str()).collect();
+        let errs: Vec<Option<&str>> = results.iter().map(|(_, r)| r.error.as_deref()).collect();
+        let row = client
+            .query_typed_one(
+                FINISH_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&ids, Type::INT8_ARRAY),
+                    (&seqs, Type::INT8_ARRAY),
+                    (&dups, Type::BOOL_ARRAY),
+                    (&eids, Type::TEXT_ARRAY),
+                    (&errs, Type::TEXT_ARRAY),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        let n: i64 = row.try_get(0).map_err(q)?;
+        Ok(n.max(0) as u64)
+    })
+    .await
 }
 
 const RESULT_SQL: &str = "SELECT id, done, coalesce(seq, 0), coalesce(duplicate, false),
@@ -306,14 +308,17 @@ pub async fn results(
     cluster: &str,
     ids: &[i64],
 ) -> Result<Vec<(i64, Option<InboxResult>)>, PgError> {
-    let rows = client
-        .query_typed(
-            RESULT_SQL,
-            &[(&cluster, Type::TEXT), (&ids, Type::INT8_ARRAY)],
-        )
-        .await
-        .map_err(q)?;
-    rows.iter().map(row_result).collect()
+    crate::store::postgres::bounded("results", async move {
+        let rows = client
+            .query_typed(
+                RESULT_SQL,
+                &[(&cluster, Type::TEXT), (&ids, Type::INT8_ARRAY)],
+            )
+            .await
+            .map_err(q)?;
+        rows.iter().map(row_result).collect()
+    })
+    .await
 }
 
 const PURGE_SQL: &str = "DELETE FROM dws_inbox
@@ -325,9 +330,12 @@ pub async fn purge_done(
     cluster: &str,
     older_than: Duration,
 ) -> Result<u64, PgError> {
-    let secs = older_than.as_secs_f64();
-    client
-        .execute_typed(PURGE_SQL, &[(&cluster, Type::TEXT), (&secs, Type::FLOAT8)])
-        .await
-        .map_err(q)
+    crate::store::postgres::bounded("purge_done", async move {
+        let secs = older_than.as_secs_f64();
+        client
+            .execute_typed(PURGE_SQL, &[(&cluster, Type::TEXT), (&secs, Type::FLOAT8)])
+            .await
+            .map_err(q)
+    })
+    .await
 }

@@ -129,42 +129,48 @@ impl LeaseSession {
     /// `busd/<cluster>/<host>/lease`). The schema must exist
     /// (`schema::migrate`).
     pub async fn open(settings: &PgSettings) -> Result<LeaseSession, PgError> {
-        let (client, driver) = connect(settings, "lease").await?;
-        client
-            .execute(ENSURE_SQL, &[&settings.cluster])
-            .await
-            .map_err(|e| PgError::query(&e))?;
-        let backend_pid: i32 = client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .map_err(|e| PgError::query(&e))?
-            .get(0);
-        Ok(LeaseSession {
-            client,
-            driver,
-            backend_pid,
-            settings: settings.clone(),
+        crate::store::postgres::bounded("open", async move {
+            let (client, driver) = connect(settings, "lease").await?;
+            client
+                .execute(ENSURE_SQL, &[&settings.cluster])
+                .await
+                .map_err(|e| PgError::query(&e))?;
+            let backend_pid: i32 = client
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await
+                .map_err(|e| PgError::query(&e))?
+                .get(0);
+            Ok(LeaseSession {
+                client,
+                driver,
+                backend_pid,
+                settings: settings.clone(),
+            })
         })
+        .await
     }
 
     /// One try: the lease with its new epoch, or this session back when
     /// another host holds it.
     pub async fn try_acquire(self, timing: LeaseTiming) -> Result<Result<Lease, Self>, PgError> {
-        let q = |e: tokio_postgres::Error| PgError::query(&e);
-        let cluster = self.settings.cluster.as_str();
-        let secs = timing.bound.as_secs_f64();
-        let took = self
-            .client
-            .query_opt(TAKE_SQL, &[&cluster, &self.settings.host, &secs])
-            .await
-            .map_err(q)?;
-        match took {
-            Some(row) => {
-                let epoch: i64 = row.try_get(0).map_err(q)?;
-                Ok(Ok(Lease::start(self, epoch, timing)))
+        crate::store::postgres::bounded("try_acquire", async move {
+            let q = |e: tokio_postgres::Error| PgError::query(&e);
+            let cluster = self.settings.cluster.as_str();
+            let secs = timing.bound.as_secs_f64();
+            let took = self
+                .client
+                .query_opt(TAKE_SQL, &[&cluster, &self.settings.host, &secs])
+                .await
+                .map_err(q)?;
+            match took {
+                Some(row) => {
+                    let epoch: i64 = row.try_get(0).map_err(q)?;
+                    Ok(Ok(Lease::start(self, epoch, timing)))
+                }
+                None => Ok(Err(self)),
             }
-            None => Ok(Err(self)),
-        }
+        })
+        .await
     }
 }
 
@@ -254,13 +260,16 @@ impl Lease {
     /// Gives the lease up cleanly: clears the owner (if still ours) and
     /// closes the session.
     pub async fn release(self) -> Result<(), PgError> {
-        let q = |e: tokio_postgres::Error| PgError::query(&e);
-        self.heartbeat.abort();
-        self.client
-            .execute(RESIGN_SQL, &[&self.cluster, &self.epoch])
-            .await
-            .map_err(q)?;
-        Ok(())
+        crate::store::postgres::bounded("release", async move {
+            let q = |e: tokio_postgres::Error| PgError::query(&e);
+            self.heartbeat.abort();
+            self.client
+                .execute(RESIGN_SQL, &[&self.cluster, &self.epoch])
+                .await
+                .map_err(q)?;
+            Ok(())
+        })
+        .await
     }
 }
 

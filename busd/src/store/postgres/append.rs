@@ -47,8 +47,16 @@ pub fn transient(e: &PgError) -> bool {
     matches!(e, PgError::Unreachable(_))
 }
 
+/// What the store says when an append may or may not have committed: the
+/// publishers of its batch are told so, never that it failed.
+pub const OUTCOME_UNKNOWN: &str = "its outcome is unknown";
+
 /// Appends `events` under the current epoch on `conn` (opened or reopened
-/// as needed), waiting out an outage (see the module doc).
+/// as needed), waiting out an outage (see the module doc) — the whole
+/// batch, lost answers included, within [`OUTAGE_BOUND`] (plus one
+/// statement's bound). An attempt whose answer was lost is looked for in
+/// the log before the batch is reported failed; when the log cannot be
+/// read in time, the error says [`OUTCOME_UNKNOWN`].
 pub(super) async fn append_through_outage(
     epoch: &AtomicI64,
     conn: &mut Option<(Client, Driver)>,
@@ -61,25 +69,20 @@ pub(super) async fn append_through_outage(
     loop {
         let e = epoch.load(Ordering::Acquire);
         let fenced = if e == REGAINING && Instant::now() >= deadline {
-            Some(format!(
+            Some(PgError::Fenced(format!(
                 "the lease was not regained within {}s",
                 OUTAGE_BOUND.as_secs()
-            ))
+            )))
         } else if e == REGAINING {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         } else if e <= 0 {
-            Some(log::NO_LEASE.to_owned())
+            Some(PgError::Fenced(log::NO_LEASE.to_owned()))
         } else {
             None
         };
-        if let Some(why) = fenced {
-            // An attempt whose answer was lost may have committed before
-            // the lease went: then the batch is durable, and so reported.
-            if failed_once && found_after_lost_answer(conn, settings, events).await {
-                return Ok(());
-            }
-            return Err(PgError::Fenced(why));
+        if let Some(err) = fenced {
+            return settle(conn, settings, events, failed_once, deadline, err).await;
         }
         let result = match ensure(conn, settings).await {
             Ok(client) => log::append(client, &settings.cluster, e, events).await,
@@ -90,17 +93,13 @@ pub(super) async fn append_through_outage(
             Err(err) => err,
         };
         close(conn.take()).await;
-        if failed_once && matches!(err, PgError::Other(_) | PgError::Fenced(_)) {
-            // Refused as a gap, or fenced: did the attempt whose answer was
-            // lost commit (under this epoch, before another host took the
-            // lease)? Then the batch is durable and its publishers are told
-            // so; only what is not in the log is reported failed.
-            if found_after_lost_answer(conn, settings, events).await {
-                return Ok(());
-            }
-        }
         if !transient(&err) || Instant::now() >= deadline {
-            return Err(err);
+            // Refused as a gap, or fenced, or out of time: did an attempt
+            // whose answer was lost commit (under this epoch, before another
+            // host took the lease)? Then the batch is durable and its
+            // publishers are told so; only what is not in the log is
+            // reported failed.
+            return settle(conn, settings, events, failed_once, deadline, err).await;
         }
         failed_once = true;
         tracing::warn!(cause = %err, retry_in_ms = backoff.as_millis() as u64, "the cluster store is unreachable; the append waits");
@@ -109,30 +108,68 @@ pub(super) async fn append_through_outage(
     }
 }
 
+/// The batch's last word once no attempt may follow: `err`, unless an
+/// attempt whose answer was lost committed it (then it is durable), or
+/// nobody can tell in time (then [`OUTCOME_UNKNOWN`]). The lost attempt
+/// cannot commit any more by now: it gave up after [`super::STATEMENT_BOUND`],
+/// longer than its transaction may sit idle on the server.
+async fn settle(
+    conn: &mut Option<(Client, Driver)>,
+    settings: &PgSettings,
+    events: &[Arc<LoggedEvent>],
+    failed_once: bool,
+    deadline: Instant,
+    err: PgError,
+) -> Result<(), PgError> {
+    if !failed_once {
+        return Err(err);
+    }
+    match found_after_lost_answer(conn, settings, events, deadline).await {
+        Some(true) => Ok(()),
+        Some(false) => Err(err),
+        None => {
+            let (first, last) = (
+                events.first().map_or(0, |e| e.seq),
+                events.last().map_or(0, |e| e.seq),
+            );
+            tracing::error!(
+                first,
+                last,
+                "cannot tell whether an append whose answer was lost committed; its publishers \
+                 are told its outcome is unknown"
+            );
+            Err(PgError::Unreachable(format!(
+                "the cluster store cannot tell whether the append of seqs {first}-{last} \
+                 committed, so {OUTCOME_UNKNOWN} ({err})"
+            )))
+        }
+    }
+}
+
 /// Whether an attempt whose answer was lost committed the batch: asked until
 /// the server answers, since a failure to ask is no answer (sessions may
-/// still be terminated around a lost lease), for up to [`OUTAGE_BOUND`];
-/// `false` only when the log does not hold the batch or no answer came.
+/// still be terminated around a lost lease), until `deadline` (at least
+/// once); `None` when no answer came.
 async fn found_after_lost_answer(
     conn: &mut Option<(Client, Driver)>,
     settings: &PgSettings,
     events: &[Arc<LoggedEvent>],
-) -> bool {
-    let deadline = Instant::now() + OUTAGE_BOUND;
+    deadline: Instant,
+) -> Option<bool> {
     let mut backoff = Duration::from_millis(50);
     loop {
-        if let Ok(client) = ensure(conn, settings).await {
-            match already_in(client, settings, events).await {
-                Ok(found) => return found,
-                Err(_) => close(conn.take()).await,
-            }
+        // Each try within one statement's bound, the connect included.
+        let tried = tokio::time::timeout(super::STATEMENT_BOUND, async {
+            let client = ensure(conn, settings).await?;
+            already_in(client, settings, events).await
+        })
+        .await;
+        match tried {
+            Ok(Ok(found)) => return Some(found),
+            _ => close(conn.take()).await,
         }
         if Instant::now() >= deadline {
-            tracing::error!(
-                "cannot tell whether an append whose answer was lost committed; its publishers \
-                 are told it failed"
-            );
-            return false;
+            return None;
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));

@@ -51,15 +51,18 @@ pub async fn definitions(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<Vec<Definition>, PgError> {
-    let none: Option<&str> = None;
-    let rows = client
-        .query_typed(
-            DEFINITIONS_SQL,
-            &[(&cluster, Type::TEXT), (&none, Type::TEXT)],
-        )
-        .await
-        .map_err(q)?;
-    rows.iter().map(definition_of).collect()
+    crate::store::postgres::bounded("definitions", async move {
+        let none: Option<&str> = None;
+        let rows = client
+            .query_typed(
+                DEFINITIONS_SQL,
+                &[(&cluster, Type::TEXT), (&none, Type::TEXT)],
+            )
+            .await
+            .map_err(q)?;
+        rows.iter().map(definition_of).collect()
+    })
+    .await
 }
 
 const CLAIM_SQL: &str = "INSERT INTO dws_subscription (cluster, id, delivery, record)
@@ -77,23 +80,28 @@ pub async fn claim_definition(
     shared: bool,
     record_json: &str,
 ) -> Result<(bool, SubRecord), PgError> {
-    let delivery = if shared { "shared" } else { "per-host" };
-    let inserted = client
-        .execute_typed(
-            CLAIM_SQL,
-            &[
-                (&cluster, Type::TEXT),
-                (&id, Type::TEXT),
-                (&delivery, Type::TEXT),
-                (&record_json, Type::TEXT),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    definition(client, cluster, id)
-        .await?
-        .map(|d| (inserted > 0, d.record))
-        .ok_or_else(|| PgError::Other(format!("the definition of {id} vanished as it was made")))
+    crate::store::postgres::bounded("claim_definition", async move {
+        let delivery = if shared { "shared" } else { "per-host" };
+        let inserted = client
+            .execute_typed(
+                CLAIM_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&id, Type::TEXT),
+                    (&delivery, Type::TEXT),
+                    (&record_json, Type::TEXT),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        definition(client, cluster, id)
+            .await?
+            .map(|d| (inserted > 0, d.record))
+            .ok_or_else(|| {
+                PgError::Other(format!("the definition of {id} vanished as it was made"))
+            })
+    })
+    .await
 }
 
 const RELEASE_SQL: &str = "DELETE FROM dws_subscription s WHERE s.cluster = $1 AND s.id = $2
@@ -105,11 +113,14 @@ pub async fn release_definition(
     cluster: &str,
     id: &str,
 ) -> Result<(), PgError> {
-    client
-        .execute_typed(RELEASE_SQL, &[(&cluster, Type::TEXT), (&id, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    Ok(())
+    crate::store::postgres::bounded("release_definition", async move {
+        client
+            .execute_typed(RELEASE_SQL, &[(&cluster, Type::TEXT), (&id, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        Ok(())
+    })
+    .await
 }
 
 /// One named subscription of the cluster, if it exists (a consumer on this
@@ -120,13 +131,16 @@ pub async fn definition(
     cluster: &str,
     id: &str,
 ) -> Result<Option<Definition>, PgError> {
-    let id = Some(id);
-    let rows = client
-        .query_typed(
-            DEFINITIONS_SQL,
-            &[(&cluster, Type::TEXT), (&id, Type::TEXT)],
-        )
-        .await
-        .map_err(q)?;
-    rows.first().map(definition_of).transpose()
+    crate::store::postgres::bounded("definition", async move {
+        let id = Some(id);
+        let rows = client
+            .query_typed(
+                DEFINITIONS_SQL,
+                &[(&cluster, Type::TEXT), (&id, Type::TEXT)],
+            )
+            .await
+            .map_err(q)?;
+        rows.first().map(definition_of).transpose()
+    })
+    .await
 }

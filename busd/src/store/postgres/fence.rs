@@ -2,7 +2,9 @@
 //! upstream's owner. Every append (`log::append`, under `FOR UPDATE`) and
 //! every other owner's write ([`check_epoch`], `FOR SHARE`) compares, in its
 //! own transaction, the host's epoch with the cluster's and requires the
-//! lease to be unexpired on the database's clock. The lease itself (taking,
+//! lease to be unexpired on the database's clock — read *after* the row
+//! lock was granted, in a later statement (issue 35: read in the locking
+//! statement, the clock was the one before the wait). The lease itself (taking,
 //! renewing, losing it) is the cluster's coordination
 //! (`cluster::db::lease`); this is the part the log needs.
 
@@ -10,12 +12,16 @@ use tokio_postgres::Transaction;
 
 use super::PgError;
 
-/// What an append transaction runs to check that its host still owns the
-/// upstream: the epoch and whether the lease is unexpired on the database's
-/// clock, with the row locked against a concurrent takeover.
-pub const CHECK_EPOCH_SQL: &str =
-    "SELECT epoch, coalesce(lease_expires_at > clock_timestamp(), false)
-     FROM dws_cluster WHERE cluster = $1 FOR SHARE";
+/// Locks the cluster's row `FOR SHARE` against a concurrent takeover and
+/// reads its epoch.
+const LOCK_EPOCH_SQL: &str = "SELECT epoch FROM dws_cluster WHERE cluster = $1 FOR SHARE";
+/// Whether the lease is unexpired on the database's clock, read in a
+/// statement after [`LOCK_EPOCH_SQL`]: in the same statement the clock
+/// would be read before a wait for the lock (a holder that changed nothing
+/// hands the waiter the row as it was before), so a lease that expired
+/// meanwhile would pass.
+const LIVE_SQL: &str =
+    "SELECT coalesce(lease_expires_at > clock_timestamp(), false) FROM dws_cluster WHERE cluster = $1";
 
 /// [`fenced`], and the lease's expiry: `current` is the cluster's epoch
 /// and whether its lease is unexpired on the database's clock.
@@ -51,13 +57,24 @@ pub fn fenced(our_epoch: i64, current: Option<i64>) -> Option<String> {
 /// `FOR UPDATE` instead and compare with [`fenced`]: two `FOR SHARE`
 /// holders that both upgrade would deadlock.)
 pub async fn check_epoch(tx: &Transaction<'_>, cluster: &str, epoch: i64) -> Result<(), PgError> {
-    let current: Option<(i64, bool)> = tx
-        .query_opt(CHECK_EPOCH_SQL, &[&cluster])
-        .await
-        .map_err(|e| PgError::query(&e))?
-        .map(|row| (row.get(0), row.get(1)));
-    match fenced_at(epoch, current) {
-        None => Ok(()),
-        Some(why) => Err(PgError::Fenced(why)),
-    }
+    crate::store::postgres::bounded("check_epoch", async move {
+        let q = |e: tokio_postgres::Error| PgError::query(&e);
+        let locked: Option<i64> = tx
+            .query_opt(LOCK_EPOCH_SQL, &[&cluster])
+            .await
+            .map_err(q)?
+            .map(|row| row.get(0));
+        let current = match locked {
+            Some(e) => {
+                let live: bool = tx.query_one(LIVE_SQL, &[&cluster]).await.map_err(q)?.get(0);
+                Some((e, live))
+            }
+            None => None,
+        };
+        match fenced_at(epoch, current) {
+            None => Ok(()),
+            Some(why) => Err(PgError::Fenced(why)),
+        }
+    })
+    .await
 }

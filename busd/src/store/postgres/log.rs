@@ -80,21 +80,40 @@ pub fn parse_notify(payload: &str, cluster: &str) -> Option<u64> {
 pub(crate) const NO_LEASE: &str =
     "this host does not hold the cluster's upstream lease (epoch 0), so it does not own the log";
 
-const LOCK_SQL: &str =
-    "SELECT head_seq, epoch, coalesce(lease_expires_at > clock_timestamp(), false)
-     FROM dws_cluster WHERE cluster = $1 FOR UPDATE";
+/// Locks the cluster's row; the lease's expiry is read only after the lock
+/// is granted, by [`APPEND_SQL`] (a lock holder that changed nothing gives
+/// a waiter the row as it was before the wait, clock included).
+const LOCK_SQL: &str = "SELECT head_seq, epoch FROM dws_cluster WHERE cluster = $1 FOR UPDATE";
 
-/// The rows, the head and the notification: one statement. A data-modifying
-/// `WITH` runs to completion whether or not the outer query reads it.
-const APPEND_SQL: &str = "WITH ins AS (
+/// The rows, the head and the notification: one statement, run only while
+/// the lease is unexpired on the database's clock *now*, with the row
+/// locked (`live`, read once: a `WITH` of volatile functions is
+/// materialized). It also bounds how long the transaction may then sit
+/// idle before its `COMMIT` arrives to what is left of the lease (at most
+/// `$11` ms): a `COMMIT` held up on the way past the expiry finds its
+/// session ended by the server, so an append never commits after its
+/// lease ran out. A data-modifying `WITH` runs to completion whether or
+/// not the outer query reads it.
+const APPEND_SQL: &str = "WITH live AS (
+        SELECT t.now < c.lease_expires_at AS ok,
+               CASE WHEN t.now < c.lease_expires_at THEN
+                   set_config('idle_in_transaction_session_timeout',
+                       greatest(1, least($11, floor(extract(epoch FROM
+                           c.lease_expires_at - t.now) * 1000)))::bigint::text, true)
+               END AS idle
+        FROM dws_cluster c, (SELECT clock_timestamp() AS now) t
+        WHERE c.cluster = $1 AND c.lease_expires_at IS NOT NULL
+    ), ins AS (
         INSERT INTO dws_event
             (cluster, seq, scope, event_id, event_type, route, received_unix_ms, encoded)
-        SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
-                                 $7::bigint[], $8::bytea[])
+        SELECT $1, u.* FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                   $7::bigint[], $8::bytea[]) AS u, live
+        WHERE live.ok
     ), head AS (
-        UPDATE dws_cluster SET head_seq = $9 WHERE cluster = $1
+        UPDATE dws_cluster SET head_seq = $9 FROM live WHERE cluster = $1 AND live.ok
     )
-    SELECT pg_notify('dws_log', $10)";
+    SELECT coalesce((SELECT ok FROM live), false),
+           (SELECT CASE WHEN ok THEN pg_notify('dws_log', $10) END FROM live)";
 
 /// Why a batch cannot be appended after `head`, if it cannot.
 pub fn check_batch(head: u64, events: &[Arc<LoggedEvent>]) -> Option<String> {
@@ -131,81 +150,88 @@ pub async fn append(
     epoch: i64,
     events: &[Arc<LoggedEvent>],
 ) -> Result<u64, PgError> {
-    if epoch <= 0 {
-        return Err(PgError::Fenced(NO_LEASE.into()));
-    }
-    let tx = client.transaction().await.map_err(q)?;
-    let row = tx
-        .query_typed_opt(LOCK_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    let (head, current, live): (i64, i64, bool) = match row {
-        Some(row) => (
-            row.try_get(0).map_err(q)?,
-            row.try_get(1).map_err(q)?,
-            row.try_get(2).map_err(q)?,
-        ),
-        None => {
-            return Err(PgError::Fenced(
-                super::fence::fenced(epoch, None).unwrap_or_default(),
-            ))
+    crate::store::postgres::bounded("append", async move {
+        if epoch <= 0 {
+            return Err(PgError::Fenced(NO_LEASE.into()));
         }
-    };
-    if let Some(why) = super::fence::fenced(epoch, Some(current)) {
-        return Err(PgError::Fenced(why));
-    }
-    if let Some(why) = super::fence::fenced_at(epoch, Some((current, live))) {
-        // Still this host's epoch, but the lease ran out: the lease task
-        // takes it back (same epoch + 1) unless another host took it; the
-        // append waits for that like for an outage.
-        return Err(PgError::Unreachable(why));
-    }
-    let head = from_db(head)?;
-    let Some(last) = events.last() else {
-        return Ok(head);
-    };
-    if let Some(why) = check_batch(head, events) {
-        return Err(PgError::Other(format!(
-            "cannot append to the log of cluster {cluster}: {why}"
-        )));
-    }
-    let new_head = to_db(last.seq)?;
-    let mut seqs = Vec::with_capacity(events.len());
-    let mut received = Vec::with_capacity(events.len());
-    for e in events {
-        seqs.push(to_db(e.seq)?);
-        received.push(e.received_at_unix_ms);
-    }
-    let scopes: Vec<&str> = events.iter().map(|e| e.scope.as_str()).collect();
-    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
-    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let routes: Vec<&str> = events.iter().map(|e| e.route.as_str()).collect();
-    // Events on their way in are resident: a read cannot fail here.
-    let bodies: Vec<bytes::Bytes> = events
-        .iter()
-        .map(|e| e.encoded().unwrap_or_default())
-        .collect();
-    let encoded: Vec<&[u8]> = bodies.iter().map(|b| &b[..]).collect();
-    let payload = notify_payload(cluster, last.seq);
-    tx.query_typed(
-        APPEND_SQL,
-        &[
-            (&cluster, Type::TEXT),
-            (&seqs, Type::INT8_ARRAY),
-            (&scopes, Type::TEXT_ARRAY),
-            (&ids, Type::TEXT_ARRAY),
-            (&types, Type::TEXT_ARRAY),
-            (&routes, Type::TEXT_ARRAY),
-            (&received, Type::INT8_ARRAY),
-            (&encoded, Type::BYTEA_ARRAY),
-            (&new_head, Type::INT8),
-            (&payload, Type::TEXT),
-        ],
-    )
+        let tx = client.transaction().await.map_err(q)?;
+        let row = tx
+            .query_typed_opt(LOCK_SQL, &[(&cluster, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        let (head, current): (i64, i64) = match row {
+            Some(row) => (row.try_get(0).map_err(q)?, row.try_get(1).map_err(q)?),
+            None => {
+                return Err(PgError::Fenced(
+                    super::fence::fenced(epoch, None).unwrap_or_default(),
+                ))
+            }
+        };
+        if let Some(why) = super::fence::fenced(epoch, Some(current)) {
+            return Err(PgError::Fenced(why));
+        }
+        let head = from_db(head)?;
+        let Some(last) = events.last() else {
+            return Ok(head);
+        };
+        if let Some(why) = check_batch(head, events) {
+            return Err(PgError::Other(format!(
+                "cannot append to the log of cluster {cluster}: {why}"
+            )));
+        }
+        let new_head = to_db(last.seq)?;
+        let mut seqs = Vec::with_capacity(events.len());
+        let mut received = Vec::with_capacity(events.len());
+        for e in events {
+            seqs.push(to_db(e.seq)?);
+            received.push(e.received_at_unix_ms);
+        }
+        let scopes: Vec<&str> = events.iter().map(|e| e.scope.as_str()).collect();
+        let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        let routes: Vec<&str> = events.iter().map(|e| e.route.as_str()).collect();
+        // Events on their way in are resident: a read cannot fail here.
+        let bodies: Vec<bytes::Bytes> = events
+            .iter()
+            .map(|e| e.encoded().unwrap_or_default())
+            .collect();
+        let encoded: Vec<&[u8]> = bodies.iter().map(|b| &b[..]).collect();
+        let payload = notify_payload(cluster, last.seq);
+        let idle_ms = super::IDLE_IN_TRANSACTION_BOUND.as_millis() as i64;
+        let live = tx
+            .query_typed_one(
+                APPEND_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&seqs, Type::INT8_ARRAY),
+                    (&scopes, Type::TEXT_ARRAY),
+                    (&ids, Type::TEXT_ARRAY),
+                    (&types, Type::TEXT_ARRAY),
+                    (&routes, Type::TEXT_ARRAY),
+                    (&received, Type::INT8_ARRAY),
+                    (&encoded, Type::BYTEA_ARRAY),
+                    (&new_head, Type::INT8),
+                    (&payload, Type::TEXT),
+                    (&idle_ms, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(|e| append_error(&e, cluster))?
+            .try_get::<_, bool>(0)
+            .map_err(q)?;
+        if !live {
+            // Still this host's epoch, but the lease ran out: the lease task
+            // takes it back (same epoch + 1) unless another host took it;
+            // the append waits for that like for an outage. Nothing was
+            // written; the transaction rolls back.
+            return Err(PgError::Unreachable(
+                super::fence::fenced_at(epoch, Some((epoch, false))).unwrap_or_default(),
+            ));
+        }
+        tx.commit().await.map_err(q)?;
+        Ok(last.seq)
+    })
     .await
-    .map_err(|e| append_error(&e, cluster))?;
-    tx.commit().await.map_err(q)?;
-    Ok(last.seq)
 }
 
 /// A failed insert: a repeated event id is named as such.
@@ -239,32 +265,35 @@ pub async fn read_after(
     after: u64,
     limit: i64,
 ) -> Result<Vec<EventRecord>, PgError> {
-    let after = to_db(after)?;
-    let rows = client
-        .query_typed(
-            READ_SQL,
-            &[
-                (&cluster, Type::TEXT),
-                (&after, Type::INT8),
-                (&limit, Type::INT8),
-            ],
-        )
-        .await
-        .map_err(q)?;
-    rows.iter()
-        .map(|row| {
-            Ok(EventRecord {
-                seq: from_db(row.try_get(0).map_err(q)?)?,
-                received_at_unix_ms: row.try_get(1).map_err(q)?,
-                scope: row.try_get(2).map_err(q)?,
-                event_id: row.try_get(3).map_err(q)?,
-                event_type: row.try_get(4).map_err(q)?,
-                route: row.try_get(5).map_err(q)?,
-                encoded: row.try_get(6).map_err(q)?,
-                place: Default::default(),
+    crate::store::postgres::bounded("read_after", async move {
+        let after = to_db(after)?;
+        let rows = client
+            .query_typed(
+                READ_SQL,
+                &[
+                    (&cluster, Type::TEXT),
+                    (&after, Type::INT8),
+                    (&limit, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        rows.iter()
+            .map(|row| {
+                Ok(EventRecord {
+                    seq: from_db(row.try_get(0).map_err(q)?)?,
+                    received_at_unix_ms: row.try_get(1).map_err(q)?,
+                    scope: row.try_get(2).map_err(q)?,
+                    event_id: row.try_get(3).map_err(q)?,
+                    event_type: row.try_get(4).map_err(q)?,
+                    route: row.try_get(5).map_err(q)?,
+                    encoded: row.try_get(6).map_err(q)?,
+                    place: Default::default(),
+                })
             })
-        })
-        .collect()
+            .collect()
+    })
+    .await
 }
 
 const ENSURE_SQL: &str = "INSERT INTO dws_cluster (cluster) VALUES ($1) ON CONFLICT DO NOTHING";
@@ -277,25 +306,28 @@ pub async fn cluster_row(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<ClusterRow, PgError> {
-    client
-        .execute_typed(ENSURE_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    let row = client
-        .query_typed_opt(ROW_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?
-        .ok_or_else(|| {
-            PgError::Other(format!(
-                "the row of cluster {cluster} vanished while it was read"
-            ))
-        })?;
-    Ok(ClusterRow {
-        head_seq: from_db(row.try_get(0).map_err(q)?)?,
-        epoch: row.try_get(1).map_err(q)?,
-        owner_host: row.try_get(2).map_err(q)?,
-        owner_since_unix_ms: row.try_get(3).map_err(q)?,
+    crate::store::postgres::bounded("cluster_row", async move {
+        client
+            .execute_typed(ENSURE_SQL, &[(&cluster, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        let row = client
+            .query_typed_opt(ROW_SQL, &[(&cluster, Type::TEXT)])
+            .await
+            .map_err(q)?
+            .ok_or_else(|| {
+                PgError::Other(format!(
+                    "the row of cluster {cluster} vanished while it was read"
+                ))
+            })?;
+        Ok(ClusterRow {
+            head_seq: from_db(row.try_get(0).map_err(q)?)?,
+            epoch: row.try_get(1).map_err(q)?,
+            owner_host: row.try_get(2).map_err(q)?,
+            owner_since_unix_ms: row.try_get(3).map_err(q)?,
+        })
     })
+    .await
 }
 
 const OLDEST_SQL: &str = "SELECT min(seq) FROM dws_event WHERE cluster = $1";
@@ -305,14 +337,17 @@ pub async fn oldest_seq(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<Option<u64>, PgError> {
-    let row = client
-        .query_typed_one(OLDEST_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    row.try_get::<_, Option<i64>>(0)
-        .map_err(q)?
-        .map(from_db)
-        .transpose()
+    crate::store::postgres::bounded("oldest_seq", async move {
+        let row = client
+            .query_typed_one(OLDEST_SQL, &[(&cluster, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        row.try_get::<_, Option<i64>>(0)
+            .map_err(q)?
+            .map(from_db)
+            .transpose()
+    })
+    .await
 }
 
 /// One batch: the oldest rows below `$2`, never the head's.
@@ -332,17 +367,20 @@ pub async fn delete_below(
     let below = to_db(seq)?;
     let mut total = 0;
     loop {
-        let n = client
-            .execute_typed(
-                DELETE_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&below, Type::INT8),
-                    (&DELETE_BATCH, Type::INT8),
-                ],
-            )
-            .await
-            .map_err(q)?;
+        let n = super::bounded("deleting old events", async {
+            client
+                .execute_typed(
+                    DELETE_SQL,
+                    &[
+                        (&cluster, Type::TEXT),
+                        (&below, Type::INT8),
+                        (&DELETE_BATCH, Type::INT8),
+                    ],
+                )
+                .await
+                .map_err(q)
+        })
+        .await?;
         total += n;
         if n < DELETE_BATCH as u64 {
             return Ok(total);
@@ -371,16 +409,19 @@ pub async fn held_from(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<(u64, Option<u64>), PgError> {
-    let row = client
-        .query_typed_one(HELD_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?;
-    let head: Option<i64> = row.try_get(0).map_err(q)?;
-    let held: Option<i64> = row.try_get(1).map_err(q)?;
-    Ok((
-        from_db(head.unwrap_or(0))?,
-        held.map(|h| from_db(h.max(0))).transpose()?,
-    ))
+    crate::store::postgres::bounded("held_from", async move {
+        let row = client
+            .query_typed_one(HELD_SQL, &[(&cluster, Type::TEXT)])
+            .await
+            .map_err(q)?;
+        let head: Option<i64> = row.try_get(0).map_err(q)?;
+        let held: Option<i64> = row.try_get(1).map_err(q)?;
+        Ok((
+            from_db(head.unwrap_or(0))?,
+            held.map(|h| from_db(h.max(0))).transpose()?,
+        ))
+    })
+    .await
 }
 
 /// Where retention may delete up to (exclusive): what the owner itself no

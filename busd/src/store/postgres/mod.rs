@@ -67,6 +67,8 @@ mod tests;
 #[cfg(test)]
 mod tests_claims;
 #[cfg(test)]
+mod tests_fence;
+#[cfg(test)]
 mod tests_log;
 #[cfg(test)]
 mod tests_store;
@@ -104,6 +106,20 @@ pub const LOSS_BOUND: Duration = Duration::from_secs(9);
 /// about [`LOSS_BOUND`] at most. Far above the gap between two statements
 /// of a healthy host (a round trip).
 pub const IDLE_IN_TRANSACTION_BOUND: Duration = Duration::from_millis(4_500);
+/// The client-side bound of every statement (or short transaction) busd
+/// sends: past it the answer is given up for lost — the session is closed
+/// and the work counts as an outage ([`PgError::Unreachable`]). TCP alone
+/// cannot tell a path that swallows bytes without resetting (a stuck
+/// middlebox, a proxy, a half-open route: its keepalives are answered)
+/// from a slow server, so without it a statement on such a path waits for
+/// as long as the partition lasts. Far above a healthy statement's time;
+/// above [`IDLE_IN_TRANSACTION_BOUND`], so by the time an append that gave
+/// up is looked for in the log, its transaction either committed or never
+/// will.
+pub const STATEMENT_BOUND: Duration = Duration::from_secs(5);
+/// [`STATEMENT_BOUND`] of a schema migration, which may wait for another
+/// host's (`schema::migrate` bounds that wait at 30 s itself).
+pub const MIGRATION_BOUND: Duration = Duration::from_secs(40);
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(3);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_COUNT: u32 = 3;
@@ -287,6 +303,35 @@ impl PgError {
             (top, _) => PgError::Other(format!("PostgreSQL at {target}: {top}")),
         }
     }
+}
+
+/// Runs `work` (the statements of one call) within [`STATEMENT_BOUND`];
+/// past it, an outage naming `what` — the caller must close the session.
+pub async fn bounded<T>(
+    what: &str,
+    work: impl std::future::Future<Output = Result<T, PgError>>,
+) -> Result<T, PgError> {
+    bounded_by(STATEMENT_BOUND, what, work).await
+}
+
+/// [`bounded`] with another bound.
+pub async fn bounded_by<T>(
+    bound: Duration,
+    what: &str,
+    work: impl std::future::Future<Output = Result<T, PgError>>,
+) -> Result<T, PgError> {
+    match tokio::time::timeout(bound, work).await {
+        Ok(r) => r,
+        Err(_) => Err(no_answer(bound, what)),
+    }
+}
+
+/// How a statement that got no answer within `bound` fails.
+pub fn no_answer(bound: Duration, what: &str) -> PgError {
+    PgError::Unreachable(format!(
+        "PostgreSQL did not answer within {}s ({what}): the server or the network to it is stuck",
+        bound.as_secs_f64()
+    ))
 }
 
 /// What a connection-string parse error may say without echoing the input:
@@ -484,10 +529,17 @@ pub async fn listen(
     }
     let (tx, rx) = mpsc::channel(NOTIFY_QUEUE);
     let (client, driver) = open(settings, purpose, Some(tx)).await?;
-    client
-        .batch_execute(&sql)
-        .await
-        .map_err(|e| PgError::query(&e))?;
+    let listening = bounded("LISTEN", async {
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| PgError::query(&e))
+    })
+    .await;
+    if let Err(e) = listening {
+        driver.abort();
+        return Err(e);
+    }
     Ok((client, driver, rx))
 }
 
@@ -513,7 +565,12 @@ async fn open(
             (client, drive(connection, target.clone(), notify))
         }
     };
-    if let Err(e) = check_synchronous_commit(&client, &target).await {
+    if let Err(e) = bounded(
+        "SHOW synchronous_commit",
+        check_synchronous_commit(&client, &target),
+    )
+    .await
+    {
         driver.abort();
         return Err(e);
     }

@@ -242,6 +242,15 @@ pub(crate) fn is_too_new(e: &PgError) -> bool {
 /// Brings the schema to [`SCHEMA_VERSION`] and returns it. Safe to run from
 /// several hosts at once; refuses a newer schema without touching it.
 pub async fn migrate(client: &mut Client) -> Result<u32, PgError> {
+    super::bounded_by(
+        super::MIGRATION_BOUND,
+        "the schema migration",
+        migrate_now(client),
+    )
+    .await
+}
+
+async fn migrate_now(client: &mut Client) -> Result<u32, PgError> {
     let q = |e: tokio_postgres::Error| PgError::query(&e);
     let tx = client.transaction().await.map_err(q)?;
     tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))

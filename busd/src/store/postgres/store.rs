@@ -168,14 +168,17 @@ async fn load(client: &mut Client, settings: &PgSettings) -> Result<Loaded, PgEr
     let cluster = settings.cluster.as_str();
     schema::migrate(client).await?;
     let row = log::cluster_row(&*client, cluster).await?;
-    let (snapshot, dropped) = match client
-        .query_typed_opt(
-            LOAD_SNAPSHOT_SQL,
-            &[(&cluster, Type::TEXT), (&settings.host, Type::TEXT)],
-        )
-        .await
-        .map_err(q)?
-    {
+    let found = super::bounded("reading this host's snapshot", async {
+        client
+            .query_typed_opt(
+                LOAD_SNAPSHOT_SQL,
+                &[(&cluster, Type::TEXT), (&settings.host, Type::TEXT)],
+            )
+            .await
+            .map_err(q)
+    })
+    .await?;
+    let (snapshot, dropped) = match found {
         Some(r) => (Some(r.try_get(0).map_err(q)?), r.try_get(1).map_err(q)?),
         None => (None, vec![]),
     };
@@ -424,7 +427,15 @@ async fn save_with_retries(
 ) -> Result<(), PgError> {
     let mut attempt = 1;
     loop {
-        match save_tx(client, settings, args).await {
+        let saved =
+            tokio::time::timeout(super::STATEMENT_BOUND, save_tx(client, settings, args)).await;
+        let Ok(saved) = saved else {
+            return Err(super::no_answer(
+                super::STATEMENT_BOUND,
+                "saving the subscriptions",
+            ));
+        };
+        match saved {
             Err(e) if attempt < SAVE_ATTEMPTS && retryable(&e) => attempt += 1,
             r => return r.map_err(q),
         }
