@@ -18,6 +18,7 @@ mod faults_lease;
 mod fencing;
 mod follower;
 mod order;
+mod partition;
 mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};
