@@ -11,7 +11,8 @@
 //! [`faults_lease`] (the time-bounded lease, a crashing server, forwarded
 //! publishes across a restart, a pinned duplicate id); [`follower`]: a
 //! follower's gaps, cursors and parked events under the owner's retention,
-//! and one definition per subscription cluster-wide.
+//! and one definition per subscription cluster-wide; [`partition`]: owner
+//! and follower cut off from PostgreSQL by a proxy that swallows every byte.
 
 mod failover;
 mod faults_lease;

@@ -16,15 +16,27 @@
 //! ```text
 //! DWS_FAULT_SEEDS=20 DWS_FAULT_SECONDS=30 cargo test -p dws-tests --test faults
 //! ```
+//!
+//! The network scenarios put a TCP proxy (`dws_tests::proxy`) between each
+//! host and PostgreSQL. The mixed schedule (`schedule.rs`: three hosts,
+//! explicit acks, a shared subscription, every kind of fault, several at
+//! once) prints its schedule before it runs; `DWS_FAULTS_SECS=1800` makes
+//! it a soak of that many seconds (one seed unless `DWS_FAULT_SEEDS` says
+//! otherwise):
+//!
+//! ```text
+//! DWS_FAULTS_SECS=1800 cargo test -p dws-tests --test faults -- mixed
+//! ```
 
 mod nemesis;
+mod schedule;
 mod workload;
 
 use std::time::Duration;
 
 use dws_tests::{history::Outcome, pg::PgServer};
 use nemesis::Kind;
-use workload::Cluster;
+use workload::{Cluster, Options};
 
 /// Extra environment of every host: a short lease bound, so a frozen owner
 /// loses the upstream within the freezes the nemesis causes.
@@ -53,12 +65,31 @@ fn fault_time() -> Duration {
 
 /// Runs the workload under `kinds` once per seed and checks each history.
 fn scenario(name: &str, hosts: &[&str], kinds: &[Kind], setup: impl Fn(&PgServer)) {
-    for seed in seeds() {
+    let opts = Options {
+        proxies: kinds.iter().any(|k| k.is_network()),
+        ..Options::default()
+    };
+    run_scenario(name, hosts, opts, &seeds(), setup, |cluster, seed| {
+        nemesis::run(cluster, kinds, seed, fault_time())
+    });
+}
+
+/// Runs the workload with `opts` once per seed, `nemesis` acting on it,
+/// and checks each history.
+fn run_scenario(
+    name: &str,
+    hosts: &[&str],
+    opts: Options,
+    seeds: &[u64],
+    setup: impl Fn(&PgServer),
+    nemesis: impl Fn(&mut Cluster, u64) -> Vec<String>,
+) {
+    for &seed in seeds {
         eprintln!("fault scenario {name}: seed {seed} (replay with DWS_FAULT_SEED={seed} DWS_FAULT_SEEDS=1)");
         let server = PgServer::start();
         setup(&server);
-        let mut cluster = Cluster::start(server, hosts, HOST_ENV);
-        let did = nemesis::run(&mut cluster, kinds, seed, fault_time());
+        let mut cluster = Cluster::start(server, hosts, HOST_ENV, opts);
+        let did = nemesis(&mut cluster, seed);
         let (history, server, hosts) = cluster.finish();
         let answered = history
             .publishes
@@ -154,5 +185,65 @@ fn three_hosts_started_at_once_then_every_fault() {
             Kind::TerminateBackends,
         ],
         nothing,
+    );
+}
+
+/// The owner and followers partitioned from PostgreSQL in turn (and two
+/// at once), or cut one way only, while every host publishes and consumes.
+#[test]
+fn network_partitions_of_owner_and_followers() {
+    scenario(
+        "network-partitions",
+        &["a", "b"],
+        &[Kind::Partition, Kind::PartitionTwo, Kind::OneWay],
+        nothing,
+    );
+}
+
+/// A host's connections reset again and again, or slowed to 200 ± 150 ms,
+/// with partitions in between.
+#[test]
+fn network_resets_and_latency() {
+    scenario(
+        "network-resets-latency",
+        &["a", "b"],
+        &[Kind::Resets, Kind::Latency, Kind::Partition],
+        nothing,
+    );
+}
+
+/// Three hosts, explicit acks, a per-host and a shared subscription, and a
+/// seeded schedule of every fault, several at once (`schedule.rs`); with
+/// `DWS_FAULTS_SECS` a soak of that length.
+#[test]
+fn mixed_schedule_of_every_fault() {
+    let soak = std::env::var("DWS_FAULTS_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    let length = soak.map_or_else(|| fault_time() * 2, Duration::from_secs);
+    let mut seeds = seeds();
+    if soak.is_some() && std::env::var_os("DWS_FAULT_SEEDS").is_none() {
+        seeds.truncate(1);
+    }
+    let opts = Options {
+        proxies: true,
+        explicit: true,
+        shared: true,
+    };
+    run_scenario(
+        "mixed",
+        &["a", "b", "c"],
+        opts,
+        &seeds,
+        nothing,
+        |cluster, seed| {
+            let names: Vec<String> = cluster.hosts.iter().map(|h| h.name.clone()).collect();
+            let plan = schedule::Schedule::draw(seed, names.len(), length);
+            eprintln!(
+                "fault scenario mixed: seed {seed}, schedule:\n{}",
+                plan.lines(&names).join("\n")
+            );
+            schedule::run(cluster, &plan)
+        },
     );
 }

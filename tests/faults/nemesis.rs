@@ -2,8 +2,10 @@
 //! running [`Cluster`]: a host's busd killed with `-9` or frozen with
 //! SIGSTOP (then SIGCONT), PostgreSQL stopped fast, immediately or with
 //! `kill -9` and started again, every busd backend ended with
-//! `pg_terminate_backend`. Every fault is healed before [`run`] returns, so
-//! the workload can finish and the history be checked.
+//! `pg_terminate_backend`, and the network between a host and PostgreSQL
+//! (its [`dws_tests::proxy::Proxy`]) black-holed both ways or one way,
+//! reset again and again, or slowed down. Every fault is healed before
+//! [`run`] returns, so the workload can finish and the history be checked.
 
 use std::{
     thread,
@@ -14,6 +16,8 @@ use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
 };
+
+use dws_tests::proxy::Direction;
 
 use crate::workload::Cluster;
 
@@ -32,7 +36,34 @@ pub enum Kind {
     PgKill,
     /// `pg_terminate_backend` of every busd session.
     TerminateBackends,
+    /// A random host's path to PostgreSQL swallows everything, both ways,
+    /// without a reset, for a while (the cluster needs proxies).
+    Partition,
+    /// Two hosts partitioned at once (an owner and a follower, or two
+    /// followers), healed together.
+    PartitionTwo,
+    /// One direction of a random host's path held for a while.
+    OneWay,
+    /// Every connection of a random host reset, again and again, for a while.
+    Resets,
+    /// A random host's path delayed 200 ms ± 150 ms for a while.
+    Latency,
 }
+
+impl Kind {
+    /// Whether the fault needs a proxy between the hosts and PostgreSQL.
+    pub fn is_network(self) -> bool {
+        matches!(
+            self,
+            Kind::Partition | Kind::PartitionTwo | Kind::OneWay | Kind::Resets | Kind::Latency
+        )
+    }
+}
+
+/// How long a network fault lasts: past the suite's lease (3 s) and a
+/// statement's bound (5 s), so owners lose their lease and statements give
+/// up, but short enough for CI.
+const NET_MS: std::ops::Range<u64> = 2_000..12_000;
 
 /// The longest a frozen bus stays frozen: past the lease bound the suite
 /// sets, so an owner frozen that long must lose the upstream.
@@ -91,6 +122,59 @@ fn inject(cluster: &mut Cluster, kind: Kind, rng: &mut fastrand::Rng) -> String 
             thread::sleep(Duration::from_millis(ms));
             cluster.server.start_again();
             format!("PostgreSQL killed -9, down {ms} ms")
+        }
+        Kind::Partition | Kind::OneWay | Kind::Resets | Kind::Latency => {
+            let ms = rng.u64(NET_MS);
+            let proxy = cluster.hosts[host].proxy();
+            let what = match kind {
+                Kind::Partition => {
+                    proxy.black_hole();
+                    "black-holed both ways".to_owned()
+                }
+                Kind::OneWay => {
+                    let d = if rng.bool() {
+                        Direction::Up
+                    } else {
+                        Direction::Down
+                    };
+                    proxy.hold(d);
+                    format!("held {d:?} only")
+                }
+                Kind::Latency => {
+                    proxy.delay(Duration::from_millis(200), Duration::from_millis(150));
+                    "delayed 200 ± 150 ms".to_owned()
+                }
+                _ => "reset every 300 ms".to_owned(),
+            };
+            let until = Instant::now() + Duration::from_millis(ms);
+            let mut resets = 0;
+            while Instant::now() < until {
+                if kind == Kind::Resets {
+                    resets += proxy.reset_all();
+                }
+                thread::sleep(Duration::from_millis(300));
+            }
+            proxy.heal();
+            let n = if kind == Kind::Resets {
+                format!(" ({resets} resets)")
+            } else {
+                String::new()
+            };
+            format!("{name}'s path to PostgreSQL {what} for {ms} ms{n}")
+        }
+        Kind::PartitionTwo => {
+            let other = (host + 1 + rng.usize(..cluster.hosts.len() - 1)) % cluster.hosts.len();
+            let ms = rng.u64(NET_MS);
+            let (p1, p2) = (cluster.hosts[host].proxy(), cluster.hosts[other].proxy());
+            p1.black_hole();
+            p2.black_hole();
+            thread::sleep(Duration::from_millis(ms));
+            p1.heal();
+            p2.heal();
+            format!(
+                "{name}'s and {}'s paths to PostgreSQL black-holed for {ms} ms",
+                cluster.hosts[other].name
+            )
         }
         Kind::TerminateBackends => {
             let n = cluster.server.psql(

@@ -10,6 +10,11 @@
 //! subscription, `work`, created before the first publish; a consumer run
 //! that ends (its bus was killed, fenced or stopped) is recorded and a new
 //! run attaches again, which also restarts the host's bus on demand.
+//!
+//! [`Options`] add the network between each host and PostgreSQL (a
+//! [`Proxy`] per host, for the network nemeses), explicit acks (each
+//! consumer acks what it read on its stdin), and a second subscription,
+//! `pool`, with `--delivery shared` and a consumer on every host.
 
 use std::{
     collections::BTreeMap,
@@ -23,8 +28,9 @@ use std::{
 
 use dws_tests::{
     common::cluster_host_with,
-    history::{parse_gap, History, Outcome, Publish, Run, Seen},
+    history::{parse_gap, History, Outcome, Publish, Run, Seen, SHARED_HOST},
     pg::PgServer,
+    proxy::Proxy,
     Child, TestEnv,
 };
 use prost::Message;
@@ -32,8 +38,13 @@ use serde_json::Value;
 
 /// The named per-host subscription every consumer attaches to.
 pub const SUB: &str = "work";
-/// How long one publish may take before it counts as unanswered.
-const PUBLISH_DEADLINE: Duration = Duration::from_secs(45);
+/// The shared subscription of [`Options::shared`].
+pub const POOL: &str = "pool";
+/// How long one publish may take before it counts as unanswered: past
+/// every bound docs/cluster.md gives (an owner's append 60 s plus a
+/// statement's 5 s), with room for a loaded machine. A publish without an
+/// answer by then is a violation ([`Outcome::Unanswered`]).
+const PUBLISH_DEADLINE: Duration = Duration::from_secs(90);
 /// How long the end waits for every consumer to catch up.
 const CATCH_UP: Duration = Duration::from_secs(120);
 /// Errors `dws` reports on its own side of the socket: no answer came, so
@@ -50,16 +61,36 @@ const NO_ANSWER: [&str; 9] = [
     "timed out",
 ];
 
+/// What a scenario's workload has beyond the plain one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// A proxy between each host and PostgreSQL.
+    pub proxies: bool,
+    /// Consumers run `--ack explicit` and ack on stdin what they read.
+    pub explicit: bool,
+    /// The shared subscription [`POOL`], a consumer of it on every host.
+    pub shared: bool,
+}
+
 /// One host of the cluster.
 pub struct Host {
     pub name: String,
     pub env: TestEnv,
+    proxy: Option<Proxy>,
 }
 
 impl Host {
     /// The host's running busd processes.
     pub fn busd_pids(&self) -> Vec<i32> {
         self.env.busd_pids()
+    }
+
+    /// The proxy between this host and PostgreSQL (scenarios with
+    /// [`Options::proxies`]).
+    pub fn proxy(&self) -> &Proxy {
+        self.proxy
+            .as_ref()
+            .expect("a network nemesis needs a scenario with proxies")
     }
 }
 
@@ -73,6 +104,7 @@ struct Record {
 /// A running scenario: the server, the hosts and their threads.
 pub struct Cluster {
     pub server: PgServer,
+    opts: Options,
     pub hosts: Vec<Arc<Host>>,
     stop_publishing: Arc<AtomicBool>,
     stop_consuming: Arc<AtomicBool>,
@@ -87,14 +119,26 @@ impl Cluster {
     /// `names.len()` hosts on `server`, each with `extra` env vars; their
     /// buses start together (one thread each), `work` is created on the
     /// first and known by all before the workload starts.
-    pub fn start(server: PgServer, names: &[&str], extra: &[(&str, &str)]) -> Cluster {
+    pub fn start(
+        server: PgServer,
+        names: &[&str],
+        extra: &[(&str, &str)],
+        opts: Options,
+    ) -> Cluster {
         let hosts: Vec<Arc<Host>> = names
             .iter()
             .map(|n| {
-                let env = cluster_host_with(&server, n, extra);
+                let proxy = opts.proxies.then(|| Proxy::start(server.port()));
+                let url = proxy.as_ref().map(|p| p.url(&server.url()));
+                let mut vars = extra.to_vec();
+                if let Some(url) = &url {
+                    vars.push(("DWS_POSTGRES_URL", url.as_str()));
+                }
+                let env = cluster_host_with(&server, n, &vars);
                 Arc::new(Host {
                     name: n.to_string(),
                     env,
+                    proxy,
                 })
             })
             .collect();
@@ -113,19 +157,27 @@ impl Cluster {
             s.join().expect("a bus started");
         }
         hosts[0].env.subscribe(&["f.*", "--id", SUB]);
+        let mut subs = vec![SUB];
+        if opts.shared {
+            hosts[0]
+                .env
+                .subscribe(&["f.*", "--id", POOL, "--delivery", "shared"]);
+            subs.push(POOL);
+        }
         for h in &hosts {
             h.env.wait_until(
                 Duration::from_secs(30),
-                "the subscription reached every host",
+                "the subscriptions reached every host",
                 || {
                     h.env.status()["subscriptions"]
                         .as_array()
-                        .is_some_and(|v| v.iter().any(|s| s["id"] == SUB))
+                        .is_some_and(|v| subs.iter().all(|id| v.iter().any(|s| s["id"] == *id)))
                 },
             );
         }
         let mut c = Cluster {
             server,
+            opts,
             progress: hosts.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
             hosts,
             stop_publishing: Arc::new(AtomicBool::new(false)),
@@ -137,10 +189,22 @@ impl Cluster {
         for (i, h) in c.hosts.iter().enumerate() {
             c.consumers.push(spawn_consumer(
                 h.clone(),
+                SUB,
+                opts.explicit,
                 c.stop_consuming.clone(),
                 c.record.clone(),
                 c.progress[i].clone(),
             ));
+            if opts.shared {
+                c.consumers.push(spawn_consumer(
+                    h.clone(),
+                    POOL,
+                    opts.explicit,
+                    c.stop_consuming.clone(),
+                    c.record.clone(),
+                    Arc::new(AtomicU64::new(0)),
+                ));
+            }
             c.publishers.push(spawn_publisher(
                 h.clone(),
                 c.stop_publishing.clone(),
@@ -202,6 +266,10 @@ impl Cluster {
             history.starts.insert((h.name.clone(), SUB.into()), 0);
             history.owners.extend(owners_in_log(h));
         }
+        if self.opts.shared {
+            history.starts.insert((SHARED_HOST.into(), POOL.into()), 0);
+            history.shared.insert(POOL.into());
+        }
         (history, self.server, self.hosts)
     }
 }
@@ -224,7 +292,7 @@ fn publish_one(host: &Host, token: &str, with_id: bool) -> Publish {
     }
     let outcome = if child.is_running() {
         drop(child);
-        Outcome::Unknown(format!("no answer within {PUBLISH_DEADLINE:?}"))
+        Outcome::Unanswered(format!("no answer within {PUBLISH_DEADLINE:?}"))
     } else {
         let out = child.wait_exit(Duration::from_secs(5));
         classify(out.code, &out.stdout, &out.stderr)
@@ -276,24 +344,45 @@ fn spawn_publisher(host: Arc<Host>, stop: Arc<AtomicBool>, record: Arc<Record>) 
 
 fn spawn_consumer(
     host: Arc<Host>,
+    sub: &'static str,
+    explicit: bool,
     stop: Arc<AtomicBool>,
     record: Arc<Record>,
     progress: Arc<AtomicU64>,
 ) -> JoinHandle<()> {
     thread::spawn(move || {
         while !stop.load(Ordering::SeqCst) {
-            let mut child = host
-                .env
-                .dws(["event", "consume", "--subscribe-id", SUB])
-                .stdin_null()
-                .spawn();
+            let mut args = vec!["event", "consume", "--subscribe-id", sub];
+            if explicit {
+                args.extend(["--ack", "explicit"]);
+            }
+            let cmd = host.env.dws(&args);
+            let mut child = if explicit {
+                cmd.stdin_pipe().spawn()
+            } else {
+                cmd.stdin_null().spawn()
+            };
+            let mut acked = 0;
             while child.is_running() && !stop.load(Ordering::SeqCst) {
-                if let Some(top) = top_seq(&parse_events(&child.stdout_so_far())) {
+                let seen = parse_events(&child.stdout_so_far());
+                if let Some(top) = top_seq(&seen) {
                     progress.fetch_max(top, Ordering::SeqCst);
+                }
+                if explicit && seen.len() > acked {
+                    // Every event read is handled at once: acked on stdin.
+                    let acks: String = seen[acked..]
+                        .iter()
+                        .filter_map(|s| match s {
+                            Seen::Event { seq, .. } => Some(format!("ack {seq}\n")),
+                            Seen::Gap { .. } => None,
+                        })
+                        .collect();
+                    acked = seen.len();
+                    child.try_write_stdin(acks.as_bytes());
                 }
                 thread::sleep(Duration::from_millis(100));
             }
-            end_run(&host, child, &record, &progress);
+            end_run(&host, sub, child, &record, &progress);
             if !stop.load(Ordering::SeqCst) {
                 thread::sleep(Duration::from_millis(300));
             }
@@ -303,7 +392,7 @@ fn spawn_consumer(
 
 /// Stops a consumer run (SIGTERM, then SIGKILL if it does not exit) and
 /// records what it printed.
-fn end_run(host: &Host, mut child: Child, record: &Record, progress: &AtomicU64) {
+fn end_run(host: &Host, sub: &str, mut child: Child, record: &Record, progress: &AtomicU64) {
     if child.is_running() {
         child.signal(nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -335,7 +424,7 @@ fn end_run(host: &Host, mut child: Child, record: &Record, progress: &AtomicU64)
     }
     lock(&record.runs).push(Run {
         host: host.name.clone(),
-        subscription: SUB.into(),
+        subscription: sub.into(),
         seen,
     });
 }

@@ -14,7 +14,15 @@
 //!   `redelivered`;
 //! - every answered event at or after a subscription's start is delivered
 //!   by it at least once, or covered by a gap line of one of its runs;
-//! - at most one host appended under each epoch.
+//! - at most one host appended under each epoch;
+//! - every publish was answered (ok, failed, or outcome unknown) within the
+//!   workload's deadline ([`Outcome::Unanswered`] is a violation);
+//! - a shared subscription (`--delivery shared`, named in
+//!   [`History::shared`]) is one subscription across hosts: its runs count
+//!   together (as host [`SHARED_HOST`]), and an event is handled by one
+//!   consumer at a time — delivered without `redelivered` at most once,
+//!   across every host; a marked redelivery (a claim taken over from
+//!   another host) may come out of its run's seq order.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -27,10 +35,16 @@ pub enum Outcome {
     Answered { seq: u64, duplicate: bool },
     /// The bus answered with an error: the event must not be in the log.
     Failed(String),
-    /// No answer (the connection broke, the publisher was killed at its
-    /// deadline): either way is allowed.
+    /// No answer (the connection broke), or an answer that says the outcome
+    /// is unknown: either way is allowed.
     Unknown(String),
+    /// Still waiting at the workload's deadline: the bus left a publish
+    /// hanging, past every bound it documents.
+    Unanswered(String),
 }
+
+/// The host name under which a shared subscription's runs count.
+pub const SHARED_HOST: &str = "*";
 
 /// One publish: its unique token (in the payload) and what it was told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +87,8 @@ pub struct History {
     pub starts: HashMap<(String, String), u64>,
     /// `(epoch, host)` for every time a host became the appender.
     pub owners: Vec<(i64, String)>,
+    /// The shared subscriptions (see the module doc).
+    pub shared: BTreeSet<String>,
 }
 
 /// One broken rule.
@@ -122,6 +138,16 @@ pub enum Violation {
         epoch: i64,
         hosts: Vec<String>,
     },
+    Unanswered {
+        token: String,
+        host: String,
+        why: String,
+    },
+    SharedHandledTwice {
+        subscription: String,
+        seq: u64,
+        times: usize,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -153,6 +179,13 @@ impl fmt::Display for Violation {
                 "{host}/{subscription}: answered event {token} (seq {seq}) neither delivered nor in a gap"
             ),
             TwoAppenders { epoch, hosts } => write!(f, "epoch {epoch} appended by {hosts:?}"),
+            Unanswered { token, host, why } => {
+                write!(f, "{token} (published on {host}) got no answer: {why}")
+            }
+            SharedHandledTwice { subscription, seq, times } => write!(
+                f,
+                "{subscription} (shared): seq {seq} delivered {times} times without `redelivered`"
+            ),
         }
     }
 }
@@ -207,6 +240,11 @@ impl History {
                     seq: *seq,
                     why: why.clone(),
                 }),
+                (Outcome::Unanswered(why), _) => v.push(Violation::Unanswered {
+                    token: p.token.clone(),
+                    host: p.host.clone(),
+                    why: why.clone(),
+                }),
                 _ => {}
             }
         }
@@ -222,8 +260,16 @@ impl History {
         // (host, subscription) → seqs delivered, and the seqs gaps cover.
         let mut delivered: BTreeMap<(&str, &str), BTreeSet<u64>> = BTreeMap::new();
         let mut covered: BTreeMap<(&str, &str), Vec<(u64, u64)>> = BTreeMap::new();
+        // (shared subscription, seq) → deliveries without `redelivered`.
+        let mut first_hands: BTreeMap<(&str, u64), usize> = BTreeMap::new();
         for run in &self.runs {
-            let key = (run.host.as_str(), run.subscription.as_str());
+            let shared = self.shared.contains(&run.subscription);
+            let host = if shared {
+                SHARED_HOST
+            } else {
+                run.host.as_str()
+            };
+            let key = (host, run.subscription.as_str());
             let mut last: Option<u64> = None;
             for s in &run.seen {
                 match s {
@@ -243,7 +289,11 @@ impl History {
                                 names.insert(*seq, token.clone());
                             }
                         }
-                        if let Some(after) = last.filter(|l| seq <= l) {
+                        // A shared event taken over from another host (its
+                        // claim expired) comes again marked, when it is
+                        // taken over: out of this run's order.
+                        let taken_over = shared && *redelivered;
+                        if let Some(after) = last.filter(|l| seq <= l && !taken_over) {
                             v.push(Violation::OutOfOrder {
                                 host: run.host.clone(),
                                 subscription: run.subscription.clone(),
@@ -252,14 +302,23 @@ impl History {
                             });
                         }
                         let set = delivered.entry(key).or_default();
-                        if !set.insert(*seq) && !redelivered {
+                        let fresh = set.insert(*seq);
+                        if shared {
+                            // Runs of several hosts: their order is not
+                            // the order of the deliveries, so count.
+                            if !redelivered {
+                                *first_hands.entry((key.1, *seq)).or_default() += 1;
+                            }
+                        } else if !fresh && !redelivered {
                             v.push(Violation::UnmarkedRepeat {
                                 host: run.host.clone(),
                                 subscription: run.subscription.clone(),
                                 seq: *seq,
                             });
                         }
-                        last = Some(*seq);
+                        if !taken_over {
+                            last = Some(*seq);
+                        }
                     }
                     Seen::Gap { before } => {
                         covered
@@ -268,6 +327,15 @@ impl History {
                             .push((last.unwrap_or(0), *before));
                     }
                 }
+            }
+        }
+        for ((sub, seq), times) in first_hands {
+            if times > 1 {
+                v.push(Violation::SharedHandledTwice {
+                    subscription: sub.to_owned(),
+                    seq,
+                    times,
+                });
             }
         }
         let answered: BTreeMap<u64, &str> = self
@@ -459,6 +527,37 @@ mod tests {
         assert!(v
             .iter()
             .any(|x| matches!(x, Violation::TwoAppenders { epoch: 1, .. })));
+    }
+
+    #[test]
+    fn a_shared_subscription_counts_across_hosts_and_unanswered_publishes_are_found() {
+        let mut h = base();
+        h.starts.clear();
+        h.starts.insert((SHARED_HOST.into(), "s".into()), 0);
+        h.shared.insert("s".into());
+        let on = |host: &str, seen| Run {
+            host: host.into(),
+            subscription: "s".into(),
+            seen,
+        };
+        h.runs
+            .push(on("b", vec![ev(2, "y", true), ev(3, "z", false)]));
+        h.runs
+            .push(on("a", vec![ev(1, "x", false), ev(2, "y", false)]));
+        assert_eq!(h.check(), vec![], "one first delivery each, across hosts");
+        h.runs.push(on("c", vec![ev(3, "z", false)]));
+        h.publishes.push(Publish {
+            token: "w".into(),
+            host: "c".into(),
+            outcome: Outcome::Unanswered("no answer within 90s".into()),
+        });
+        let v = h.check();
+        assert!(v.contains(&Violation::SharedHandledTwice {
+            subscription: "s".into(),
+            seq: 3,
+            times: 2
+        }));
+        assert!(v.iter().any(|x| matches!(x, Violation::Unanswered { .. })));
     }
 
     #[test]

@@ -274,6 +274,14 @@ impl Child {
         s.write_all(data).expect("write to child stdin");
     }
 
+    /// [`Child::write_stdin`] that tolerates a process that already exited
+    /// (or a stdin that is not a pipe); `false` when nothing was written.
+    pub fn try_write_stdin(&mut self, data: &[u8]) -> bool {
+        self.stdin
+            .as_mut()
+            .is_some_and(|s| s.write_all(data).is_ok())
+    }
+
     /// Closes the stdin pipe: the process sees EOF.
     pub fn close_stdin(&mut self) {
         self.stdin = None;
