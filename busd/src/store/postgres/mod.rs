@@ -54,6 +54,8 @@
 //! `host:port/db` and the server's message.
 
 pub mod append;
+mod bound;
+pub use bound::{bounded, bounded_by, no_answer, MIGRATION_BOUND, STATEMENT_BOUND};
 pub mod definitions;
 pub mod fence;
 pub mod log;
@@ -106,20 +108,6 @@ pub const LOSS_BOUND: Duration = Duration::from_secs(9);
 /// about [`LOSS_BOUND`] at most. Far above the gap between two statements
 /// of a healthy host (a round trip).
 pub const IDLE_IN_TRANSACTION_BOUND: Duration = Duration::from_millis(4_500);
-/// The client-side bound of every statement (or short transaction) busd
-/// sends: past it the answer is given up for lost — the session is closed
-/// and the work counts as an outage ([`PgError::Unreachable`]). TCP alone
-/// cannot tell a path that swallows bytes without resetting (a stuck
-/// middlebox, a proxy, a half-open route: its keepalives are answered)
-/// from a slow server, so without it a statement on such a path waits for
-/// as long as the partition lasts. Far above a healthy statement's time;
-/// above [`IDLE_IN_TRANSACTION_BOUND`], so by the time an append that gave
-/// up is looked for in the log, its transaction either committed or never
-/// will.
-pub const STATEMENT_BOUND: Duration = Duration::from_secs(5);
-/// [`STATEMENT_BOUND`] of a schema migration, which may wait for another
-/// host's (`schema::migrate` bounds that wait at 30 s itself).
-pub const MIGRATION_BOUND: Duration = Duration::from_secs(40);
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(3);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_COUNT: u32 = 3;
@@ -303,35 +291,6 @@ impl PgError {
             (top, _) => PgError::Other(format!("PostgreSQL at {target}: {top}")),
         }
     }
-}
-
-/// Runs `work` (the statements of one call) within [`STATEMENT_BOUND`];
-/// past it, an outage naming `what` — the caller must close the session.
-pub async fn bounded<T>(
-    what: &str,
-    work: impl std::future::Future<Output = Result<T, PgError>>,
-) -> Result<T, PgError> {
-    bounded_by(STATEMENT_BOUND, what, work).await
-}
-
-/// [`bounded`] with another bound.
-pub async fn bounded_by<T>(
-    bound: Duration,
-    what: &str,
-    work: impl std::future::Future<Output = Result<T, PgError>>,
-) -> Result<T, PgError> {
-    match tokio::time::timeout(bound, work).await {
-        Ok(r) => r,
-        Err(_) => Err(no_answer(bound, what)),
-    }
-}
-
-/// How a statement that got no answer within `bound` fails.
-pub fn no_answer(bound: Duration, what: &str) -> PgError {
-    PgError::Unreachable(format!(
-        "PostgreSQL did not answer within {}s ({what}): the server or the network to it is stuck",
-        bound.as_secs_f64()
-    ))
 }
 
 /// What a connection-string parse error may say without echoing the input:
