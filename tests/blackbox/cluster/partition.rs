@@ -7,7 +7,8 @@
 //! takes over within the lease bound plus about 2 s; a black-holed follower
 //! answers its forwarded publishes within 30 s plus a statement's bound,
 //! tells its consumers that events stopped arriving, and after the heal they
-//! get everything, in order, without a hole.
+//! get everything, in order, without a hole; an owner cut off stops acking
+//! the upstream within its lease.
 
 use std::{
     sync::{
@@ -18,10 +19,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dws_tests::{pg::PgServer, proxy::Proxy, Child, Output, TestEnv};
+use dws_tests::{
+    common::cluster_host_with,
+    fake_dingtalk::{FakeDingTalk, FAST_BACKOFF},
+    pg::PgServer,
+    proxy::Proxy,
+    Child, Output, TestEnv,
+};
 
 use super::{
-    upstream::{lines_until, log_rows},
+    upstream::{ev, lines_until, log_rows, start_bus, wait_new_connection, T},
     wait_cluster,
 };
 
@@ -264,4 +271,80 @@ fn a_black_holed_follower_answers_in_time_tells_its_consumer_and_resumes_without
         );
     }
     assert_failed_only_if_absent(&server, &out_b, "on-b");
+}
+
+/// The owner cut off from PostgreSQL stops acking the upstream within its
+/// lease: it closes its upstream connection once its renewals go
+/// unanswered (before the lease can have run out for the others), acks
+/// nothing on it after the cut, and the follower opens the next connection
+/// within the lease plus about 2 s and acks what comes.
+#[test]
+fn a_black_holed_owner_stops_acking_the_upstream_within_its_lease() {
+    let server = PgServer::start();
+    let fake = FakeDingTalk::start();
+    let pa = Proxy::start(server.port());
+    let url_a = pa.url(&server.url());
+    let lease = ("DWS_CLUSTER_LEASE", "4s");
+    let mut vars_a = FAST_BACKOFF.to_vec();
+    vars_a.extend([lease, ("DWS_POSTGRES_URL", url_a.as_str())]);
+    let a = cluster_host_with(&server, "host-a", &vars_a);
+    let mut vars_b = FAST_BACKOFF.to_vec();
+    vars_b.push(lease);
+    let b = cluster_host_with(&server, "host-b", &vars_b);
+    for env in [&a, &b] {
+        env.write_default_profile(&fake.app_profile("max_attempts = 0\n"));
+    }
+    start_bus(&a);
+    wait_cluster(&a, "host-a owns the upstream", |c| c["role"] == "owner");
+    start_bus(&b);
+    wait_cluster(&b, "host-b follows", |c| c["role"] == "follower");
+    let old = fake.wait_connected(T);
+    let mid = fake.push_event(&ev("up-before"));
+    fake.wait_ack(&mid, T);
+
+    let cut = Instant::now();
+    pa.black_hole();
+    let closed = fake.wait(
+        "the owner closes its upstream connection",
+        LEASE + MARGIN,
+        |s| {
+            s.conns
+                .iter()
+                .find(|c| c.id == old)
+                .and_then(|c| c.closed_at)
+                .map(|at| at.saturating_duration_since(cut))
+        },
+    );
+    let (new, takeover) = wait_new_connection(&fake, cut);
+    let mid = fake.push_event(&ev("up-after"));
+    let ack = fake.wait_ack(&mid, T);
+    pa.heal();
+    eprintln!(
+        "partition: owner black-holed; it closed its upstream connection {:.1} s after the cut, \
+         host-b opened the next {:.1} s after it (lease {} s)",
+        closed.as_secs_f64(),
+        takeover.as_secs_f64(),
+        LEASE.as_secs()
+    );
+    assert!(
+        closed < LEASE,
+        "the cut-off owner kept its upstream for {closed:?}"
+    );
+    assert!(
+        takeover <= LEASE + Duration::from_secs(2) + MARGIN,
+        "the takeover took {takeover:?}"
+    );
+    assert_eq!(ack.conn, new, "acked on the new owner's connection");
+    fake.with_state(|s| {
+        let late: Vec<_> = s
+            .acks
+            .iter()
+            .filter(|a| a.conn == old && a.at >= cut)
+            .map(|a| a.message_id.clone())
+            .collect();
+        assert!(
+            late.is_empty(),
+            "the cut-off owner acked {late:?} after the cut"
+        );
+    });
 }
