@@ -103,7 +103,8 @@ impl Schedule {
                     &mut net[host]
                 }
                 Fault::Freeze => &mut frozen[host],
-                Fault::PgFast | Fault::PgImmediate | Fault::PgKill => &mut pg,
+                // Backends are ended only while the server runs.
+                Fault::PgFast | Fault::PgImmediate | Fault::PgKill | Fault::Terminate => &mut pg,
                 _ => &mut frozen[host],
             };
             if *slot <= at {
