@@ -541,7 +541,11 @@ impl Store for PgStore {
         let args = &args;
         // Like an append, a save waits out an outage of the server (the
         // cursors it carries are saved lazily anyway; a reply that waits
-        // for it waits longer).
+        // for it waits longer). A follower's waits as long as the outage
+        // (or partition) lasts: it appends nothing, so nothing it could
+        // ack hangs on it, and its consumers keep what they have; only its
+        // last save, at a clean stop, is bounded.
+        let follower = self.epoch.load(Ordering::Acquire) == 0 && !snapshot.clean;
         let deadline = std::time::Instant::now() + super::append::OUTAGE_BOUND;
         let mut backoff = std::time::Duration::from_millis(100);
         loop {
@@ -558,7 +562,10 @@ impl Store for PgStore {
             });
             match saved {
                 Ok(()) => break,
-                Err(e) if super::append::transient(&e) && std::time::Instant::now() < deadline => {
+                Err(e)
+                    if super::append::transient(&e)
+                        && (follower || std::time::Instant::now() < deadline) =>
+                {
                     tracing::warn!(cause = %e, retry_in_ms = backoff.as_millis() as u64, "the cluster store is unreachable; the save waits");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
