@@ -8,7 +8,9 @@
 //! - **One writer, gapless.** [`append`] locks the cluster's row
 //!   `FOR UPDATE` (not `FOR SHARE`: the same transaction advances
 //!   `head_seq` in that row, and two share-lockers that both upgrade would
-//!   deadlock), refuses a stale epoch ([`PgError::Fenced`]) and a batch that
+//!   deadlock), refuses a stale epoch ([`PgError::Fenced`]), a lease
+//!   expired on the database's clock when its insert runs (read after the
+//!   lock was granted, never before the wait for it) and a batch that
 //!   does not start at `head + 1`. Appends are therefore serialized and
 //!   commit in seq order, so a reader never sees a later batch without the
 //!   earlier ones.
@@ -16,7 +18,8 @@
 //!   `INSERT … SELECT … FROM unnest(…)`, in the same statement as the head's
 //!   update and the one `NOTIFY` of the batch (channel [`LOG_CHANNEL`],
 //!   payload `cluster:head`, delivered at commit). Every statement is sent
-//!   with its parameter types (`query_typed`): one round trip, no prepare.
+//!   with its parameter types (`query_typed`): one round trip, no prepare;
+//!   every call gives up after `STATEMENT_BOUND` (`bound.rs`).
 //! - **The head event stays.** [`delete_below`] never deletes the newest
 //!   event, so the log always carries the seq counter, like the disk
 //!   store's newest segment. It deletes in batches of [`DELETE_BATCH`] rows,
