@@ -188,15 +188,32 @@ fn three_hosts_started_at_once_then_every_fault() {
     );
 }
 
-/// The owner and followers partitioned from PostgreSQL in turn (and two
-/// at once), or cut one way only, while every host publishes and consumes.
+/// The owner partitioned from PostgreSQL, then a follower with its
+/// consumers attached, then both, then one direction of a host's path,
+/// while every host publishes and consumes; then partitions of random
+/// hosts, two at once, and one-way cuts.
 #[test]
 fn network_partitions_of_owner_and_followers() {
-    scenario(
+    let opts = Options {
+        proxies: true,
+        ..Options::default()
+    };
+    run_scenario(
         "network-partitions",
         &["a", "b"],
-        &[Kind::Partition, Kind::PartitionTwo, Kind::OneWay],
+        opts,
+        &seeds(),
         nothing,
+        |cluster, seed| {
+            let mut did = nemesis::partitions_in_turn(cluster, seed);
+            did.extend(nemesis::run(
+                cluster,
+                &[Kind::Partition, Kind::PartitionTwo, Kind::OneWay],
+                seed,
+                fault_time(),
+            ));
+            did
+        },
     );
 }
 

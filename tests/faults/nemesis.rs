@@ -85,6 +85,62 @@ pub fn run(cluster: &mut Cluster, kinds: &[Kind], seed: u64, length: Duration) -
     done
 }
 
+/// Partitions in turn, each for a seeded while and 1–3 s apart: the owner
+/// (as the database names it then), then a follower, then both at once,
+/// then one direction of a random host's path.
+pub fn partitions_in_turn(cluster: &mut Cluster, seed: u64) -> Vec<String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut done = Vec::new();
+    let t0 = Instant::now();
+    let n = cluster.hosts.len();
+    for step in ["the owner", "a follower", "owner and follower", "one way"] {
+        thread::sleep(Duration::from_millis(rng.u64(1_000..3_000)));
+        let owner = cluster
+            .server
+            .psql("SELECT coalesce(min(owner_host), '') FROM dws_cluster");
+        let o = cluster
+            .hosts
+            .iter()
+            .position(|h| h.name == owner)
+            .unwrap_or(0);
+        let f = (o + 1 + rng.usize(..n - 1)) % n;
+        let ms = rng.u64(NET_MS);
+        let (targets, dir) = match step {
+            "the owner" => (vec![o], None),
+            "a follower" => (vec![f], None),
+            "owner and follower" => (vec![o, f], None),
+            _ => {
+                let d = if rng.bool() {
+                    Direction::Up
+                } else {
+                    Direction::Down
+                };
+                (vec![rng.usize(..n)], Some(d))
+            }
+        };
+        for &t in &targets {
+            match dir {
+                Some(d) => cluster.hosts[t].proxy().hold(d),
+                None => cluster.hosts[t].proxy().black_hole(),
+            }
+        }
+        thread::sleep(Duration::from_millis(ms));
+        for &t in &targets {
+            cluster.hosts[t].proxy().heal();
+        }
+        let names: Vec<&str> = targets
+            .iter()
+            .map(|&t| cluster.hosts[t].name.as_str())
+            .collect();
+        let how = dir.map_or("black-holed".to_owned(), |d| format!("held {d:?}"));
+        done.push(format!(
+            "{:>6.1}s {step} ({names:?}, owner {owner:?}): path to PostgreSQL {how} for {ms} ms",
+            t0.elapsed().as_secs_f64()
+        ));
+    }
+    done
+}
+
 fn inject(cluster: &mut Cluster, kind: Kind, rng: &mut fastrand::Rng) -> String {
     let host = rng.usize(..cluster.hosts.len());
     let name = cluster.hosts[host].name.clone();
