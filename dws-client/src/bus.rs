@@ -144,8 +144,23 @@ impl BusConn {
         mut build: impl FnMut(u64) -> C,
     ) -> Result<(BusConn, S)> {
         let deadline = Instant::now() + CONNECT_DEADLINE;
+        // A request sent to a bus that went away may have been acted on: if
+        // no later attempt gets an answer, the failure must say so (the
+        // cluster's fault suite saw `--id` publishes appended by a bus that
+        // died, then told "cannot start the bus").
+        let mut sent_before = false;
+        let unknown = |e: CliError| {
+            CliError::runtime(format!(
+                "{}; the request had been sent, so its outcome is unknown",
+                e.message
+            ))
+        };
         loop {
-            let mut conn = BusConn::open_or_spawn(endpoint).await?;
+            let mut conn = match BusConn::open_or_spawn(endpoint).await {
+                Ok(c) => c,
+                Err(e) if sent_before => return Err(unknown(e)),
+                Err(e) => return Err(e),
+            };
             let id = conn.request_id();
             let (result, sent) = match conn.send(build(id)).await {
                 Err(e) => (Err(e), false),
@@ -154,14 +169,13 @@ impl BusConn {
             match result {
                 Ok(reply) => return Ok((conn, reply)),
                 Err(e) if e.bus_gone && sent && resend == Resend::UnlessSent => {
-                    return Err(CliError::runtime(format!(
-                        "{}; the request had been sent, so its outcome is unknown",
-                        e.message
-                    )))
+                    return Err(unknown(e))
                 }
                 Err(e) if e.bus_gone && Instant::now() < deadline => {
+                    sent_before |= sent;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
+                Err(e) if sent_before || (sent && e.bus_gone) => return Err(unknown(e)),
                 Err(e) => return Err(e),
             }
         }

@@ -108,9 +108,10 @@ fn run_scenario(
             .iter()
             .map(|h| format!("--- {} ---\n{}", h.name, h.env.bus_log_tail()))
             .collect();
+        let evidence = evidence(&history, &violations);
         panic!(
             "fault scenario {name}, seed {seed}: {} violation(s), {answered} answered publishes\n\
-             {}\n--- faults ---\n{}\n{}\n--- postgres ---\n{}",
+             {}\n--- evidence ---\n{evidence}\n--- faults ---\n{}\n{}\n--- postgres ---\n{}",
             violations.len(),
             violations
                 .iter()
@@ -123,6 +124,43 @@ fn run_scenario(
             server.log_tail()
         );
     }
+}
+
+/// For a violation about a seq or a token: the log around it, and every
+/// delivery and nearby gap of it — what a diagnosis needs once the
+/// scenario's directories are gone.
+fn evidence(
+    history: &dws_tests::history::History,
+    violations: &[dws_tests::history::Violation],
+) -> String {
+    use dws_tests::history::{Seen, Violation as V};
+    let mut out = vec![];
+    for v in violations.iter().take(5) {
+        let (seq, token) = match v {
+            V::AnsweredNotInLog { token, seq } => (*seq, token.clone()),
+            V::FailedButAppended { token, seq, .. } => (*seq, token.clone()),
+            V::AnsweredWrongSeq {
+                token, answered, ..
+            } => (*answered, token.clone()),
+            _ => continue,
+        };
+        let around: Vec<_> = history.log.range(seq.saturating_sub(2)..=seq + 2).collect();
+        out.push(format!("{token} / seq {seq}: log around it {around:?}"));
+        for run in &history.runs {
+            for s in &run.seen {
+                let hit = match s {
+                    Seen::Event {
+                        seq: q, token: t, ..
+                    } => *q == seq || *t == token,
+                    Seen::Gap { before } => *before > seq && *before <= seq + 1_000,
+                };
+                if hit {
+                    out.push(format!("  {}/{}: {s:?}", run.host, run.subscription));
+                }
+            }
+        }
+    }
+    out.join("\n")
 }
 
 fn nothing(_: &PgServer) {}
