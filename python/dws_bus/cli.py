@@ -12,9 +12,9 @@ import json
 import subprocess
 from typing import Any, Awaitable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from ._contract import Duration, ExitResult, duration_arg, parse_exit
+from ._contract import Backoff, Duration, backoff_arg, duration_arg, parse_exit
 from .consumer import find_dws
-from .errors import BusError, DwsError, error_for_code
+from .errors import BusError, DwsError, ExitResult, error_for_code
 
 R = TypeVar("R")
 Doc = Dict[str, Any]
@@ -76,16 +76,17 @@ class _Verbs(Generic[R]):
     def subscribe(self, keys: Union[str, Sequence[str]], *, id: Optional[str] = None,
                   filter: Optional[str] = None, from_: Optional[Union[str, int]] = None,
                   ttl: Optional[Duration] = None, max_deliver: Optional[int] = None,
-                  on_poison: Optional[str] = None, backoff: Optional[Sequence[Duration]] = None,
+                  on_poison: Optional[str] = None, backoff: Optional[Backoff] = None,
                   extra_args: Sequence[str] = ()) -> R:
         """Creates a durable subscription (a no-op when it exists with the
-        same spec). Returns its id and spec."""
+        same spec). Returns its id and spec. `backoff`: one duration, a
+        string as dws reads it ("1s,10s") or a list of durations."""
         ks = [keys] if isinstance(keys, str) else list(keys)
         return self._call(["subscribe"] + ks + _flags([
             ("--id", id), ("--filter", filter), ("--from", from_),
             ("--ttl", None if ttl is None else duration_arg(ttl)),
             ("--max-deliver", max_deliver), ("--on-poison", on_poison),
-            ("--backoff", ",".join(duration_arg(d) for d in backoff) if backoff else None),
+            ("--backoff", backoff_arg(backoff)),
         ]) + list(extra_args) + ["--format", "json"])
 
     def unsubscribe(self, *ids: str) -> R:
