@@ -350,7 +350,8 @@ function takeMaxEvents(args) {
 }
 
 /** Splits a byte stream into lines without ever holding more than `limit`
- * bytes of one: each line comes as [Buffer of its first bytes, bytes cut]. */
+ * bytes of one: each line comes as [Buffer of its first bytes, bytes cut]
+ * (a view of the chunk when it lies within one: read it before the next). */
 class Lines {
   constructor(limit) {
     this.limit = limit;
@@ -363,9 +364,13 @@ class Lines {
     let start = 0;
     for (;;) {
       const nl = buf.indexOf(10, start);
-      this.#add(buf.subarray(start, nl < 0 ? buf.length : nl));
+      if (nl >= 0 && this.size === 0 && this.cut === 0 && nl - start <= this.limit) {
+        out.push([buf.subarray(start, nl), 0]); // a whole line of this chunk: no copy
+      } else {
+        this.#add(buf.subarray(start, nl < 0 ? buf.length : nl));
+        if (nl >= 0) out.push(this.#take());
+      }
       if (nl < 0) return out;
-      out.push(this.#take());
       start = nl + 1;
     }
   }

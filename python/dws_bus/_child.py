@@ -55,8 +55,11 @@ class Lines:
 
     def feed(self, data: bytes) -> List[Line]:
         parts = data.split(b"\n")
-        out = []
+        out: List[Line] = []
         for part in parts[:-1]:
+            if not self._buf and not self._cut and len(part) <= self.limit:
+                out.append((part, 0))  # a whole line of this read: no copy
+                continue
             self._add(part)
             out.append(self._take())
         self._add(parts[-1])
