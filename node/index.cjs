@@ -399,6 +399,51 @@ class Lines {
 /** The `dws` to run: the option, else env DWS_BIN, else `dws` on PATH. */
 const findDws = (dws) => dws || process.env.DWS_BIN || "dws";
 
+/** Follows a child to its end, which is its exit (not the close of its
+ * pipes): onChunk(i, chunk) gets what stdout (i = 0) and stderr (1) bring,
+ * onEof(i) a pipe's end. Once the child exited, each turn of the event loop
+ * reads what the pipes still hold; when a turn brought nothing, or both
+ * ended (at most DRAIN_MS), they are destroyed, so a process the child
+ * started that kept them open does not hold the end, and done(null) is
+ * called; done(error) after a failed spawn. */
+function followChild(child, { onChunk, onEof = () => {}, done }) {
+  const streams = [child.stdout, child.stderr];
+  let bytes = 0;
+  let open = streams.length;
+  let finished = false;
+  const finish = (error) => {
+    if (finished) return;
+    finished = true;
+    for (const stream of streams) stream.destroy();
+    done(error);
+  };
+  streams.forEach((stream, i) => {
+    stream.on("data", (chunk) => {
+      if (finished) return;
+      bytes += chunk.length;
+      onChunk(i, chunk);
+    });
+    stream.on("error", () => {});
+    stream.on("end", () => {
+      open--;
+      onEof(i);
+    });
+  });
+  child.on("error", (e) => {
+    if (child.pid === undefined) finish(e); // else a failed kill: the exit still comes
+  });
+  child.on("exit", () => {
+    const deadline = Date.now() + DRAIN_MS;
+    let seen = bytes;
+    const turn = () => {
+      if (open === 0 || bytes === seen || Date.now() > deadline) return finish(null);
+      seen = bytes;
+      setImmediate(turn);
+    };
+    setImmediate(turn);
+  });
+}
+
 // ---- the consumer ---------------------------------------------------------
 
 /** One `dws event consume` child. `consume()` builds and starts one. With
@@ -447,55 +492,25 @@ class Consumer {
     this._wakeStart = wakeStart;
     let ended;
     this._endedP = new Promise((resolve) => (ended = resolve));
-    const streams = [
-      [child.stdout, new Lines(STDOUT_LINE_LIMIT), (line, cut) => this.#onStdout(line, cut)],
-      [child.stderr, new Lines(STDERR_LINE_LIMIT), (line, cut) => this.#onStderr(line, cut)],
-    ];
-    let bytes = 0;
-    let open = streams.length;
-    let finished = false;
-    const finish = () => {
-      if (finished) return;
-      finished = true;
-      for (const [stream, lines, sink] of streams) {
-        for (const [line, cut] of lines.end()) sink(line, cut);
-        stream.destroy();
-      }
-      this._ended = true;
-      this._wake?.();
-      wakeStart();
-      ended();
+    const lines = [new Lines(STDOUT_LINE_LIMIT), new Lines(STDERR_LINE_LIMIT)];
+    const sinks = [(line, cut) => this.#onStdout(line, cut), (line, cut) => this.#onStderr(line, cut)];
+    const flush = (i) => {
+      for (const [line, cut] of lines[i].end()) sinks[i](line, cut);
     };
-    for (const [stream, lines, sink] of streams) {
-      stream.on("data", (chunk) => {
-        if (finished) return;
-        bytes += chunk.length;
-        for (const [line, cut] of lines.push(chunk)) sink(line, cut);
-      });
-      stream.on("error", () => {});
-      stream.on("end", () => {
-        for (const [line, cut] of lines.end()) sink(line, cut);
-        open--;
-      });
-    }
-    child.on("error", (e) => {
-      if (child.pid !== undefined) return; // a failed kill: the exit still comes
-      this._spawnError = e;
-      finish();
-    });
-    // The end of the run is the exit. What the pipes hold then is read: each
-    // turn of the event loop reads what is readable; once a turn brought
-    // nothing (or both pipes ended), they are closed, so a process dws
-    // started that kept them open does not hold the run.
-    child.on("exit", () => {
-      const deadline = Date.now() + DRAIN_MS;
-      let seen = bytes;
-      const turn = () => {
-        if (open === 0 || bytes === seen || Date.now() > deadline) return finish();
-        seen = bytes;
-        setImmediate(turn);
-      };
-      setImmediate(turn);
+    followChild(child, {
+      onChunk: (i, chunk) => {
+        for (const [line, cut] of lines[i].push(chunk)) sinks[i](line, cut);
+      },
+      onEof: flush,
+      done: (error) => {
+        this._spawnError = error;
+        flush(0);
+        flush(1);
+        this._ended = true;
+        this._wake?.();
+        wakeStart();
+        ended();
+      },
     });
     let timer;
     const timedOut = new Promise((resolve) => (timer = setTimeout(() => resolve("timeout"), timeoutMs)));
@@ -786,32 +801,55 @@ const flagsOf = (pairs) =>
 /** The other `dws event` verbs, each run with `--format json`; resolve with
  * the parsed reply, reject with UsageError / BusError / PermissionDeniedError. */
 class Dws {
-  constructor({ dws, profile, env, timeoutMs = 60000 } = {}) {
+  constructor({ dws, profile, env, timeoutMs = 60000, stopGraceMs = STOP_GRACE_MS } = {}) {
     this.dws = findDws(dws);
     this.profile = profile;
     this.env = env;
     this.timeoutMs = timeoutMs;
+    this.stopGraceMs = stopGraceMs;
   }
 
-  /** Runs `dws event ARGS...` (with --profile); resolves with the JSON reply. */
+  /** Runs `dws event ARGS...` (with --profile); resolves with the JSON reply.
+   * Its end is the exit of dws; one that did not answer within timeoutMs
+   * gets SIGTERM (SIGKILL stopGraceMs later) and rejects with BusError. */
   run(args, input = "") {
     const argv = ["event", ...args, ...(this.profile ? ["--profile", this.profile] : [])];
     return new Promise((resolve, reject) => {
-      const child = spawn(this.dws, argv, { env: this.env, timeout: this.timeoutMs });
-      const out = [];
-      const err = [];
-      child.stdout.on("data", (b) => out.push(b));
-      child.stderr.on("data", (b) => err.push(b));
-      child.stdin.on("error", () => {});
-      child.on("error", (e) => reject(new BusError(`cannot run ${this.dws}: ${e.message}`)));
-      child.on("close", (code, sig) => {
-        const stdout = Buffer.concat(out).toString("utf8");
-        const stderr = Buffer.concat(err).toString("utf8");
+      const child = spawn(this.dws, argv, { env: this.env });
+      const out = [[], []];
+      const size = [0, 0];
+      const timers = [];
+      let late = false;
+      const after = (ms, fn) => timers.push(setTimeout(fn, ms));
+      const settle = (error) => {
+        for (const t of timers) clearTimeout(t);
+        if (error) return reject(new BusError(`cannot run ${this.dws}: ${error.message}`));
+        if (late) return reject(new BusError(`${argv.slice(0, 3).join(" ")} did not answer within ${this.timeoutMs} ms`));
+        const [stdout, stderr] = out.map((chunks) => Buffer.concat(chunks).toString("utf8"));
         try {
-          resolve(reply(code === null ? sig : code, stdout, stderr));
+          resolve(reply(child.exitCode ?? child.signalCode, stdout, stderr));
         } catch (e) {
           reject(e);
         }
+      };
+      child.stdin.on("error", () => {});
+      followChild(child, {
+        onChunk: (i, chunk) => {
+          if (size[i] < STDOUT_LINE_LIMIT) out[i].push(chunk); // a reply is far smaller
+          size[i] += chunk.length;
+        },
+        done: settle,
+      });
+      after(this.timeoutMs, () => {
+        if (child.exitCode !== null || child.signalCode !== null) return; // it answered
+        late = true;
+        child.kill("SIGTERM");
+        after(this.stopGraceMs, () => child.kill("SIGKILL"));
+        after(this.stopGraceMs + KILL_WAIT_MS, () => {
+          child.stdout.destroy();
+          child.stderr.destroy();
+          reject(new BusError(`dws (pid ${child.pid}) did not exit, even after SIGKILL`));
+        });
       });
       child.stdin.end(input);
     });

@@ -167,7 +167,11 @@ export function consumeForever(
 export type Doc = Record<string, any>;
 
 export class Dws {
-  constructor(options?: { dws?: string; profile?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number });
+  /** timeoutMs: a verb's answer (default 60000), then SIGTERM, and SIGKILL
+   * stopGraceMs later (default STOP_GRACE_MS). */
+  constructor(options?: {
+    dws?: string; profile?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number; stopGraceMs?: number;
+  });
   run(args: string[], input?: string): Promise<Doc>;
   publish(eventType: string, data?: unknown, options?: { id?: string }): Promise<Doc>;
   subscribe(

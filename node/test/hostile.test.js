@@ -8,7 +8,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { ContractError, ReadyTimeoutError, consume } from "../index.js";
+import { BusError, ContractError, Dws, ReadyTimeoutError, consume } from "../index.js";
 import { READY, event, exited, fakeDws } from "../testlib/fake.js";
 
 const BOUND = { timeout: 60000 };
@@ -130,4 +130,19 @@ test("the run ends at the exit though a grandchild holds the pipes", BOUND, asyn
   for await (const ev of c) events.push(ev.data);
   const r = await c.wait();
   assert.deepEqual([events, r.code, r.reason, r.count], [["one", "two"], 0, "limit", 2]);
+});
+
+// The verbs: the same end (the exit) and the same escalation.
+test("a verb ends at its exit though a grandchild holds its pipes", BOUND, async (t) => {
+  const dws = fakeDws(t)(`echo '{"running":true}'\n$SLEEP 120 &\npid $!\nexit 0`);
+  assert.deepEqual(await new Dws({ dws, timeoutMs: 30000 }).status(), { running: true });
+});
+
+test("a verb that does not answer is stopped, then killed, after its timeout", BOUND, async (t) => {
+  const dws = fakeDws(t)("trap '' TERM\nexec $SLEEP 120");
+  await assert.rejects(new Dws({ dws, timeoutMs: 1000, stopGraceMs: 1000 }).status(), (e) => {
+    assert.ok(e instanceof BusError, e.name);
+    assert.match(e.message, /did not answer within 1000 ms/);
+    return true;
+  });
 });

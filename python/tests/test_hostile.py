@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 
 from conftest import EVENT, EXITED, READY
-from dws_bus import ContractError, ReadyTimeout, consume, consume_async
+from dws_bus import AsyncDws, BusError, ContractError, Dws, ReadyTimeout, consume, consume_async
 
 BOUND = 60.0  # seconds: longer than any fixed run, even on a loaded machine
 
@@ -252,5 +252,28 @@ def test_async_the_run_ends_at_the_exit_though_a_grandchild_holds_the_pipes(fake
         assert [e.data for e in events] == ["one", "two"]
         r = await c.wait()
         assert (r.code, r.reason, r.count) == (0, "limit", 2)
+
+    arun(main())
+
+
+# The verbs: the same end (the exit) and the same escalation.
+def test_a_verb_ends_at_its_exit_though_a_grandchild_holds_its_pipes(fake_dws) -> None:
+    dws = fake_dws("echo '{\"running\":true}'\n$SLEEP 120 &\npid $!\nexit 0")
+    assert bounded(lambda: Dws(dws, timeout=BOUND / 2).status()) == {"running": True}
+
+    async def main() -> None:
+        assert await AsyncDws(dws, timeout=BOUND / 2).status() == {"running": True}
+
+    arun(main())
+
+
+def test_a_verb_that_does_not_answer_is_stopped_then_killed(fake_dws) -> None:
+    dws = fake_dws("trap '' TERM\nexec $SLEEP 120")
+    with pytest.raises(BusError, match="did not answer within 1s"):
+        bounded(lambda: Dws(dws, timeout=1, stop_grace=1).status())
+
+    async def main() -> None:
+        with pytest.raises(BusError, match="did not answer within 1s"):
+            await AsyncDws(dws, timeout=1, stop_grace=1).status()
 
     arun(main())
