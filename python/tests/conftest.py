@@ -51,7 +51,28 @@ def bus_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
             wait_gone(json.loads(stop.stdout).get("bus_pid"))
         except ValueError:
             pass
-        shutil.rmtree(root, ignore_errors=True)
+        # A bus the test stopped itself may still be exiting (and writing):
+        # each busd keeps its pid in its bus.lock.
+        for lock in cfg.glob("events/*/bus.lock"):
+            try:
+                wait_gone(int(lock.read_text().split()[0]))
+            except (OSError, ValueError, IndexError):
+                pass
+        remove(root)
+
+
+def remove(root: Path) -> None:
+    """Removes a test's directory, trying again for a while if something
+    still wrote into it."""
+    for _ in range(200):
+        try:
+            shutil.rmtree(root)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def wait_gone(pid: Optional[int]) -> None:
