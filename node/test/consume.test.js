@@ -155,3 +155,23 @@ test("consumeForever restarts after a crashed bus and resumes", async (t) => {
   assert.notEqual(readies[0].bus_pid, readies[1].bus_pid);
   assert.equal((await sub(dws, "s1")).attached_pid, null);
 });
+
+test("maxEvents with explicit acks keeps the handler's acks", async (t) => {
+  // The library counts maxEvents itself: dws stops only after the handler
+  // of the last event returned and its ack (or term) was written.
+  const { env, dws } = privateBus(t);
+  await dws.subscribe("me.*", { id: "s5" });
+  for (const n of ["0", "1", "2"]) await dws.publish("me.a", n);
+  const c = await consume([], { env, subscribeId: "s5", ack: "explicit", maxEvents: 3 });
+  for await (const ev of c) {
+    await sleep(50); // a handler that takes its time
+    if (ev.data === "2") ev.term("the last one: parked");
+    else ev.ack();
+  }
+  const r = await c.wait();
+  assert.deepEqual([r.code, r.reason, r.count, r.action], [0, "limit", 3, "done"]);
+  const info = await dws.subscription("info", "s5");
+  assert.deepEqual([info.pending, info.acked, info.parked, info.in_flight], [0, 2, 1, 0]);
+  const listed = (await dws.run(["subscription", "list", "--format", "json"])).filter((s) => s.id === "s5");
+  assert.deepEqual(listed.map((s) => s.pending), [0]);
+});

@@ -165,3 +165,22 @@ def test_close_of_a_bounded_explicit_run_keeps_its_acks(dws: Dws) -> None:
     assert c.wait().reason == "signal"
     s4 = sub(dws, "s4")
     assert (s4["acked"], s4["pending"]) == (1, 0), s4
+
+
+def test_max_events_with_explicit_acks_keeps_the_handlers_acks(dws: Dws) -> None:
+    # The library counts max_events itself: dws stops only after the
+    # handler of the last event returned and its ack (or term) was written.
+    dws.subscribe("me.*", id="s5")
+    for n in range(3):
+        dws.publish("me.a", str(n))
+    with consume(subscribe_id="s5", ack="explicit", max_events=3) as c:
+        for ev in c:
+            if ev.data == "2":
+                ev.term("the last one: parked")
+            else:
+                ev.ack()
+    r = c.wait()
+    assert (r.code, r.reason, r.count, r.action) == (0, "limit", 3, "done")
+    info = dws.subscription("info", "s5")
+    assert (info["pending"], info["acked"], info["parked"], info["in_flight"]) == (0, 2, 1, 0), info
+    assert [s["pending"] for s in dws.subscription("list")["value"] if s["id"] == "s5"] == [0]
