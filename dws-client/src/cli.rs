@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::values::{parse_interval, parse_nonzero_duration, parse_step, parse_ttl};
+
 /// `dws --version`: the build and the protocol version it speaks, the same
 /// line as `busd --version` (checked by a test against `proto`).
 pub const VERSION: &str = proto::VERSION_LINE;
@@ -204,14 +206,6 @@ pub struct PoisonArgs {
     pub backoff: Option<Vec<Duration>>,
 }
 
-/// One `--backoff` step: a humantime duration (`0` allowed: at once).
-fn parse_step(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
-        return Ok(Duration::ZERO);
-    }
-    parse_nonzero_duration(s)
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnPoison {
     Halt,
@@ -376,32 +370,6 @@ pub enum From {
     Time(i64),
 }
 
-/// A TTL: a duration (see [`parse_nonzero_duration`]) or `never`
-/// (`Duration::MAX`: the subscription lives until removed).
-pub fn parse_ttl(s: &str) -> Result<Duration, String> {
-    match s.trim() {
-        "never" => Ok(Duration::MAX),
-        _ => parse_nonzero_duration(s).map_err(|e| format!("{e}; or never (lives until removed)")),
-    }
-}
-
-/// A humantime duration (`30s`, `5m`, `1h 30m`), more than zero and at
-/// most 100 years (`proto::limits::MAX_DURATION`).
-pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(s.trim()) {
-        Ok(d) if d.is_zero() => Err("must be more than 0".into()),
-        Ok(d) => proto::limits::check_duration(&crate::exit::quoted(s.trim()), d),
-        // humantime's message repeats the unit it did not know, whole.
-        Err(humantime::DurationError::UnknownUnit { unit, .. }) if !unit.is_empty() => {
-            Err(format!(
-                "unknown time unit {} (expected a duration like 30s, 5m, 1h)",
-                crate::exit::quoted(&unit)
-            ))
-        }
-        Err(e) => Err(format!("{e} (expected a duration like 30s, 5m, 1h)")),
-    }
-}
-
 /// Publish one event through the bus's local source (starts the bus if needed).
 ///
 /// Prints `{"seq":N,"event_id":"…","duplicate":false}`. Publishing again with
@@ -452,14 +420,6 @@ pub struct StatusArgs {
     #[arg(long, value_name = "DUR", default_value = "2s", requires = "watch",
           value_parser = parse_interval)]
     pub interval: Duration,
-}
-
-/// A --watch interval: a duration of at least 100 ms.
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    match parse_nonzero_duration(s)? {
-        d if d < Duration::from_millis(100) => Err("must be at least 100ms".into()),
-        d => Ok(d),
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -604,26 +564,6 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn a_ttl_is_a_bounded_duration_or_never() {
-        assert_eq!(parse_ttl("never"), Ok(Duration::MAX));
-        assert_eq!(parse_ttl("2s"), Ok(Duration::from_secs(2)));
-        assert!(parse_ttl("0").is_err());
-        let err = parse_ttl("500000000000years").unwrap_err();
-        assert!(err.contains("100 years") && err.contains("never"), "{err}");
-        assert_eq!(
-            proto::limits::ttl_to_ms(Duration::MAX),
-            proto::limits::TTL_NEVER_MS
-        );
-    }
-
-    #[test]
-    fn watch_interval_bounds() {
-        assert!(parse_interval("50ms").is_err());
-        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
-        assert!(Cli::try_parse_from(["dws", "event", "status", "--interval", "1s"]).is_err());
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //! - [`status`], [`commands`], [`restart`], [`doctor`], [`reading`] (get,
 //!   subscription list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
-//! - [`validate`]: flag checks shared by the commands; [`start`]: `--from`
-//!   (a seq or an RFC 3339 time);
+//! - [`validate`]: flag checks shared by the commands; [`values`]: flag
+//!   values as clap parses them (durations); [`start`]: `--from` (a seq or
+//!   an RFC 3339 time);
 //! - [`docs`]: completion scripts and man pages from the clap definitions.
 //!
 //! `dws` never connects upstream: it only talks to its bus.
@@ -34,6 +35,7 @@ pub mod start;
 pub mod status;
 pub mod subscription;
 pub mod validate;
+pub mod values;
 
 use std::{ffi::OsString, io::Write, process::ExitCode};
 
