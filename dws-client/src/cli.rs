@@ -88,9 +88,13 @@ pub enum EventCmd {
 /// that vanished without saying goodbye (crash, kill -9) adds the line
 /// `[event] bus connection lost without goodbye` before the exited line.
 ///
-/// Stop a consumer with SIGTERM, SIGINT or by closing its stdin (when stdin is
-/// a pipe and the run is unbounded). Do not use `kill -9`: the run cannot
-/// clean up, and its subscription lingers until its TTL expires.
+/// Stop a consumer with SIGTERM, SIGINT or by closing its stdin: EOF on a
+/// stdin that is a pipe, a socket or a file ends every run, one with
+/// --max-events or --duration too (reason: signal); a terminal or /dev/null
+/// never does. To keep a run alive with a pipe, feed it one that never
+/// ends: `dws event consume KEY --duration 1h < <(tail -f /dev/null)`. Do
+/// not use `kill -9`: the run cannot clean up, and its subscription lingers
+/// until its TTL expires.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
     /// Event keys: exact (im.message), prefix (im.*) or all (*). Optional with --subscribe-id.

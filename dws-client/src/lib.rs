@@ -206,7 +206,7 @@ fn run(cli: Cli) -> Result<()> {
     match cmd {
         EventCmd::Consume(args) => {
             let plan = consume::plan(args)?;
-            let armed = consume::stdin_eof_armed(&plan);
+            let armed = consume::stdin_eof_armed();
             if plan.dry_run {
                 return print_stdout(&format!("{:#}\n", plan.describe(&endpoint, armed)));
             }
