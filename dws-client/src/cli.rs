@@ -478,8 +478,10 @@ pub struct RestartArgs {
 /// bad profile does not hide the others), a stale bus (bus.lock held but no
 /// answer on the socket; a socket with no process), the disk store (FORMAT,
 /// damaged ranges of a running bus) and whether a DingTalk source's
-/// endpoints accept a TCP connection (a warning only). Exit 1 when a check
-/// failed (with an Error: line), 0 otherwise. Starts no bus.
+/// endpoints accept a TCP connection (a warning only). Never hangs: files
+/// are opened non-blocking (regular files only, reads bounded) and every
+/// check has a time bound. Exit 1 when a check failed (with an Error:
+/// line), 0 otherwise. Starts no bus.
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// text: one line per check; json: {"ok", "profile", "checks": [{check, profile, status, message, hint}]}.

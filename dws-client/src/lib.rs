@@ -7,7 +7,8 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`], [`restart`], [`doctor`], [`reading`] (get,
+//! - [`status`], [`commands`], [`restart`], [`doctor`] (with [`files`]: the
+//!   bus's files read as busd opens them), [`reading`] (get,
 //!   subscription list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
 //! - [`validate`]: flag checks shared by the commands; [`values`]: flag
@@ -25,6 +26,7 @@ pub mod consume;
 pub mod docs;
 pub mod doctor;
 pub mod exit;
+pub mod files;
 pub mod metrics;
 pub mod output;
 pub mod pump;
