@@ -319,6 +319,30 @@ fn check_recovered(
     })
 }
 
+/// What a start made before it was ready (`bus.meta`, the socket it bound,
+/// never one systemd passed): removed when the start fails (dropped before
+/// `bus.lock` is released, so only the lock's holder unlinks the socket),
+/// kept once it is ready ([`StartedFiles::disarm`]).
+struct StartedFiles {
+    meta: Option<std::path::PathBuf>,
+    socket: Option<std::path::PathBuf>,
+}
+
+impl StartedFiles {
+    fn disarm(&mut self) {
+        self.meta = None;
+        self.socket = None;
+    }
+}
+
+impl Drop for StartedFiles {
+    fn drop(&mut self) {
+        for path in [self.socket.take(), self.meta.take()].into_iter().flatten() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
 /// Where the bus listens: its endpoint, and the socket systemd passed, if any.
 struct Listening {
     endpoint: Endpoint,
@@ -339,6 +363,13 @@ async fn serve(
         activated,
     } = listening;
     write_meta(&endpoint)?;
+    // Until the bus is ready, a failed start removes what it made: a socket
+    // left behind would answer nobody (the doctor warned of it), and
+    // bus.meta would name a bus that never ran.
+    let mut unready = StartedFiles {
+        meta: Some(endpoint.meta_path()),
+        socket: None,
+    };
     let owns_socket = activated.is_none();
     let std_listener = match activated {
         Some(l) => {
@@ -347,7 +378,9 @@ async fn serve(
         }
         None => {
             socket::prepare_dir(&endpoint.socket_dir)?;
-            socket::bind(&endpoint.socket_path)?
+            let l = socket::bind(&endpoint.socket_path)?;
+            unready.socket = Some(endpoint.socket_path.clone());
+            l
         }
     };
     let listener = tokio::net::UnixListener::from_std(std_listener).map_err(|e| {
@@ -457,6 +490,7 @@ async fn serve(
         "bus ready"
     );
     ready.ready();
+    unready.disarm();
     notify::ready(&hub, &endpoint, shutdown.clone());
 
     let tracker = TaskTracker::new();

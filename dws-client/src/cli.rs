@@ -478,7 +478,9 @@ pub struct RestartArgs {
 /// bad profile does not hide the others), a stale bus (bus.lock held but no
 /// answer on the socket; a socket with no process), the disk store (FORMAT,
 /// damaged ranges of a running bus) and whether a DingTalk source's
-/// endpoints accept a TCP connection (a warning only). Never hangs: files
+/// endpoints accept a TCP connection (a warning only), and for store =
+/// "postgres" what a start would try against the database (connect, TLS,
+/// authenticate, schema, lease row), naming the step that fails. Never hangs: files
 /// are opened non-blocking (regular files only, reads bounded) and every
 /// check has a time bound. Exit 1 when a check failed (with an Error:
 /// line), 0 otherwise. Starts no bus.
