@@ -64,17 +64,7 @@ async fn subscriptions(endpoint: &Endpoint) -> Result<Option<(Vec<Value>, Option
         Some(Value::Array(list)) => list.clone(),
         _ => Vec::new(),
     };
-    let note = fetched
-        .json
-        .get("truncated")
-        .and_then(|t| t.get("subscriptions_total"))
-        .and_then(Value::as_u64)
-        .map(|total| {
-            format!(
-                "the bus listed {} of its {total} subscriptions (the status document must fit one frame)",
-                list.len()
-            )
-        });
+    let note = status::cut_note(&fetched.doc);
     Ok(Some((list, note)))
 }
 

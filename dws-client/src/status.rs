@@ -56,7 +56,36 @@ pub async fn run(args: StatusArgs, endpoint: &Endpoint) -> Result<()> {
         Some(fetched) => Report::Running(Box::new(fetched)),
         None => Report::NotRunning(not_running(endpoint)),
     };
+    report.note_cut(args.format);
     crate::print_stdout(&report.print(args.format, endpoint, true))
+}
+
+/// When the bus cut its lists to fit one frame: what is missing, for
+/// stderr (`[event] ` and this).
+pub fn cut_note(doc: &StatusDoc) -> Option<String> {
+    let t = doc.truncated.as_ref()?;
+    let mut what = vec![];
+    if (doc.subscriptions.len() as u64) < t.subscriptions_total {
+        what.push(format!(
+            "{} of its {} subscriptions",
+            doc.subscriptions.len(),
+            t.subscriptions_total
+        ));
+    }
+    if (doc.consumers.len() as u64) < t.consumers_total {
+        what.push(format!(
+            "{} of its {} consumers",
+            doc.consumers.len(),
+            t.consumers_total
+        ));
+    }
+    (!what.is_empty()).then(|| {
+        format!(
+            "the bus listed {} (the status document must fit one frame); its totals \
+             (subscription_totals, the dws_subscriptions metrics) count them all",
+            what.join(" and ")
+        )
+    })
 }
 
 /// What one status says: a bus's document, or that none runs.
@@ -66,6 +95,16 @@ enum Report {
 }
 
 impl Report {
+    /// The [`cut_note`] on stderr: for the formats a program reads (the
+    /// text report says it in its own lines).
+    fn note_cut(&self, format: StatusFormat) {
+        if let (Report::Running(f), false) = (self, format == StatusFormat::Text) {
+            if let Some(note) = cut_note(&f.doc) {
+                eprintln!("[event] {note}");
+            }
+        }
+    }
+
     /// One status as printed: the document (pretty or one line) or the
     /// text report; without a bus, the `running: false` document or line.
     fn print(&self, format: StatusFormat, endpoint: &Endpoint, pretty: bool) -> String {
@@ -140,6 +179,7 @@ async fn watch(args: &StatusArgs, endpoint: &Endpoint) -> Result<()> {
                 ..not_running(endpoint)
             }),
         };
+        report.note_cut(args.format);
         let body = report.print(args.format, endpoint, false);
         let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
         let frame = match args.format {
@@ -302,7 +342,18 @@ pub fn render(doc: &StatusDoc) -> String {
         s(log.retention_held_by.as_deref()),
     );
     let consumers = &doc.consumers;
-    let _ = writeln!(o, "\nconsumers ({})", consumers.len());
+    let cut = doc.truncated.as_ref();
+    let of = |listed: usize, total: Option<u64>| match total {
+        Some(t) if (listed as u64) < t => {
+            format!("{listed} of {t}: the bus cut the list to fit one frame")
+        }
+        _ => listed.to_string(),
+    };
+    let _ = writeln!(
+        o,
+        "\nconsumers ({})",
+        of(consumers.len(), cut.map(|t| t.consumers_total))
+    );
     if !consumers.is_empty() {
         let rows: Vec<Vec<String>> = consumers
             .iter()
@@ -333,7 +384,18 @@ pub fn render(doc: &StatusDoc) -> String {
         ),
         _ => String::new(),
     };
-    let _ = writeln!(o, "\nsubscriptions ({}){removed}", subs.len());
+    let _ = writeln!(
+        o,
+        "\nsubscriptions ({}){removed}",
+        of(subs.len(), cut.map(|t| t.subscriptions_total))
+    );
+    if let Some(t) = doc.subscription_totals.as_ref().filter(|t| t.count > 0) {
+        let _ = writeln!(
+            o,
+            "  in all {}: {} attached, {} halted, {} disabled; {} pending, {} parked event(s)",
+            t.count, t.attached, t.halted, t.disabled, t.pending, t.parked
+        );
+    }
     if !subs.is_empty() {
         let rows: Vec<Vec<String>> = subs
             .iter()
