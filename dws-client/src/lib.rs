@@ -11,6 +11,7 @@
 //!   bus's files read as busd opens them), [`reading`] (get,
 //!   subscription list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
+//! - [`human`]: durations and local times in text output;
 //! - [`validate`]: flag checks shared by the commands; [`values`]: flag
 //!   values as clap parses them (durations); [`start`]: `--from` (a seq or
 //!   an RFC 3339 time);
@@ -27,6 +28,7 @@ pub mod docs;
 pub mod doctor;
 pub mod exit;
 pub mod files;
+pub mod human;
 pub mod metrics;
 pub mod output;
 pub mod pump;

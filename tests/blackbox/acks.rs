@@ -320,8 +320,8 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
     let parked = verb_json(&env, &["parked", "s1"]);
     assert_eq!(parked["parked_events"][0]["seq"], 1, "{parked:#}");
     assert_eq!(listed(&env.status(), "s1")["pending"], 0);
-    let text = text_status_row(&env, "s1");
-    let header = text_status_row(&env, "ID");
+    // The row and its header from one report: widths differ between two.
+    let [header, text] = text_status_rows(&env, ["ID", "s1"]);
     // Columns are left-aligned under their header.
     let column = |row: &str, name: &str| {
         let at = header.find(&format!(" {name}"))? + 1;
@@ -338,13 +338,21 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
 /// The line of the text `dws event status` whose first word is `first`
 /// (a subscription's row, or `ID` for the header).
 fn text_status_row(env: &TestEnv, first: &str) -> String {
+    let [row] = text_status_rows(env, [first]);
+    row
+}
+
+/// The lines of one text `dws event status` whose first words are `firsts`.
+fn text_status_rows<const N: usize>(env: &TestEnv, firsts: [&str; N]) -> [String; N] {
     let out = env.dws(["event", "status"]).run_with_timeout(EXIT_TIMEOUT);
     out.assert_code(0);
-    out.stdout
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(first))
-        .unwrap_or_else(|| panic!("no status row {first:?}\n{out}"))
-        .to_owned()
+    firsts.map(|first| {
+        out.stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(first))
+            .unwrap_or_else(|| panic!("no status row {first:?}\n{out}"))
+            .to_owned()
+    })
 }
 
 #[test]
