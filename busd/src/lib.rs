@@ -124,10 +124,21 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
         // Signals first: a SIGTERM during start-up must be a clean stop.
         let (trigger, shutdown) = shutdown::channel();
         watch_signals(&trigger)?;
-        let Some(lock) = take_lock(&endpoint, activated.is_some()).await? else {
-            tracing::info!("another bus already serves this profile");
-            ready.already_running();
-            return Ok(());
+        let lock = match take_lock(&endpoint, activated.is_some()).await? {
+            Ok(lock) => lock,
+            Err(pid) => {
+                tracing::info!("another bus already serves this profile");
+                // Exit 0 (the profile is served), but never silently: a
+                // person who ran `busd` sees why it returned at once.
+                eprintln!(
+                    "busd: a bus already serves profile {} (pid {}, socket {}); nothing to do",
+                    endpoint.profile,
+                    pid.map_or("?".to_owned(), |p| p.to_string()),
+                    endpoint.socket_path.display()
+                );
+                ready.already_running();
+                return Ok(());
+            }
         };
         if activated.is_none() && socket_held_by_a_manager(&endpoint).await {
             // systemd listens there for a bus it starts on this connection:
@@ -136,6 +147,12 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
                 socket = %endpoint.socket_path.display(),
                 "the socket is listened on by a service manager (socket activation); \
                  leaving the profile to the bus it starts"
+            );
+            eprintln!(
+                "busd: a service manager listens on {} (socket activation); the bus it starts \
+                 serves profile {}; nothing to do",
+                endpoint.socket_path.display(),
+                endpoint.profile
             );
             drop(lock);
             ready.already_running();
@@ -211,23 +228,26 @@ fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), StartError> 
     Ok(())
 }
 
-/// Takes `bus.lock`, or returns `None` if a live bus already answers on the
-/// socket. A busy lock whose holder does not answer is a bus that is starting
+/// Takes `bus.lock`, or returns `Err(pid)` (the holder's, as written in the
+/// lock) if a live bus already answers on the socket. A busy lock whose holder does not answer is a bus that is starting
 /// or exiting: wait for it, up to [`LOCK_WAIT`]. A socket-activated bus
 /// (`activated`) holds the socket itself, so an answer there proves nothing:
 /// it only waits, then fails (the unit's restart tries again).
-async fn take_lock(endpoint: &Endpoint, activated: bool) -> Result<Option<BusLock>, StartError> {
+async fn take_lock(
+    endpoint: &Endpoint,
+    activated: bool,
+) -> Result<Result<BusLock, Option<u32>>, StartError> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match lock::try_lock(&endpoint.lock_path())? {
-            TryLock::Acquired(l) => return Ok(Some(l)),
+            TryLock::Acquired(l) => return Ok(Ok(l)),
             TryLock::Busy(pid) => {
                 if !activated
                     && tokio::net::UnixStream::connect(&endpoint.socket_path)
                         .await
                         .is_ok()
                 {
-                    return Ok(None);
+                    return Ok(Err(pid));
                 }
                 if Instant::now() >= deadline {
                     return Err(StartError::runtime(format!(

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::values::{parse_interval, parse_nonzero_duration, parse_step, parse_ttl};
+use crate::values::{
+    parse_count, parse_interval, parse_nonzero_duration, parse_seq, parse_step, parse_ttl,
+};
 
 /// `dws --version`: the build and the protocol version it speaks, the same
 /// line as `busd --version` (checked by a test against `proto`).
@@ -12,7 +14,8 @@ pub const VERSION: &str = proto::VERSION_LINE;
 
 /// dws: attach to the local dws event bus and stream its events.
 #[derive(Debug, Parser)]
-#[command(name = "dws", version = VERSION, about, long_about = None, arg_required_else_help = true)]
+#[command(name = "dws", version = VERSION, about, long_about = None, arg_required_else_help = true,
+          styles = crate::colour::styles())]
 pub struct Cli {
     /// Profile (one bus per profile). Env DWS_PROFILE; default "default".
     #[arg(long, global = true, value_name = "NAME")]
@@ -97,7 +100,8 @@ pub enum EventCmd {
 /// until its TTL expires.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// Event keys: exact (im.message), prefix (im.*) or all (*). Optional with --subscribe-id.
+    /// Event keys: exact (im.message), prefix (im.*) or all (*); no empty segment (a..b, .a, a.).
+    /// Optional with --subscribe-id.
     #[arg(value_name = "EVENT_KEY")]
     pub keys: Vec<String>,
 
@@ -132,15 +136,15 @@ pub struct ConsumeArgs {
 
     /// How long a subscription this run creates outlives a run that could
     /// not remove it (default 10m), or never.
-    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl)]
+    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl, allow_hyphen_values = true)]
     pub ttl: Option<Duration>,
 
     /// Exit after N events (reason: limit).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = parse_count, allow_negative_numbers = true)]
     pub max_events: Option<u64>,
 
     /// Exit after this long, e.g. 30s, 5m (reason: timeout).
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration, allow_hyphen_values = true)]
     pub duration: Option<Duration>,
 
     /// Output format. `json` (one array) needs --max-events or --duration.
@@ -166,7 +170,7 @@ pub struct ConsumeArgs {
     pub ack: AckMode,
 
     /// With --ack explicit: an event sent but not acked within this long is delivered again.
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration, allow_hyphen_values = true)]
     pub ack_wait: Option<Duration>,
 
     #[command(flatten)]
@@ -206,7 +210,8 @@ pub struct PoisonArgs {
     /// Delays before the 1st, 2nd, … redelivery after an ack-wait expiry or
     /// a nack without a delay (e.g. 1s,10s,1m,10m; the last one repeats).
     /// Default: at once.
-    #[arg(long, value_name = "DUR,...", value_delimiter = ',', value_parser = parse_step)]
+    #[arg(long, value_name = "DUR,...", value_delimiter = ',', value_parser = parse_step,
+          allow_hyphen_values = true)]
     pub backoff: Option<Vec<Duration>>,
 }
 
@@ -265,7 +270,7 @@ pub struct InfoArgs {
 #[derive(Debug, Args)]
 pub struct GetArgs {
     /// The event's seq.
-    #[arg(value_name = "SEQ")]
+    #[arg(value_name = "SEQ", value_parser = parse_seq, allow_negative_numbers = true)]
     pub seq: u64,
 
     /// How `data` is written: string (default) or json (see consume --data).
@@ -304,7 +309,7 @@ pub struct ReplayArgs {
     pub verb: VerbArgs,
 
     /// Parked seqs to replay (default: all).
-    #[arg(value_name = "SEQ")]
+    #[arg(value_name = "SEQ", value_parser = parse_seq, allow_negative_numbers = true)]
     pub seqs: Vec<u64>,
 }
 
@@ -422,7 +427,7 @@ pub struct StatusArgs {
 
     /// How often --watch refreshes (at least 100ms).
     #[arg(long, value_name = "DUR", default_value = "2s", requires = "watch",
-          value_parser = parse_interval)]
+          value_parser = parse_interval, allow_hyphen_values = true)]
     pub interval: Duration,
 }
 
@@ -495,7 +500,7 @@ pub struct DoctorArgs {
 /// removed with unsubscribe, or until its --ttl runs out detached); prints its id.
 #[derive(Debug, Args)]
 pub struct SubscribeArgs {
-    /// Event keys: exact (im.message), prefix (im.*) or all (*).
+    /// Event keys: exact (im.message), prefix (im.*) or all (*); no empty segment (a..b, .a, a.).
     #[arg(value_name = "EVENT_KEY", required = true)]
     pub keys: Vec<String>,
 
@@ -519,12 +524,12 @@ pub struct SubscribeArgs {
 
     /// How long it lives without a consumer: a duration, or never (the
     /// default: it lives until removed with unsubscribe).
-    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl)]
+    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl, allow_hyphen_values = true)]
     pub ttl: Option<Duration>,
 
     /// The ack wait of its explicit-ack consumers that do not name one
     /// (`consume --ack explicit` without --ack-wait); default 30s.
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration, allow_hyphen_values = true)]
     pub ack_wait: Option<Duration>,
 
     #[command(flatten)]
