@@ -6,8 +6,8 @@
 // and output as examples/python/consume.py:
 //
 // 1. spawn `dws event consume ARGS...` with stdout and stderr piped and
-//    stdin a pipe we hold (closing it stops an unbounded consumer: if this
-//    process dies, its consumer dies with it);
+//    stdin a pipe we hold (closing it stops the consumer, bounded or not:
+//    if this process dies, its consumer dies with it);
 // 2. block on the `[event] ready ...` line before doing anything that must
 //    be seen by the consumer (publishing, telling others it is up);
 // 3. stream NDJSON events from stdout; with `--ack explicit`, write

@@ -6,8 +6,8 @@ library only, Python 3.8+), which it imports from the checkout. What it
 shows:
 
 1. spawn `dws event consume ARGS...` with stdout and stderr piped and stdin a
-   pipe we hold (closing it stops an unbounded consumer: if this process
-   dies, its consumer dies with it);
+   pipe we hold (closing it stops the consumer, bounded or not: if this
+   process dies, its consumer dies with it);
 2. block on the `[event] ready ...` line before doing anything that must be
    seen by the consumer (publishing, telling others it is up);
 3. stream NDJSON events from stdout; with `--ack explicit`, write

@@ -142,13 +142,18 @@ pub fn check_event_id(id: &str) -> Result<(), String> {
 
 /// The event-type rule for publishing: an exact key, no wildcards.
 pub fn check_event_type(t: &str) -> Result<(), String> {
-    if crate::pattern::is_valid_event_type(t) {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid event type {}: use letters, digits and . _ - : / (no wildcards)",
+    use crate::pattern::Pattern;
+    match Pattern::check(t) {
+        Ok(Pattern::Exact(_)) => Ok(()),
+        Ok(_) => Err(format!(
+            "invalid event type {}: no wildcards in an event type (they are for subscribing); \
+             publish one exact type, e.g. im.message",
             quoted(t)
-        ))
+        )),
+        Err(why) => Err(format!(
+            "invalid event type {}: {why}; use letters, digits and . _ - : / (no wildcards), e.g. im.message",
+            quoted(t)
+        )),
     }
 }
 

@@ -1,6 +1,12 @@
 //! Event-key patterns, shared by the bus (matching) and the client
 //! (validating flags before anything is sent): exact `im.message`, prefix
 //! `im.*` (the key itself and anything below it), catch-all `*`.
+//!
+//! A key is 1-256 bytes of `A-Z a-z 0-9 . _ - : /` whose `.`-separated
+//! segments are none of them empty: `bad..key`, `.x` and `x.` name nothing
+//! an upstream sends, so a subscription to one would wait forever; they are
+//! refused ([`Pattern::parse`] says why), by `dws` before anything is sent
+//! and by the bus for a publish or a subscription.
 
 use std::fmt;
 
@@ -16,26 +22,23 @@ pub enum Pattern {
 
 impl Pattern {
     pub fn parse(s: &str) -> Result<Pattern, String> {
-        let valid_key = |k: &str| {
-            !k.is_empty()
-                && k.len() <= 256
-                && k.bytes().all(|b| {
-                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/')
-                })
-        };
+        Pattern::check(s).map_err(|why| {
+            format!(
+                "invalid event key {}: {why}; use an exact key (im.message), a prefix (im.*) or *",
+                crate::limits::quoted(s)
+            )
+        })
+    }
+
+    /// [`Pattern::parse`], with why a key is refused in a few words.
+    pub fn check(s: &str) -> Result<Pattern, &'static str> {
         if s == "*" {
             return Ok(Pattern::All);
         }
-        if let Some(prefix) = s.strip_suffix(".*") {
-            if valid_key(prefix) {
-                return Ok(Pattern::Prefix(prefix.to_owned()));
-            }
-        } else if valid_key(s) {
-            return Ok(Pattern::Exact(s.to_owned()));
+        match s.strip_suffix(".*") {
+            Some(prefix) => check_key(prefix).map(|()| Pattern::Prefix(prefix.to_owned())),
+            None => check_key(s).map(|()| Pattern::Exact(s.to_owned())),
         }
-        Err(format!(
-            "invalid event key {s:?}: use an exact key (im.message), a prefix (im.*) or *"
-        ))
     }
 
     pub fn matches(&self, event_type: &str) -> bool {
@@ -57,6 +60,29 @@ impl fmt::Display for Pattern {
             Pattern::Prefix(p) => write!(f, "{p}.*"),
         }
     }
+}
+
+/// Why `k` is not a key (the part of a pattern before any `.*`), if it is not.
+fn check_key(k: &str) -> Result<(), &'static str> {
+    if k.is_empty() {
+        return Err("it is empty");
+    }
+    if k.len() > 256 {
+        return Err("it is longer than 256 bytes");
+    }
+    if k.contains('*') {
+        return Err("`*` stands alone or ends a prefix (im.*)");
+    }
+    if !k
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/'))
+    {
+        return Err("use letters, digits and . _ - : / only");
+    }
+    if k.split('.').any(str::is_empty) {
+        return Err("it has an empty segment (two dots in a row, or a dot at its start or end)");
+    }
+    Ok(())
 }
 
 /// `true` if `s` is a valid concrete event type (what `publish` accepts).
@@ -82,5 +108,28 @@ mod tests {
         assert!(Pattern::parse("a.*.*").is_err());
         assert!(is_valid_event_type("a.b"));
         assert!(!is_valid_event_type("a.*"));
+    }
+
+    #[test]
+    fn an_empty_segment_is_refused_with_why() {
+        for bad in ["bad..key", ".x", "x.", "x..*", ".*", "a..b.*", "..", "."] {
+            let e = Pattern::parse(bad).unwrap_err();
+            assert!(
+                e.contains("empty segment") || e.contains("empty"),
+                "{bad}: {e}"
+            );
+            assert!(!is_valid_event_type(bad), "{bad}");
+        }
+        assert!(Pattern::parse("x..*")
+            .unwrap_err()
+            .contains("empty segment"));
+        for good in ["a", "a.b", "a-b_c:d/e", "a.b.*", "im.message.sent"] {
+            assert!(Pattern::parse(good).is_ok(), "{good}");
+        }
+        let e = Pattern::parse("a b").unwrap_err();
+        assert!(e.contains("letters, digits"), "{e}");
+        let e = Pattern::parse("*.x").unwrap_err();
+        assert!(e.contains("`*` stands alone"), "{e}");
+        assert!(Pattern::parse(&"x".repeat(300)).unwrap_err().len() < 300);
     }
 }

@@ -24,6 +24,10 @@ pub struct StatusDoc {
     pub truncated: Option<TruncatedDoc>,
     pub consumers: Vec<ConsumerDoc>,
     pub subscriptions: Vec<SubscriptionStatus>,
+    /// Counted by the bus over every subscription it holds, listed or not:
+    /// a cut list cannot hide a halted one. `None` from a bus older than
+    /// this field.
+    pub subscription_totals: Option<SubscriptionTotalsDoc>,
     pub event_types: Vec<EventTypeDoc>,
     pub log: LogDoc,
     pub store: StoreDoc,
@@ -170,6 +174,45 @@ pub struct SourceDoc {
 pub struct TruncatedDoc {
     pub consumers_total: u64,
     pub subscriptions_total: u64,
+}
+
+/// Totals over every subscription of the bus (`subscription_totals`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SubscriptionTotalsDoc {
+    /// Subscriptions the bus holds.
+    pub count: u64,
+    /// With a consumer attached.
+    pub attached: u64,
+    /// Halted at a poison event.
+    pub halted: u64,
+    pub disabled: u64,
+    /// Events matched and not yet acked, summed.
+    pub pending: u64,
+    /// Events on the parked lists now, summed.
+    pub parked: u64,
+}
+
+impl SubscriptionTotalsDoc {
+    /// The totals of `subs` (for a list that is complete).
+    pub fn of(subs: &[SubscriptionStatus]) -> SubscriptionTotalsDoc {
+        let mut t = SubscriptionTotalsDoc::default();
+        for s in subs {
+            t.add(s.attached_pid.is_some(), &s.state, s.pending, s.parked);
+        }
+        t
+    }
+
+    /// Counts one subscription in: attached or not, its state's name
+    /// (`active`, `halted`, `disabled`), its pending and parked events.
+    pub fn add(&mut self, attached: bool, state: &str, pending: u64, parked: u64) {
+        self.count += 1;
+        self.attached += u64::from(attached);
+        self.halted += u64::from(state == "halted");
+        self.disabled += u64::from(state == "disabled");
+        self.pending += pending;
+        self.parked += parked;
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -370,6 +413,7 @@ mod tests {
             json.contains(r#""truncated":null,"consumers":[]"#),
             "{json}"
         );
+        assert!(json.contains(r#""subscription_totals":null"#), "{json}");
         assert_eq!(serde_json::from_str::<StatusDoc>(&json).unwrap(), doc);
     }
 
@@ -385,6 +429,34 @@ mod tests {
         assert_eq!(doc.subscriptions[0].id, "a");
         assert_eq!(doc.subscriptions[0].halted, None);
         assert_eq!(doc.log.oldest_seq, None);
+        assert_eq!(doc.subscription_totals, None, "an older bus");
+    }
+
+    #[test]
+    fn totals_count_each_state_and_sum_the_events() {
+        let sub = |state: &str, attached: bool, pending, parked| SubscriptionStatus {
+            state: state.into(),
+            attached_pid: attached.then_some(7),
+            pending,
+            parked,
+            ..Default::default()
+        };
+        let t = SubscriptionTotalsDoc::of(&[
+            sub("active", true, 3, 0),
+            sub("halted", false, 2, 1),
+            sub("disabled", false, 0, 4),
+        ]);
+        assert_eq!(
+            t,
+            SubscriptionTotalsDoc {
+                count: 3,
+                attached: 1,
+                halted: 1,
+                disabled: 1,
+                pending: 5,
+                parked: 5,
+            }
+        );
     }
 
     #[test]

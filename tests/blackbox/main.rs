@@ -70,6 +70,9 @@
 //!   slow and partial frames, event size, status size, event types,
 //!   subscriptions, patterns) refuses only that client; gaps reach the next
 //!   consumer.
+//! - [`messages`]: what a new user's mistakes get: errors that name what
+//!   is valid, counts as words, a bare `busd` beside a bus, colour on a
+//!   terminal only.
 //! - [`client_abuse`]: `dws` under hostile or careless use: a bus killed
 //!   under a consumer, non-UTF-8 argv, huge invalid input, a socket that
 //!   never answers or refuses with an `Error` frame.
@@ -106,6 +109,7 @@ mod exactness;
 mod fanout;
 mod lifecycle;
 mod limits;
+mod messages;
 mod personal;
 mod postgres;
 mod reading;

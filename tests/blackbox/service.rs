@@ -495,3 +495,31 @@ fn doctor_finds_a_stale_bus_a_socket_with_no_process_and_a_loose_directory() {
     let hint = checks(&doc, "work_dir", "default")[0]["hint"].to_string();
     assert!(hint.contains("chmod 700"), "{hint}");
 }
+
+/// Issue 36 row 12: the doctor opens the store's files as busd does: a FIFO
+/// at `store/FORMAT` hung it (it waited for a writer), a symlink to
+/// `/dev/zero` read until memory ran out. Now each is one failed check at
+/// once, as is a file far larger than a format file can be.
+#[test]
+fn doctor_refuses_a_fifo_a_symlink_or_a_huge_file_as_the_store_format_file() {
+    let env = TestEnv::new();
+    let store = env.work_dir().join("store");
+    std::fs::create_dir_all(&store).expect("mkdir store");
+    let format = store.join("FORMAT");
+    nix::unistd::mkfifo(&format, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let expect_fail = |what: &str| {
+        let (code, doc, _) = doctor_json(&env);
+        assert_eq!(code, Some(1), "{what}: {doc:#}");
+        assert_eq!(status_of(&doc, "store", "default"), "fail", "{what}");
+        let msg = checks(&doc, "store", "default")[0]["message"].to_string();
+        assert!(msg.contains(what), "{what}: {msg}");
+        assert!(env.busd_pids().is_empty(), "doctor starts no bus");
+    };
+    expect_fail("a FIFO");
+    std::fs::remove_file(&format).expect("rm");
+    std::os::unix::fs::symlink("/dev/zero", &format).expect("symlink");
+    expect_fail("a symbolic link");
+    std::fs::remove_file(&format).expect("rm");
+    std::fs::write(&format, vec![b'1'; 1 << 20]).expect("write");
+    expect_fail("1048576 bytes");
+}

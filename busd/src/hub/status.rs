@@ -9,7 +9,7 @@
 use proto::{
     status::{
         BusDoc, DamageDoc, EventTypeDoc, HaltedDoc, LogDoc, RefusedDoc, SourceDoc, StatusDoc,
-        StoreDoc, SubscriptionStatus, TruncatedDoc,
+        StoreDoc, SubscriptionStatus, SubscriptionTotalsDoc, TruncatedDoc,
     },
     v1,
 };
@@ -162,7 +162,15 @@ impl Hub {
         // The subscription with the oldest unacked event is the one whose
         // cursor the log's retention is protecting (or would evict first).
         let mut holder: Option<(u64, &str)> = None;
+        // Over every subscription, however many are listed.
+        let mut totals = SubscriptionTotalsDoc::default();
         for s in subs.values() {
+            totals.add(
+                s.consumer().is_some(),
+                s.state.name(),
+                s.pending_len() as u64,
+                s.parked_len() as u64,
+            );
             if let Some((o, _)) = s.oldest_pending() {
                 if holder.is_none_or(|(seq, _)| o.seq < seq) {
                     holder = Some((o.seq, &s.id));
@@ -273,6 +281,7 @@ impl Hub {
             truncated,
             consumers,
             subscriptions,
+            subscription_totals: Some(totals),
             event_types: st
                 .ingest
                 .types()

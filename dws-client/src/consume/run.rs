@@ -140,6 +140,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         Err(why) => complaints.complain(plan.quiet, n, &why),
                     }
                 }
+                Some(Input::Refused(n, why)) => complaints.complain(plan.quiet, n, &why),
                 Some(Input::Eof) | None => {
                     ack_lines = None;
                     if stdin_armed {
