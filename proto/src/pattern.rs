@@ -32,12 +32,26 @@ impl Pattern {
 
     /// [`Pattern::parse`], with why a key is refused in a few words.
     pub fn check(s: &str) -> Result<Pattern, &'static str> {
+        Pattern::checked(s, true)
+    }
+
+    /// A pattern a subscription was stored with: the rule of the build
+    /// that stored it, which did not refuse empty segments yet (`a..b`).
+    /// Such a subscription is restored as it was, never a refused start.
+    pub fn parse_stored(s: &str) -> Result<Pattern, String> {
+        Pattern::checked(s, false)
+            .map_err(|why| format!("invalid event key {}: {why}", crate::limits::quoted(s)))
+    }
+
+    fn checked(s: &str, segments: bool) -> Result<Pattern, &'static str> {
         if s == "*" {
             return Ok(Pattern::All);
         }
         match s.strip_suffix(".*") {
-            Some(prefix) => check_key(prefix).map(|()| Pattern::Prefix(prefix.to_owned())),
-            None => check_key(s).map(|()| Pattern::Exact(s.to_owned())),
+            Some(prefix) => {
+                check_key(prefix, segments).map(|()| Pattern::Prefix(prefix.to_owned()))
+            }
+            None => check_key(s, segments).map(|()| Pattern::Exact(s.to_owned())),
         }
     }
 
@@ -62,8 +76,9 @@ impl fmt::Display for Pattern {
     }
 }
 
-/// Why `k` is not a key (the part of a pattern before any `.*`), if it is not.
-fn check_key(k: &str) -> Result<(), &'static str> {
+/// Why `k` is not a key (the part of a pattern before any `.*`), if it is
+/// not; `segments`: empty segments are refused too.
+fn check_key(k: &str, segments: bool) -> Result<(), &'static str> {
     if k.is_empty() {
         return Err("it is empty");
     }
@@ -79,7 +94,7 @@ fn check_key(k: &str) -> Result<(), &'static str> {
     {
         return Err("use letters, digits and . _ - : / only");
     }
-    if k.split('.').any(str::is_empty) {
+    if segments && k.split('.').any(str::is_empty) {
         return Err("it has an empty segment (two dots in a row, or a dot at its start or end)");
     }
     Ok(())
@@ -93,6 +108,21 @@ pub fn is_valid_event_type(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_key_with_an_empty_segment_is_still_read() {
+        assert!(Pattern::parse("bad..key").is_err());
+        assert_eq!(
+            Pattern::parse_stored("bad..key").unwrap(),
+            Pattern::Exact("bad..key".into())
+        );
+        assert_eq!(
+            Pattern::parse_stored("x..*").unwrap(),
+            Pattern::Prefix("x.".into())
+        );
+        assert!(Pattern::parse_stored("a b").is_err());
+        assert!(Pattern::parse_stored("a.*.*").is_err());
+    }
 
     #[test]
     fn patterns() {

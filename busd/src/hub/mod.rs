@@ -266,7 +266,7 @@ impl Hub {
         let now = (Instant::now(), now_ms());
         let mut subs = BTreeMap::new();
         for rec in recovered.snapshot.iter().flat_map(|s| &s.subscriptions) {
-            match Selector::new(&rec.patterns, &rec.filter)
+            match Selector::stored(&rec.patterns, &rec.filter)
                 .and_then(|s| s.with_where(&rec.where_exprs))
             {
                 Ok(sel) => {

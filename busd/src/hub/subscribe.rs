@@ -56,7 +56,7 @@ impl Hub {
             if st.registry.contains(&rec.id) || st.registry.len() >= MAX_SUBSCRIPTIONS {
                 continue;
             }
-            let Ok(sel) = Selector::new(&rec.patterns, &rec.filter)
+            let Ok(sel) = Selector::stored(&rec.patterns, &rec.filter)
                 .and_then(|s| s.with_where(&rec.where_exprs))
             else {
                 continue;
