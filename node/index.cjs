@@ -37,10 +37,9 @@ const STDERR_LINE_LIMIT = 64 * 1024;
  * exit takes about 4 s at most: 2 s for stdout, 2 s to remove an owned
  * subscription). */
 const STOP_GRACE_MS = 10000;
-/** With explicit acks, after stdin EOF: an unbounded run ends by itself;
- * a bounded one (which EOF does not end) gets this long for the acks. */
+/** With explicit acks, after stdin EOF: how long the run has to end by
+ * itself (dws ends every run at EOF once its acks are in). */
 const EOF_GRACE_MS = 10000;
-const BOUNDED_EOF_GRACE_MS = 2000;
 /** After SIGKILL, how long to wait for the exit before giving up. */
 const KILL_WAIT_MS = 10000;
 /** After the exit, the longest time spent reading what the pipes still
@@ -323,9 +322,6 @@ function ackMode(args) {
   return "write";
 }
 
-const isBounded = (args) =>
-  args.some((a) => /^--(max-events|duration)(=|$)/.test(a));
-
 /** `--max-events N` taken out of a command line: [N, the rest]. With
  * explicit acks the library counts the events itself, so that the last
  * ones' acks reach dws before it stops (a dws that stops at its own
@@ -463,7 +459,7 @@ class Consumer {
     this.decodeData = decodeData;
     this.onDiagnostic = onDiagnostic;
     this.stopGraceMs = stopGraceMs;
-    this.stdinEofExits = !isBounded(rest);
+    this.stdinEofExits = true;
     this.ready = null;
     this.result = null;
     this.stderrLines = [];
@@ -728,7 +724,7 @@ class Consumer {
 
   /** Stops the child (unless it already ended) and waits: with explicit
    * acks stdin is closed first (the acks written so far reach dws before
-   * the EOF, which ends an unbounded run), then SIGTERM, then SIGKILL after
+   * the EOF, which ends the run), then SIGTERM, then SIGKILL after
    * stopGraceMs. */
   async close() {
     if (!this.child) throw new DwsError("start() first");
@@ -736,7 +732,7 @@ class Consumer {
     if (!this.#exited()) {
       if (this.explicitAck) {
         this.stop("stdin");
-        await this.#endedWithin(this.stdinEofExits ? EOF_GRACE_MS : BOUNDED_EOF_GRACE_MS);
+        await this.#endedWithin(EOF_GRACE_MS);
       }
       await this.#terminate();
     }

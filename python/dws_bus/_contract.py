@@ -295,13 +295,6 @@ def ack_mode(args: Sequence[str]) -> str:
     return "write"
 
 
-def is_bounded(args: Sequence[str]) -> bool:
-    """True when the command line bounds the run (--max-events or
-    --duration): stdin EOF then ends only the acks, not the run."""
-    return any(a in ("--max-events", "--duration") or a.startswith(("--max-events=", "--duration="))
-               for a in args)
-
-
 def take_max_events(args: Sequence[str]) -> Tuple[Optional[int], List[str]]:
     """`--max-events N` taken out of a command line: (N, the rest). With
     explicit acks the library counts the events itself, so that the last

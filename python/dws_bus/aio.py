@@ -14,7 +14,7 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Li
 
 from ._child import Line
 from ._contract import ConsumeOptions, Event, ExitResult, Ready
-from .consumer import (BOUNDED_EOF_GRACE, EOF_GRACE, KILL_WAIT, STOP_GRACE, Diagnostic, _Core,
+from .consumer import (EOF_GRACE, KILL_WAIT, STOP_GRACE, Diagnostic, _Core,
                        _failure)
 from .errors import BusError, BusShutdown, DwsError, ReadyTimeout
 
@@ -147,7 +147,7 @@ class AsyncConsumer(_Core):
         if self._child.proc is not None and not self._child.exited.is_set():
             if self.explicit_ack:
                 self._child.close_stdin()
-                await self._ended_within(EOF_GRACE if self.stdin_eof_exits else BOUNDED_EOF_GRACE)
+                await self._ended_within(EOF_GRACE)
             if not self._ended.is_set():
                 await self._stop(self.stop_grace)
         return await self._wait(KILL_WAIT)

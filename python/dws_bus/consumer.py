@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 
 from ._child import STDOUT_LINE_LIMIT, Child, Line
 from ._contract import (ConsumeOptions, Duration, Event, ExitResult, Ready, ack_mode,
-                        duration_arg, is_bounded, is_protocol_line, parse_event, parse_exit,
+                        duration_arg, is_protocol_line, parse_event, parse_exit,
                         parse_ready, stderr_text, take_max_events, term_line)
 from .errors import (BusShutdown, BusError, ContractError, DwsError, ExitTimeout, ReadyTimeout,
                      error_for_code)
@@ -35,10 +35,8 @@ STOP_GRACE = 10.0
 A clean exit takes about 4 s at most (2 s to finish stdout, 2 s to remove
 an owned subscription), so only a `dws` that ignores SIGTERM meets it."""
 EOF_GRACE = 10.0
-"""Seconds an unbounded explicit-ack run has to exit after stdin EOF (its
-last acks arrive first) before SIGTERM."""
-BOUNDED_EOF_GRACE = 2.0
-"""The same for a bounded run, which EOF does not end: time for the acks."""
+"""Seconds an explicit-ack run has to exit after stdin EOF (its last acks
+arrive first) before SIGTERM."""
 KILL_WAIT = 10.0
 """Seconds to wait for the exit after SIGKILL (or after the last stop) before
 giving up with ExitTimeout."""
@@ -71,7 +69,9 @@ class _Core:
         if self.explicit_ack:
             self.max_events, rest = take_max_events(rest)
         self.argv: List[str] = [find_dws(dws), "event", "consume"] + rest
-        self.stdin_eof_exits = not is_bounded(rest)
+        # dws ends every run at stdin EOF, a bounded one too (once its
+        # acks are in).
+        self.stdin_eof_exits = True
         self.decode_data = decode_data
         self.on_diagnostic = on_diagnostic
         self.env = env
@@ -314,12 +314,12 @@ class Consumer(_Core):
     def close(self) -> ExitResult:
         """Stops the child (unless it already ended) and waits: with
         explicit acks stdin is closed first (the acks written so far reach
-        dws before the EOF, which ends an unbounded run), then SIGTERM,
+        dws before the EOF, which ends the run), then SIGTERM,
         then SIGKILL after `stop_grace` seconds."""
         if self._child.proc is not None and not self._child.exited.is_set():
             if self.explicit_ack:
                 self._child.close_stdin()
-                self._child.exited.wait(EOF_GRACE if self.stdin_eof_exits else BOUNDED_EOF_GRACE)
+                self._child.exited.wait(EOF_GRACE)
             self._child.stop(self.stop_grace, KILL_WAIT)
         return self._wait(KILL_WAIT)
 
