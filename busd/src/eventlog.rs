@@ -112,6 +112,14 @@ pub fn line_bytes() -> usize {
     LINE_BYTES.load(Ordering::Relaxed)
 }
 
+/// Only the payload of an encoded event, a slice of its bytes (no copy,
+/// no other field decoded): what a raw line is.
+#[derive(Clone, PartialEq, prost::Message)]
+struct DataOnly {
+    #[prost(bytes = "bytes", tag = "10")]
+    data: Bytes,
+}
+
 /// The fields of an encoded event that verb documents show, read without
 /// copying its payload (`data` is a slice of the encoded bytes).
 #[derive(Clone, PartialEq, prost::Message)]
@@ -135,6 +143,19 @@ impl LoggedEvent {
     /// The encoded event: from memory, or read back from the store.
     pub fn encoded(&self) -> Result<Bytes, ReadError> {
         self.encoded.get()
+    }
+
+    /// The event's `data` (a slice of its encoded bytes): a raw line.
+    pub fn data(&self) -> Result<Bytes, ReadError> {
+        use prost::Message;
+        let encoded = self.encoded.get()?;
+        Ok(DataOnly::decode(encoded)
+            .map(|d| d.data)
+            .unwrap_or_else(|e| {
+                // The bus encoded it itself; never expected.
+                tracing::error!(seq = self.seq, cause = %e, "cannot decode a logged event");
+                Bytes::new()
+            }))
     }
 
     /// Outside the hot tail: its renderings are not kept.

@@ -22,11 +22,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use prost::Message;
-use proto::{
-    lines::{self, CUT_LEN},
-    v1,
-};
+use proto::lines::{self, CUT_LEN};
 
 use super::outbox::Outbox;
 use crate::eventlog::{LoggedEvent, ReadError};
@@ -195,10 +191,23 @@ impl LineRuns {
         delivery: u32,
         kind: LineKind,
     ) -> Result<Piece, ReadError> {
-        let mut body = Vec::new();
-        let mut cuts = Vec::new();
-        let mut starts = vec![0];
-        let mut weak = Vec::new();
+        // Sized for the run at once (growing it by doubling copied it
+        // several times): about its events' encoded size, which a line
+        // exceeds by its field names only.
+        let mut lines = 0;
+        let mut estimate = 0usize;
+        for (e, _, _) in events {
+            if lines > 0 && estimate >= RUN_BODY_BUDGET {
+                break;
+            }
+            lines += 1;
+            estimate += e.encoded.len() + 160;
+        }
+        let mut body = Vec::with_capacity(estimate);
+        let mut cuts = Vec::with_capacity(lines * CUT_LEN);
+        let mut starts = Vec::with_capacity(lines + 1);
+        starts.push(0);
+        let mut weak = Vec::with_capacity(lines);
         for (e, _, _) in events {
             if !weak.is_empty() && body.len() >= RUN_BODY_BUDGET {
                 break;
@@ -208,18 +217,13 @@ impl LineRuns {
                     let (head, tail) = e.line_parts()?;
                     lines::render_line(&mut body, &mut cuts, &head, &tail, delivery);
                 }
-                LineKind::Raw => {
-                    let data = v1::Event::decode(e.encoded()?).map(|ev| ev.data);
-                    let data = data.unwrap_or_else(|err| {
-                        // The bus encoded it itself; never expected.
-                        tracing::error!(seq = e.seq, cause = %err, "cannot decode a logged event");
-                        String::new()
-                    });
-                    lines::render_raw_line(&mut body, &mut cuts, data.as_bytes());
-                }
+                LineKind::Raw => lines::render_raw_line(&mut body, &mut cuts, &e.data()?),
             }
             starts.push(body.len());
             weak.push(Arc::downgrade(e));
+        }
+        if body.capacity() > 2 * body.len() + 4096 {
+            body.shrink_to_fit();
         }
         let first_seq = events.first().map_or(0, |(e, _, _)| e.seq);
         let run = Run {

@@ -34,30 +34,25 @@ fn intern(s: &str) -> Arc<str> {
     n
 }
 
-/// An interned string: equal names share one allocation.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Name(Arc<str>);
+/// An interned string: equal names share one allocation; the empty name
+/// (no route, no scope) none, and no look-up.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(Option<Arc<str>>);
 
 impl Name {
     pub fn new(s: &str) -> Name {
-        Name(intern(s))
+        Name((!s.is_empty()).then(|| intern(s)))
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Default for Name {
-    fn default() -> Name {
-        Name::new("")
+        self.0.as_deref().unwrap_or("")
     }
 }
 
 impl Deref for Name {
     type Target = str;
     fn deref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
@@ -81,13 +76,13 @@ impl From<&String> for Name {
 
 impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -172,14 +167,19 @@ mod tests {
     fn equal_names_share_one_copy_and_unused_ones_are_pruned() {
         let a = Name::from("x.interned");
         let b = Name::from(String::from("x.interned"));
-        assert!(Arc::ptr_eq(&a.0, &b.0));
+        assert!(Arc::ptr_eq(a.0.as_ref().unwrap(), b.0.as_ref().unwrap()));
+        assert_eq!(Name::new(""), Name::default());
+        assert_eq!(std::mem::size_of::<Name>(), 16);
         assert_eq!(a, "x.interned");
         for i in 0..3000 {
             drop(Name::from(format!("x.gone.{i}")));
         }
         let n = INTERNER.lock().unwrap().as_ref().unwrap().names.len();
         assert!(n < 2500, "{n} names kept");
-        assert!(Arc::ptr_eq(&a.0, &Name::new("x.interned").0));
+        assert!(Arc::ptr_eq(
+            a.0.as_ref().unwrap(),
+            Name::new("x.interned").0.as_ref().unwrap()
+        ));
         assert_eq!(Text::from(""), Text::default());
         assert_eq!(Text::from("id-1"), "id-1");
         assert_eq!(std::mem::size_of::<Text>(), 16);
