@@ -35,6 +35,7 @@ pub mod exit;
 pub mod hub;
 pub mod judge;
 pub mod latency;
+pub mod lines;
 pub mod lock;
 pub mod logfile;
 pub mod notify;

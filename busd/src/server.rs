@@ -21,6 +21,7 @@ use crate::{
     cluster::Link,
     connection,
     hub::{Hub, RefusedKind},
+    lines::Lines,
     ratelimit::LogLimit,
     shutdown::Shutdown,
     warn_limited,
@@ -40,6 +41,8 @@ pub async fn run(
     mut shutdown: Shutdown,
     tracker: &TaskTracker,
 ) -> ByeReason {
+    // The bus's renderings of its lines, shared by every connection.
+    let rendered = Lines::with_a_ring();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let mut backoff = Duration::ZERO;
@@ -56,9 +59,10 @@ pub async fn run(
                         Ok(permit) => {
                             let hub = hub.clone();
                             let link = link.clone();
+                            let rendered = rendered.clone();
                             let sd = shutdown.clone();
                             tracker.spawn(async move {
-                                connection::serve(stream, hub, link, sd).await;
+                                connection::serve(stream, hub, link, rendered, sd).await;
                                 drop(permit);
                             });
                         }

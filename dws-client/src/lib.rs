@@ -36,6 +36,7 @@ pub mod output;
 pub mod pump;
 pub mod reading;
 pub mod restart;
+pub mod ring;
 pub mod spawn;
 pub mod start;
 pub mod status;

@@ -65,7 +65,13 @@ impl Connection {
                 });
                 self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
             }
-            C::Ack(ack) => self.hub.ack(self.id, &ack),
+            C::Ack(ack) => {
+                if ack.ring_read > 0 {
+                    self.ring_read(ack.ring_read);
+                }
+                self.hub.ack(self.id, &ack)
+            }
+            C::RingRequest(req) => self.ring_offer(req.request_id),
             C::SubscriptionControl(req) => match self.hub.control(&req) {
                 Ok((doc, save)) => {
                     let reply = S::SubscriptionState(v1::SubscriptionState {
@@ -181,11 +187,14 @@ impl Connection {
             Ok((reply, save)) => {
                 self.lines = req.attach && req.ndjson_lines;
                 self.where_notices = req.attach && req.where_notices;
+                // Only a consumer that took the ring on a connection of its
+                // own asks; a consumer of an older dws never does.
+                self.ring_batches = req.attach && req.ring_batches;
                 self.line_batches =
                     match (req.attach, req.raw_lines, self.lines && req.line_batches) {
                         (false, _, _) => None,
-                        (true, true, _) => Some(super::line_runs::LineKind::Raw),
-                        (true, false, true) => Some(super::line_runs::LineKind::Ndjson),
+                        (true, true, _) => Some(crate::lines::LineKind::Raw),
+                        (true, false, true) => Some(crate::lines::LineKind::Ndjson),
                         (true, false, false) => None,
                     };
                 self.reply_after(

@@ -1,0 +1,98 @@
+//! The bus's renderings of its lines, one for every connection ([`Lines`]):
+//! runs of first deliveries' lines rendered once (`runs`), also written
+//! into the line ring (`ring`), which consumers that hold it read in place
+//! instead of being sent the bytes. One `Lines` per bus, made at start and
+//! handed to each connection by the server: no state of its own outlives
+//! its bus, and two buses in one process (tests) share nothing.
+//!
+//! What a connection does with a piece: a consumer that reads the ring is
+//! told where its lines are (`RingBatch`) and holds that batch until it
+//! says it read it (`Ack.ring_read`, [`Lines::release`]) or leaves; any
+//! other consumer is sent the bytes (`LineBatch`). A ring that cannot be
+//! made (no memory file) or has no chunk free leaves everything to bytes.
+
+pub mod ring;
+mod runs;
+
+use std::{
+    os::fd::OwnedFd,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+pub use runs::{shareable, LineKind, Piece, Pulled, MIN_SHARED_SLICE};
+
+use self::{ring::Ring, runs::LineRuns};
+use crate::eventlog::ReadError;
+
+#[derive(Debug)]
+struct Renderings {
+    runs: LineRuns,
+    ring: Option<Ring>,
+}
+
+/// The bus's renderings (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Lines(Arc<Mutex<Renderings>>);
+
+impl Lines {
+    /// Renderings with a line ring when one can be made (else logged: bytes
+    /// only, as for an older `dws`).
+    pub fn with_a_ring() -> Lines {
+        let ring = match Ring::create() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(cause = %e, "cannot make the line ring; consumers are sent their lines");
+                None
+            }
+        };
+        Lines::with_ring(ring)
+    }
+
+    /// Renderings without a ring (tests).
+    pub fn without_ring() -> Lines {
+        Lines::with_ring(None)
+    }
+
+    fn with_ring(ring: Option<Ring>) -> Lines {
+        Lines(Arc::new(Mutex::new(Renderings {
+            runs: LineRuns::default(),
+            ring,
+        })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Renderings> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The pieces that carry `events` (see [`shareable`]), in order; with
+    /// `ring`, those in the line ring are held there for the caller.
+    pub fn pieces(
+        &self,
+        events: &[Pulled],
+        delivery: u32,
+        kind: LineKind,
+        ring: bool,
+    ) -> Result<Vec<Piece>, ReadError> {
+        let mut r = self.lock();
+        let Renderings {
+            runs,
+            ring: ring_of,
+        } = &mut *r;
+        runs.pieces(events, delivery, kind, ring_of.as_mut(), ring)
+    }
+
+    /// A consumer read (or will never read) batches held in these chunks.
+    pub fn release(&self, chunks: impl IntoIterator<Item = u32>) {
+        let mut r = self.lock();
+        if let Some(ring) = r.ring.as_mut() {
+            for c in chunks {
+                ring.release(c);
+            }
+        }
+    }
+
+    /// A read-only descriptor of the ring for a consumer, if there is one.
+    pub fn ring_reader(&self) -> Option<std::io::Result<OwnedFd>> {
+        self.lock().ring.as_ref().map(Ring::reader)
+    }
+}
