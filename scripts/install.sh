@@ -2,7 +2,8 @@
 # Installs dws and busd side by side (dws finds busd next to itself), plus
 # their man pages and shell completions under the same root.
 #
-# Usage: scripts/install.sh [--root DIR] [--debug] [--no-docs] [--systemd [--profile NAME]]
+# Usage: scripts/install.sh [--root DIR] [--debug] [--no-docs]
+#                           [--systemd [--profile NAME] [--unit-dir DIR] [--no-enable]]
 #
 #   --root DIR   install into DIR/bin (default: cargo's, i.e. $CARGO_INSTALL_ROOT
 #                or ~/.cargo; make sure DIR/bin is on PATH)
@@ -10,7 +11,9 @@
 #   --no-docs    binaries only
 #   --systemd    then install the bus as a socket-activated systemd user
 #                service for --profile NAME (default: default), through
-#                scripts/install-systemd.sh (see it for what it writes)
+#                scripts/install-systemd.sh (see it for what it writes);
+#                --profile, --unit-dir and --no-enable (write the units,
+#                run no systemctl) are passed on to it
 #
 # Docs go to DIR/share: man/man1/{dws,dws-event-*,busd}.1,
 # bash-completion/completions/dws, zsh/site-functions/_dws and
@@ -23,7 +26,7 @@ root=""
 debug=()
 docs=1
 systemd=0
-profile_args=()
+systemd_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --root) root="${2:?--root needs a directory}"; shift 2 ;;
@@ -31,8 +34,10 @@ while [ $# -gt 0 ]; do
         --debug) debug=(--debug); shift ;;
         --no-docs) docs=0; shift ;;
         --systemd) systemd=1; shift ;;
-        --profile) profile_args=(--profile "${2:?--profile needs a name}"); shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --profile) systemd_args+=(--profile "${2:?--profile needs a name}"); shift 2 ;;
+        --unit-dir) systemd_args+=(--unit-dir "${2:?--unit-dir needs a directory}"); shift 2 ;;
+        --no-enable) systemd_args+=(--no-enable); shift ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "install.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -93,5 +98,5 @@ if [ "$docs" = 1 ]; then
 EOF
 fi
 if [ "$systemd" = 1 ]; then
-    scripts/install-systemd.sh --bin "$bin" "${profile_args[@]}"
+    scripts/install-systemd.sh --bin "$bin" "${systemd_args[@]}"
 fi
