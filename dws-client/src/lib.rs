@@ -7,7 +7,7 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`], [`restart`], [`doctor`], [`reading`] (get,
+//! - [`status`], [`commands`] ([`publish_lines`]: `publish --lines`), [`restart`], [`doctor`], [`reading`] (get,
 //!   subscription list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
 //! - [`validate`]: flag checks shared by the commands; [`start`]: `--from`
@@ -26,6 +26,7 @@ pub mod doctor;
 pub mod exit;
 pub mod metrics;
 pub mod output;
+pub mod publish_lines;
 pub mod pump;
 pub mod reading;
 pub mod restart;
