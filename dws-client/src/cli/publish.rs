@@ -12,11 +12,11 @@ use super::JsonOnly;
 /// `"duplicate":true` with the original seq.
 ///
 /// With --lines, each line of stdin is one event's data (as DATA would
-/// be), sent pipelined over one connection; empty lines are skipped. It
-/// prints one summary, `{"lines":N,"published":P,"duplicates":D,"refused":R,
-/// "skipped":S,"first_seq":..,"last_seq":..}`, reports each refused line as
-/// `[event] line N refused: …` on stderr and goes on with the next; exit 0
-/// only if every non-empty line was accepted.
+/// be), sent in line order, pipelined over one connection; empty lines are
+/// skipped. It prints one summary object (lines, published, duplicates,
+/// refused, skipped, unanswered, first_seq, last_seq), reports each refused
+/// line as `[event] line N refused: …` on stderr and goes on with the next;
+/// exit 0 only if every non-empty line was accepted.
 #[derive(Debug, Args)]
 pub struct PublishArgs {
     /// Event type, e.g. demo.hello.
