@@ -8,6 +8,9 @@ use crate::values::{
     parse_count, parse_interval, parse_nonzero_duration, parse_seq, parse_step, parse_ttl,
 };
 
+mod publish;
+pub use publish::PublishArgs;
+
 /// `dws --version`: the build and the protocol version it speaks, the same
 /// line as `busd --version` (checked by a test against `proto`).
 pub const VERSION: &str = proto::VERSION_LINE;
@@ -377,30 +380,6 @@ pub enum From {
     Seq(u64),
     /// A time, unix ms: the first retained event received at or after it.
     Time(i64),
-}
-
-/// Publish one event through the bus's local source (starts the bus if needed).
-///
-/// Prints `{"seq":N,"event_id":"…","duplicate":false}`. Publishing again with
-/// the same --id within the dedup window delivers nothing new and prints
-/// `"duplicate":true` with the original seq.
-#[derive(Debug, Args)]
-pub struct PublishArgs {
-    /// Event type, e.g. demo.hello.
-    #[arg(value_name = "EVENT_TYPE")]
-    pub event_type: String,
-
-    /// Payload: a JSON value or raw text; `-` reads stdin. Default: empty.
-    #[arg(value_name = "DATA|-")]
-    pub data: Option<String>,
-
-    /// Event id; makes a retried publish idempotent.
-    #[arg(long, value_name = "EVENT_ID")]
-    pub id: Option<String>,
-
-    /// json (the only format): the reply as one JSON object (schemas/publish.schema.json).
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = JsonOnly::Json)]
-    pub format: JsonOnly,
 }
 
 /// A command whose output is always JSON; `--format json` is accepted so a

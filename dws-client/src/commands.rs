@@ -18,7 +18,19 @@ fn unexpected(what: &str) -> CliError {
     CliError::runtime(format!("the bus answered {what} with an unexpected frame"))
 }
 
+/// The most data one event carries, leaving room for the frame's other
+/// fields under the 4 MiB frame limit.
+pub const MAX_DATA: usize = proto::MAX_FRAME_LEN - 64 * 1024;
+
 pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
+    if args.lines {
+        return crate::publish_lines::run(args, endpoint).await;
+    }
+    if args.id_prefix.is_some() {
+        return Err(CliError::usage(
+            "--id-prefix names the events of --lines; one event takes --id",
+        ));
+    }
     proto::limits::check_event_type(&args.event_type).map_err(CliError::usage)?;
     if let Some(id) = &args.id {
         proto::limits::check_event_id(id).map_err(|e| CliError::usage(format!("--id: {e}")))?;
@@ -34,8 +46,7 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
         Some(d) => d.to_owned(),
         None => String::new(),
     };
-    // Leave room for the frame's other fields under the 4 MiB frame limit.
-    let limit = proto::MAX_FRAME_LEN - 64 * 1024;
+    let limit = MAX_DATA;
     if data.len() > limit {
         return Err(CliError::usage(format!(
             "event data is {} bytes; the most a frame carries is {limit}",

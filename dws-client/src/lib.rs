@@ -8,8 +8,10 @@
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`], [`restart`], [`doctor`] (with [`files`]: the
-//!   bus's files read as busd opens them), [`reading`] (get,
+//!   [`ring`]: the bus's line ring, read in place;
+//! - [`status`], [`commands`] ([`publish_lines`]: `publish --lines`),
+//!   [`restart`], [`doctor`] (with [`files`]: the bus's files read as busd
+//!   opens them), [`reading`] (get,
 //!   subscription list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
 //! - [`human`]: durations and local times in text output;
@@ -33,6 +35,7 @@ pub mod files;
 pub mod human;
 pub mod metrics;
 pub mod output;
+pub mod publish_lines;
 pub mod pump;
 pub mod reading;
 pub mod restart;

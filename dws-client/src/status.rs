@@ -487,12 +487,30 @@ pub fn render(doc: &StatusDoc) -> String {
     o
 }
 
+/// The upstream lease on the database's clock: who holds it, its epoch,
+/// when it expires or since when it has expired.
+fn lease_line(l: &proto::status::ClusterLeaseDoc) -> String {
+    let secs = |ms: i64| format!("{:.1}s", ms.unsigned_abs() as f64 / 1000.0);
+    match (&l.holder, l.expires_in_ms) {
+        (None, _) => format!("none (epoch {})", l.epoch),
+        (Some(h), Some(ms)) if !l.expired => {
+            format!("{h}  epoch {}  expires in {}", l.epoch, secs(ms))
+        }
+        (Some(h), Some(ms)) => format!(
+            "{h}  epoch {}  expired {} ago: no owner until another host takes it",
+            l.epoch,
+            secs(ms)
+        ),
+        (Some(h), None) => format!("{h}  epoch {}  no expiry recorded", l.epoch),
+    }
+}
+
 /// The cluster section (`store = "postgres"`): who owns the upstream, the
 /// hosts, and every host's cursor of every named subscription.
 fn render_cluster(o: &mut String, c: &proto::status::ClusterDoc, now: i64) {
     let _ = writeln!(
         o,
-        "\ncluster    {}  this host {} ({})  owner {} since {}  epoch {}  head {}{}",
+        "\ncluster    {}  this host {} ({})  owner {} since {}  epoch {}  head {}  read {:.1}s ago{}",
         c.name,
         c.host,
         c.role,
@@ -500,10 +518,14 @@ fn render_cluster(o: &mut String, c: &proto::status::ClusterDoc, now: i64) {
         ago(now, c.owner_since_unix_ms),
         c.epoch,
         c.head_seq,
+        c.read_age_ms as f64 / 1000.0,
         c.last_error
             .as_deref()
             .map_or(String::new(), |e| format!("  error: {e}")),
     );
+    if let Some(l) = &c.lease {
+        let _ = writeln!(o, "lease      {}", lease_line(l));
+    }
     let hosts: Vec<Vec<String>> = c
         .hosts
         .iter()

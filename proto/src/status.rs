@@ -58,6 +58,55 @@ pub struct ClusterDoc {
     pub cursors: Vec<ClusterCursorDoc>,
     /// Why the last read of the cluster failed, if it did.
     pub last_error: Option<String>,
+    /// The upstream lease as the database had it at the read, aged to the
+    /// answer ([`ClusterDoc::aged`]); `None` before the first read.
+    pub lease: Option<ClusterLeaseDoc>,
+    /// This host's clock when the cluster was last read (every second,
+    /// unless the database is slow or unreachable).
+    pub read_at_unix_ms: i64,
+    /// How long before the answer that was: every age and expiry in this
+    /// document already counts it.
+    pub read_age_ms: u64,
+}
+
+/// The cluster's upstream lease, on the database's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterLeaseDoc {
+    /// The host the lease row names (`None`: no host ever took it, or its
+    /// holder gave it up), whether or not the lease has expired.
+    pub holder: Option<String>,
+    pub epoch: i64,
+    /// When it expires unless renewed (database clock, ms since the epoch).
+    pub expires_at_unix_ms: Option<i64>,
+    /// How long it still runs (negative: since when it has expired).
+    pub expires_in_ms: Option<i64>,
+    /// No host holds a valid lease: `owner` is then `None`.
+    pub expired: bool,
+}
+
+impl ClusterDoc {
+    /// The document as of `age_ms` after its read: the lease's remaining
+    /// time and every host's heartbeat age move on by `age_ms`, and a lease
+    /// that ran out meanwhile is expired, with no owner: a stale read never
+    /// shows a holder as live past its lease's expiry.
+    pub fn aged(&self, age_ms: u64) -> ClusterDoc {
+        let mut doc = self.clone();
+        doc.read_age_ms = age_ms;
+        let age = i64::try_from(age_ms).unwrap_or(i64::MAX);
+        for h in &mut doc.hosts {
+            h.heartbeat_age_ms = h.heartbeat_age_ms.saturating_add(age_ms);
+        }
+        if let Some(lease) = &mut doc.lease {
+            lease.expires_in_ms = lease.expires_in_ms.map(|ms| ms.saturating_sub(age));
+            lease.expired = lease.holder.is_none() || lease.expires_in_ms.is_none_or(|ms| ms <= 0);
+            if lease.expired {
+                doc.owner = None;
+                doc.owner_since_unix_ms = None;
+            }
+        }
+        doc
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -471,5 +520,38 @@ mod tests {
             serde_json::to_string(&doc).unwrap(),
             r#"{"running":false,"profile":"p","socket":"/s","error":"e"}"#
         );
+    }
+
+    #[test]
+    fn a_cluster_read_aged_past_its_lease_names_no_owner() {
+        let read = ClusterDoc {
+            owner: Some("a".into()),
+            owner_since_unix_ms: Some(5),
+            hosts: vec![ClusterHostDoc {
+                host: "a".into(),
+                heartbeat_age_ms: 400,
+                ..ClusterHostDoc::default()
+            }],
+            lease: Some(ClusterLeaseDoc {
+                holder: Some("a".into()),
+                epoch: 3,
+                expires_at_unix_ms: Some(10_000),
+                expires_in_ms: Some(2_000),
+                expired: false,
+            }),
+            ..ClusterDoc::default()
+        };
+        let fresh = read.aged(500);
+        assert_eq!(fresh.owner.as_deref(), Some("a"));
+        assert_eq!(fresh.read_age_ms, 500);
+        assert_eq!(fresh.hosts[0].heartbeat_age_ms, 900);
+        let lease = fresh.lease.as_ref().unwrap();
+        assert_eq!((lease.expires_in_ms, lease.expired), (Some(1_500), false));
+        let stale = read.aged(2_000);
+        assert_eq!((stale.owner, stale.owner_since_unix_ms), (None, None));
+        let lease = stale.lease.unwrap();
+        assert_eq!(lease.holder.as_deref(), Some("a"), "the row still names it");
+        assert_eq!((lease.expires_in_ms, lease.expired), (Some(0), true));
+        assert_eq!(stale.hosts[0].heartbeat_age_ms, 2_400);
     }
 }

@@ -11,13 +11,15 @@
 //! [`faults_lease`] (the time-bounded lease, a crashing server, forwarded
 //! publishes across a restart, a pinned duplicate id); [`follower`]: a
 //! follower's gaps, cursors and parked events under the owner's retention,
-//! and one definition per subscription cluster-wide.
+//! and one definition per subscription cluster-wide; [`status`]: what a
+//! follower's status says of the lease once the owner is killed or frozen.
 
 mod failover;
 mod faults_lease;
 mod fencing;
 mod follower;
 mod order;
+mod status;
 mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};

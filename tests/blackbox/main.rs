@@ -21,7 +21,9 @@
 //! - [`fanout`]: lines rendered once for every consumer of a fan-out,
 //!   each with its own subscription id, next to a filtered subscription's.
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
-//!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
+//!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule;
+//!   [`publish_lines`]: `publish --lines`, one event per line of stdin,
+//!   pipelined (order, refused lines, stdin ending early, id prefixes).
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
 //!   shutdown, idle shutdown, `stop`.
 //! - [`subscriptions`]: named, owned and detached subscriptions: resume
@@ -112,6 +114,7 @@ mod limits;
 mod messages;
 mod personal;
 mod postgres;
+mod publish_lines;
 mod reading;
 mod repo;
 mod retain;

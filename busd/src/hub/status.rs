@@ -242,7 +242,11 @@ impl Hub {
         let exe = executable();
         let store = st.persist.info();
         let doc = StatusDoc {
-            cluster: st.cluster.clone(),
+            // As of now: a read a while ago has aged (its lease may have run out).
+            cluster: st.cluster.as_ref().map(|c| {
+                let age = crate::clock::now_ms().saturating_sub(c.read_at_unix_ms);
+                c.aged(u64::try_from(age).unwrap_or(0))
+            }),
             running: true,
             bus: BusDoc {
                 pid: std::process::id(),
