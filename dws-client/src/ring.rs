@@ -211,3 +211,114 @@ impl Reader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+    use proto::ring::{Header, Kind};
+    use std::{ffi::CString, fs::File, io::Seek};
+
+    const LEN: usize = CHUNKS * CHUNK_SIZE;
+
+    fn offer() -> v1::RingOffer {
+        v1::RingOffer {
+            request_id: 1,
+            chunks: CHUNKS as u32,
+            chunk_size: CHUNK_SIZE as u32,
+        }
+    }
+
+    /// A ring file as the bus makes it, with one batch at chunk 1, offset
+    /// 64; `seal`: its size sealed. Returns the file (writable) and a
+    /// read-only descriptor of it.
+    fn ring_file(seal: bool) -> (File, OwnedFd) {
+        let name = CString::new("test-ring").unwrap();
+        let fd = memfd_create(&name, MemFdCreateFlag::MFD_ALLOW_SEALING).unwrap();
+        let mut f = File::from(fd);
+        f.set_len(LEN as u64).unwrap();
+        let (cuts, body) = batch();
+        let h = Header {
+            kind: Kind::Ndjson,
+            batch: 9,
+            first_seq: 100,
+            count: 2,
+            cuts_len: cuts.len() as u32,
+            body_len: body.len() as u32,
+        };
+        let mut bytes = vec![0u8; h.len()];
+        ring::write_batch(&mut bytes, &h, &cuts, &body);
+        f.seek(std::io::SeekFrom::Start((CHUNK_SIZE + 64) as u64))
+            .unwrap();
+        f.write_all(&bytes).unwrap();
+        if seal {
+            fcntl(
+                f.as_raw_fd(),
+                FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+            )
+            .unwrap();
+        }
+        let ro = std::fs::File::open(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+        (f, OwnedFd::from(ro))
+    }
+
+    fn batch() -> (Vec<u8>, Vec<u8>) {
+        let (mut body, mut cuts) = (vec![], vec![]);
+        for n in 0..2 {
+            proto::lines::render_line(
+                &mut body,
+                &mut cuts,
+                b"{\"seq\":1",
+                format!("\"n\":{n}").as_bytes(),
+                1,
+            );
+        }
+        (cuts, body)
+    }
+
+    fn frame(first_line: u32, count: u32, first_seq: u64) -> v1::RingBatch {
+        v1::RingBatch {
+            id: 1,
+            batch: 9,
+            chunk: 1,
+            offset: 64,
+            first_line,
+            count,
+            first_seq,
+        }
+    }
+
+    #[test]
+    fn a_sealed_read_only_ring_is_read_in_place_and_a_rewritten_batch_refused() {
+        let (mut f, ro) = ring_file(true);
+        let view = RingView::map(ro, &offer()).expect("a good ring is taken");
+        let (h, cuts, body) = view.batch(&frame(1, 1, 101)).unwrap();
+        assert_eq!(h.first_seq, 100);
+        let (c, b) = batch();
+        assert_eq!(cuts, &c[8..]);
+        assert_eq!(body, &b[b.len() / 2..]);
+        // Lines it does not hold, or other seqs than the frame says.
+        assert!(view.batch(&frame(1, 2, 101)).is_err());
+        assert!(view.batch(&frame(0, 1, 101)).is_err());
+        // Its bytes written over behind the consumer's back: refused.
+        f.seek(std::io::SeekFrom::Start((CHUNK_SIZE + 64 + 60) as u64))
+            .unwrap();
+        f.write_all(b"X").unwrap();
+        assert!(view.batch(&frame(0, 2, 100)).is_err());
+    }
+
+    #[test]
+    fn a_ring_that_is_not_sealed_or_not_read_only_or_of_another_size_is_not_taken() {
+        let (_f, ro) = ring_file(false);
+        assert!(RingView::map(ro, &offer()).is_none(), "not sealed");
+        let (f, _ro) = ring_file(true);
+        let rw = OwnedFd::from(f);
+        assert!(RingView::map(rw, &offer()).is_none(), "writable");
+        let (_f, ro) = ring_file(true);
+        let other = v1::RingOffer {
+            chunks: 2,
+            ..offer()
+        };
+        assert!(RingView::map(ro, &other).is_none(), "another size");
+    }
+}

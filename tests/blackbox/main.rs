@@ -19,7 +19,10 @@
 //!   reach the successor of a consumer that never read past them, bad ack
 //!   lines with stderr unread.
 //! - [`fanout`]: lines rendered once for every consumer of a fan-out,
-//!   each with its own subscription id, next to a filtered subscription's.
+//!   each with its own subscription id, next to a filtered subscription's;
+//!   [`ring`]: the same lines read in place from the bus's line ring, byte
+//!   for byte what the bytes give, and a stopped consumer holding ring
+//!   batches stopping nobody else.
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
 //!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule;
 //!   [`publish_lines`]: `publish --lines`, one event per line of stdin,
@@ -118,6 +121,7 @@ mod publish_lines;
 mod reading;
 mod repo;
 mod retain;
+mod ring;
 mod service;
 mod slow;
 mod sources;

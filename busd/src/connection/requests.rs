@@ -267,7 +267,9 @@ impl Connection {
     fn status_that_fits(&self) -> String {
         let mut listed = usize::MAX;
         loop {
-            let json = self.hub.status_json(listed).to_string();
+            let mut doc = self.hub.status_json(listed);
+            doc["lines"] = serde_json::to_value(self.rendered.stats()).unwrap_or_default();
+            let json = doc.to_string();
             if json.len() + 64 <= proto::MAX_FRAME_LEN || listed == 0 {
                 return json;
             }

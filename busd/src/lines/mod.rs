@@ -28,6 +28,18 @@ use crate::eventlog::ReadError;
 struct Renderings {
     runs: LineRuns,
     ring: Option<Ring>,
+    stats: Stats,
+}
+
+/// What the renderings served, for status (`lines`).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Stats {
+    /// The bus has a line ring.
+    pub ring: bool,
+    /// Pieces told as a place in the ring (`RingBatch`).
+    pub ring_batches: u64,
+    /// Pieces sent as bytes (`LineBatch`).
+    pub line_batches: u64,
 }
 
 /// The bus's renderings (cheap to clone).
@@ -54,9 +66,14 @@ impl Lines {
     }
 
     fn with_ring(ring: Option<Ring>) -> Lines {
+        let stats = Stats {
+            ring: ring.is_some(),
+            ..Stats::default()
+        };
         Lines(Arc::new(Mutex::new(Renderings {
             runs: LineRuns::default(),
             ring,
+            stats,
         })))
     }
 
@@ -77,8 +94,21 @@ impl Lines {
         let Renderings {
             runs,
             ring: ring_of,
+            stats,
         } = &mut *r;
-        runs.pieces(events, delivery, kind, ring_of.as_mut(), ring)
+        let pieces = runs.pieces(events, delivery, kind, ring_of.as_mut(), ring)?;
+        for p in &pieces {
+            match p.ring {
+                Some(_) => stats.ring_batches += 1,
+                None => stats.line_batches += 1,
+            }
+        }
+        Ok(pieces)
+    }
+
+    /// What was served so far.
+    pub fn stats(&self) -> Stats {
+        self.lock().stats
     }
 
     /// A consumer read (or will never read) batches held in these chunks.

@@ -246,8 +246,11 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
 
 /// Whether a run could read the bus's line ring: the formats whose lines
 /// the bus renders once for every consumer.
+/// `DWS_LINE_RING=off` says no: every line is sent (the same bytes).
 fn wants_ring(plan: &Plan) -> bool {
-    plan.format == Format::Raw || (plan.format == Format::Ndjson && plan.data == DataMode::String)
+    let off = std::env::var_os("DWS_LINE_RING").is_some_and(|v| v == "off");
+    !off && (plan.format == Format::Raw
+        || (plan.format == Format::Ndjson && plan.data == DataMode::String))
 }
 
 /// The Subscribe request of a run: create (or resume) and attach; `ring`:
