@@ -176,6 +176,11 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration, allow_hyphen_values = true)]
     pub ack_wait: Option<Duration>,
 
+    /// Most events unacked at once to this consumer (its credit window);
+    /// default: the bus's (4096), or 16 for a shared subscription.
+    #[arg(long, value_name = "N", value_parser = parse_count, allow_negative_numbers = true)]
+    pub max_in_flight: Option<u64>,
+
     #[command(flatten)]
     pub poison: PoisonArgs,
 
@@ -521,18 +526,22 @@ pub struct SubscribeArgs {
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
     pub format: TextOrJson,
 
-    /// With store = "postgres": per-host (every host's consumers get every
-    /// event) or shared (each event to one consumer on one host).
+    /// per-host: each consumer (and on a cluster each host) gets every
+    /// event; shared: a work queue, several consumers attach at once and
+    /// each event goes to one of them (on a cluster, one on one host).
     #[arg(long, value_enum, value_name = "MODE", default_value_t = Delivery::PerHost)]
     pub delivery: Delivery,
 }
 
-/// How a named subscription delivers across the hosts of a cluster.
+/// How a named subscription delivers to its consumers (and across the
+/// hosts of a cluster).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Delivery {
-    /// Each host keeps its own cursor: every host's consumers get every event.
+    /// One consumer at a time; on a cluster each host keeps its own cursor:
+    /// every host's consumers get every event.
     PerHost,
-    /// One cursor for the cluster: each event to one consumer on one host.
+    /// A work queue: several consumers at once, each event to one of them;
+    /// on a cluster one cursor for all hosts.
     Shared,
 }
 

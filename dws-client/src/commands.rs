@@ -185,11 +185,6 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     }
     let filter = validate::filter(args.filter)?;
     let wheres = validate::wheres(args.where_exprs)?;
-    if !wheres.is_empty() && args.delivery == Delivery::Shared {
-        return Err(crate::exit::CliError::usage(
-            "--where cannot be combined with --delivery shared (yet)",
-        ));
-    }
     let (start, start_seq, start_unix_ms) = validate::start(args.from);
     let upstream = validate::upstream(&keys, &args.upstream)?;
     let (max_deliver, on_poison) = crate::consume::poison(&args.poison)?;

@@ -15,6 +15,10 @@ pub const MAX_FILTER_LEN: usize = 4096;
 pub const MAX_FILTER_COMPILED: usize = 1 << 20;
 /// Longest event id, in bytes.
 pub const MAX_EVENT_ID_LEN: usize = 256;
+/// The largest credit window a consumer may ask for
+/// (`consume --max-in-flight`, `DWS_EVENT_BUS_WINDOW`).
+pub const MAX_WINDOW: u32 = 65_536;
+
 /// Most subscriptions one bus holds.
 pub const MAX_SUBSCRIPTIONS: usize = 4096;
 /// What a delivery adds to a stored event: the frame tags, the subscription

@@ -272,6 +272,8 @@ pub struct ConsumerDoc {
     pub subscription_id: String,
     pub connected_at_unix_ms: i64,
     pub delivered: u64,
+    /// Of its deliveries, those marked redelivered.
+    pub redelivered: u64,
     pub acked: u64,
     pub in_flight: u64,
 }
@@ -285,6 +287,12 @@ pub struct SubscriptionStatus {
     pub filter: Option<String>,
     pub owned: bool,
     pub upstream_subscription_id: Option<String>,
+    /// `single` (one consumer at a time) or `shared` (a work queue: each
+    /// event to one of its consumers).
+    pub delivery: String,
+    /// Consumers attached now (more than one only when shared).
+    pub consumers: u64,
+    /// The first of them (the only one unless shared).
     pub attached_pid: Option<u32>,
     pub detached_since_unix_ms: Option<i64>,
     /// `None` while attached, and for a subscription that never expires.

@@ -81,6 +81,9 @@
 //! - [`client_abuse`]: `dws` under hostile or careless use: a bus killed
 //!   under a consumer, non-UTF-8 argv, huge invalid input, a socket that
 //!   never answers or refuses with an `Error` frame.
+//! - [`work_queue`]: a `--delivery shared` subscription on one host split
+//!   by several consumers, checked over a run with kill -9 of a consumer
+//!   and of the bus.
 //! - [`workdir`]: the work dir, socket dir and bus files against planted
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
 //! - [`where_filter`]: `--where EXPR`, a jq expression on the event run by
@@ -132,4 +135,5 @@ mod test_ca;
 mod where_filter;
 mod where_limits;
 mod wire;
+mod work_queue;
 mod workdir;

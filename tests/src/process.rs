@@ -274,6 +274,15 @@ impl Child {
         s.write_all(data).expect("write to child stdin");
     }
 
+    /// Writes to the stdin pipe; an error (the process is gone) is returned,
+    /// not a panic.
+    pub fn try_write_stdin(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self.stdin.as_mut() {
+            Some(s) => s.write_all(data),
+            None => Err(std::io::ErrorKind::NotConnected.into()),
+        }
+    }
+
     /// Closes the stdin pipe: the process sees EOF.
     pub fn close_stdin(&mut self) {
         self.stdin = None;

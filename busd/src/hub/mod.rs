@@ -278,6 +278,7 @@ impl Hub {
                         now,
                         config.default_window as usize,
                     );
+                    sub.set_claimed(config.clustered);
                     report_lost(&mut sub, rec, &recovered.lost, floor);
                     subs.insert(rec.id.clone(), sub);
                 }

@@ -147,7 +147,7 @@ impl Hub {
         let source = st.source.info();
         let source_status = v1::SourceStatus::try_from(source.state.state).unwrap_or_default();
         let subs = st.registry.subs();
-        let in_flight = |id: &str| subs.get(id).map_or(0, Subscription::in_flight);
+        let in_flight = |id: &str, conn| subs.get(id).map_or(0, |s| s.in_flight_of(conn));
         let consumers: Vec<_> = st
             .registry
             .conns()
@@ -190,6 +190,8 @@ impl Hub {
                     filter: non_empty(s.selector.filter_str()),
                     owned: s.owned,
                     upstream_subscription_id: s.upstream_id.clone(),
+                    delivery: if s.shared { "shared" } else { "single" }.into(),
+                    consumers: s.consumers().count() as u64,
                     attached_pid: s
                         .consumer()
                         .and_then(|c| st.registry.conn(c))

@@ -41,6 +41,8 @@ pub struct Plan {
     pub explicit_ack: Option<Duration>,
     /// `--ack-wait` was given (else the subscription's default, or 30 s).
     pub ack_wait_named: bool,
+    /// `--max-in-flight`: the credit window (0: the bus's default).
+    pub window: u32,
     pub max_deliver: u32,
     pub on_poison: v1::PoisonPolicy,
     /// `--backoff`, in ms (empty: redeliver at once).
@@ -148,6 +150,18 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         upstream,
         explicit_ack,
         ack_wait_named: args.ack_wait.is_some(),
+        window: match args.max_in_flight {
+            None => 0,
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|&n| n <= proto::limits::MAX_WINDOW)
+                .ok_or_else(|| {
+                    CliError::usage(format!(
+                        "--max-in-flight {n}: the most is {}",
+                        proto::limits::MAX_WINDOW
+                    ))
+                })?,
+        },
         max_deliver,
         on_poison,
         backoff_ms,

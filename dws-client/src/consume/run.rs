@@ -271,7 +271,7 @@ fn subscribe(plan: &Plan, request_id: u64, ring: bool) -> C {
         takeover: plan.takeover,
         must_exist: plan.subscribe_id.is_some(),
         owned: plan.subscribe_id.is_none(),
-        window: 0,
+        window: plan.window,
         upstream: plan.upstream.clone(),
         max_deliver: plan.max_deliver,
         on_poison: plan.on_poison as i32,
