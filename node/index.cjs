@@ -303,6 +303,7 @@ function consumeArgs(keys = [], o = {}) {
     ["--max-deliver", o.maxDeliver],
     ["--on-poison", o.onPoison],
     ["--backoff", backoffArg(o.backoff)],
+    ["--max-in-flight", o.maxInFlight],
     ["--profile", o.profile],
   ];
   for (const [flag, value] of flags) {
@@ -865,7 +866,8 @@ class Dws {
       ...flagsOf([
         ["--id", o.id], ["--filter", o.filter], ["--from", o.from], ["--ttl", dur(o.ttl)],
         ["--max-deliver", o.maxDeliver], ["--on-poison", o.onPoison],
-        ["--backoff", backoffArg(o.backoff)],
+        ["--backoff", backoffArg(o.backoff)], ["--delivery", o.delivery],
+        ["--where", o.where],
       ]),
       ...(o.extraArgs ?? []), "--format", "json",
     ]);

@@ -103,6 +103,8 @@ export interface ConsumeOptions {
   onPoison?: "halt" | "park";
   /** One duration, a string as dws reads it ("1s,10s"), or an array. */
   backoff?: Duration | Duration[];
+  /** Most events unacked at once to this consumer (its credit window). */
+  maxInFlight?: number;
   profile?: string;
   /** Passed as they are (flags newer than this library). */
   extraArgs?: string[];
@@ -179,6 +181,8 @@ export class Dws {
     options?: {
       id?: string; filter?: string; from?: string | number; ttl?: Duration;
       maxDeliver?: number; onPoison?: "halt" | "park"; backoff?: Duration | Duration[];
+      /** "shared": a work queue, each event to one of its consumers. */
+      delivery?: "per-host" | "shared"; where?: string;
       extraArgs?: string[];
     },
   ): Promise<Doc>;

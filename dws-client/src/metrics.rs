@@ -343,6 +343,12 @@ pub fn render(doc: &StatusDoc, flavor: Flavor) -> String {
             flag(s.attached_pid.is_some()),
         );
         f.gauge(
+            "dws_subscription_consumers",
+            "Consumers attached (several only with shared delivery).",
+            &id,
+            s.consumers as f64,
+        );
+        f.gauge(
             "dws_subscription_oldest_unacked_age_seconds",
             "Age of the oldest unacked delivery (0 when none).",
             &id,
@@ -373,6 +379,38 @@ pub fn render(doc: &StatusDoc, flavor: Flavor) -> String {
             "dws_subscription_parked_dropped",
             "Parked events dropped.",
             s.parked_dropped,
+        );
+    }
+    // Each consumer on its own (a shared subscription's workers).
+    for c in &doc.consumers {
+        let pid = c.pid.to_string();
+        let labels = [
+            ("subscription", c.subscription_id.as_str()),
+            ("pid", pid.as_str()),
+        ];
+        f.gauge(
+            "dws_consumer_in_flight",
+            "Events delivered to this consumer and not yet settled.",
+            &labels,
+            c.in_flight as f64,
+        );
+        f.counter(
+            "dws_consumer_delivered",
+            "Deliveries to this consumer.",
+            &labels,
+            c.delivered as f64,
+        );
+        f.counter(
+            "dws_consumer_redelivered",
+            "Of them, deliveries marked redelivered.",
+            &labels,
+            c.redelivered as f64,
+        );
+        f.counter(
+            "dws_consumer_acked",
+            "Events this consumer acked.",
+            &labels,
+            c.acked as f64,
         );
     }
     f.finish()

@@ -175,3 +175,32 @@ test("maxEvents with explicit acks keeps the handler's acks", async (t) => {
   const listed = (await dws.run(["subscription", "list", "--format", "json"])).filter((s) => s.id === "s5");
   assert.deepEqual(listed.map((s) => s.pending), [0]);
 });
+
+test("two workers share a subscription, each event to one of them", async (t) => {
+  const { env, dws } = privateBus(t);
+  await dws.subscribe("jobs.*", { id: "work", delivery: "shared" });
+  const a = await consume([], { env, subscribeId: "work", ack: "explicit", maxInFlight: 1 });
+  const b = await consume([], { env, subscribeId: "work", ack: "explicit", maxInFlight: 1 });
+  for (let i = 0; i < 6; i++) await dws.publish("jobs.x", { n: i });
+  const got = { a: [], b: [] };
+  let done;
+  const all6 = new Promise((resolve) => (done = resolve));
+  const take = async (name, c) => {
+    for await (const ev of c) {
+      got[name].push(ev.seq);
+      ev.ack();
+      if (got.a.length + got.b.length >= 6) done();
+    }
+  };
+  const readers = Promise.all([take("a", a), take("b", b)]);
+  await Promise.race([all6, sleep(20000)]);
+  const row = await sub(dws, "work");
+  assert.equal(row.delivery, "shared");
+  assert.equal(row.consumers, 2);
+  await a.close();
+  await b.close();
+  await readers;
+  const seqs = [...got.a, ...got.b].sort((x, y) => x - y);
+  assert.deepEqual(seqs, [1, 2, 3, 4, 5, 6]);
+  assert.ok(got.a.length > 0 && got.b.length > 0, JSON.stringify(got));
+});

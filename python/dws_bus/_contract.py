@@ -249,6 +249,7 @@ class ConsumeOptions:
     max_deliver: Optional[int] = None
     on_poison: Optional[str] = None
     backoff: Optional[Backoff] = None
+    max_in_flight: Optional[int] = None
     profile: Optional[str] = None
     extra_args: Sequence[str] = ()
 
@@ -265,7 +266,8 @@ class ConsumeOptions:
             ("--max-events", self.max_events), ("--duration", _dur(self.duration)),
             ("--ack", self.ack), ("--ack-wait", _dur(self.ack_wait)),
             ("--max-deliver", self.max_deliver), ("--on-poison", self.on_poison),
-            ("--backoff", backoff_arg(self.backoff)), ("--profile", self.profile),
+            ("--backoff", backoff_arg(self.backoff)),
+            ("--max-in-flight", self.max_in_flight), ("--profile", self.profile),
         ]
         for flag, value in flags:
             if value is not None:

@@ -110,16 +110,20 @@ class _Verbs(Generic[R]):
                   filter: Optional[str] = None, from_: Optional[Union[str, int]] = None,
                   ttl: Optional[Duration] = None, max_deliver: Optional[int] = None,
                   on_poison: Optional[str] = None, backoff: Optional[Backoff] = None,
+                  delivery: Optional[str] = None, where: Optional[str] = None,
                   extra_args: Sequence[str] = ()) -> R:
         """Creates a durable subscription (a no-op when it exists with the
         same spec). Returns its id and spec. `backoff`: one duration, a
-        string as dws reads it ("1s,10s") or a list of durations."""
+        string as dws reads it ("1s,10s") or a list of durations.
+        `delivery="shared"`: a work queue, several consumers at once, each
+        event to one of them. `where`: a jq expression on the event."""
         ks = [keys] if isinstance(keys, str) else list(keys)
         return self._call(["subscribe"] + ks + _flags([
             ("--id", id), ("--filter", filter), ("--from", from_),
             ("--ttl", None if ttl is None else duration_arg(ttl)),
             ("--max-deliver", max_deliver), ("--on-poison", on_poison),
-            ("--backoff", backoff_arg(backoff)),
+            ("--backoff", backoff_arg(backoff)), ("--delivery", delivery),
+            ("--where", where),
         ]) + list(extra_args) + ["--format", "json"])
 
     def unsubscribe(self, *ids: str) -> R:
