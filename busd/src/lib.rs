@@ -83,12 +83,12 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// Runs the daemon to completion and maps the outcome to an exit code:
 /// 0 after a clean shutdown or when another bus already serves the profile,
 /// 1 when start-up failed (the reason is on the ready pipe and stderr).
-pub fn run(args: Args) -> ExitCode {
+pub fn run(args: Args, notifier: notify::Notifier) -> ExitCode {
     let mut ready = match ReadyPipe::from_fd(args.ready_fd) {
         Ok(r) => r,
         Err(e) => return exit::Failure::from(e).exit(),
     };
-    match start(args, &mut ready) {
+    match start(args, notifier, &mut ready) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("start-up failed: {}", e.message);
@@ -98,7 +98,7 @@ pub fn run(args: Args) -> ExitCode {
     }
 }
 
-fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
+fn start(args: Args, notifier: notify::Notifier, ready: &mut ReadyPipe) -> Result<(), StartError> {
     let uid = nix::unistd::geteuid().as_raw();
     let env = proto::paths::Env::from_process(uid);
     let endpoint = proto::paths::resolve(args.profile.as_deref(), &env)
@@ -165,6 +165,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
         let listening = Listening {
             endpoint,
             activated,
+            notifier,
         };
         serve(args, listening, profile, lock, trigger, shutdown, ready).await
     })
@@ -367,10 +368,12 @@ impl Drop for StartedFiles {
     }
 }
 
-/// Where the bus listens: its endpoint, and the socket systemd passed, if any.
+/// Where the bus listens: its endpoint, the socket systemd passed, if any,
+/// and what it tells its service manager.
 struct Listening {
     endpoint: Endpoint,
     activated: Option<std::os::unix::net::UnixListener>,
+    notifier: notify::Notifier,
 }
 
 async fn serve(
@@ -385,6 +388,7 @@ async fn serve(
     let Listening {
         endpoint,
         activated,
+        notifier,
     } = listening;
     write_meta(&endpoint)?;
     // Until the bus is ready, a failed start removes what it made: a socket
@@ -519,7 +523,7 @@ async fn serve(
     );
     ready.ready();
     unready.disarm();
-    notify::ready(&hub, &endpoint, shutdown.clone());
+    notify::ready(&notifier, &hub, &endpoint, shutdown.clone());
 
     let tracker = TaskTracker::new();
     let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
@@ -546,7 +550,7 @@ async fn serve(
     };
     let reason = server::run(listener, hub.clone(), link, shutdown, &tracker).await;
     tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
-    notify::stopping(reason);
+    notify::stopping(&notifier, reason);
 
     // No new client may reach this bus: remove the socket first, so a client
     // arriving now spawns a successor, which waits for our lock. A socket

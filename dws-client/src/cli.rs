@@ -378,14 +378,8 @@ pub enum Format {
     Raw,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum From {
-    Latest,
-    Earliest,
-    Seq(u64),
-    /// A time, unix ms: the first retained event received at or after it.
-    Time(i64),
-}
+/// Where a consume starts (`--from`); parsed in `start`.
+pub use crate::start::From;
 
 /// A command whose output is always JSON; `--format json` is accepted so a
 /// script can pass it to every command.

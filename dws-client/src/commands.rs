@@ -18,9 +18,8 @@ fn unexpected(what: &str) -> CliError {
     CliError::runtime(format!("the bus answered {what} with an unexpected frame"))
 }
 
-/// The most data one event carries, leaving room for the frame's other
-/// fields under the 4 MiB frame limit.
-pub const MAX_DATA: usize = proto::MAX_FRAME_LEN - 64 * 1024;
+/// The most data one event carries (the rule `publish --lines` shares).
+pub const MAX_DATA: usize = proto::limits::MAX_PUBLISH_DATA;
 
 pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
     if args.lines {
@@ -31,7 +30,7 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
             "--id-prefix names the events of --lines; one event takes --id",
         ));
     }
-    proto::limits::check_event_type(&args.event_type).map_err(CliError::usage)?;
+    proto::pattern::check_event_type(&args.event_type).map_err(CliError::usage)?;
     if let Some(id) = &args.id {
         proto::limits::check_event_id(id).map_err(|e| CliError::usage(format!("--id: {e}")))?;
     }

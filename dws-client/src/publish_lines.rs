@@ -18,6 +18,7 @@ use std::{
 };
 
 use futures_util::{SinkExt, StreamExt};
+use proto::limits::MAX_PUBLISH_DATA as MAX_DATA;
 use proto::{
     paths::Endpoint,
     v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason},
@@ -27,7 +28,6 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use crate::{
     bus::BusConn,
     cli::PublishArgs,
-    commands::MAX_DATA,
     exit::{clip_to, CliError, Result, MESSAGE_CHARS},
     print_stdout,
 };
@@ -121,7 +121,7 @@ impl Tally {
 }
 
 pub async fn run(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
-    proto::limits::check_event_type(&args.event_type).map_err(CliError::usage)?;
+    proto::pattern::check_event_type(&args.event_type).map_err(CliError::usage)?;
     if let Some(p) = &args.id_prefix {
         // The longest id it makes: PREFIX-<the largest line number>.
         proto::limits::check_event_id(&format!("{p}-{}", u64::MAX))

@@ -105,9 +105,33 @@ pub fn is_valid_event_type(s: &str) -> bool {
     matches!(Pattern::parse(s), Ok(Pattern::Exact(_)))
 }
 
+/// The event-type rule for publishing: an exact key, no wildcards.
+pub fn check_event_type(t: &str) -> Result<(), String> {
+    match Pattern::check(t) {
+        Ok(Pattern::Exact(_)) => Ok(()),
+        Ok(_) => Err(format!(
+            "invalid event type {}: no wildcards in an event type (they are for subscribing); \
+             publish one exact type, e.g. im.message",
+            crate::limits::quoted(t)
+        )),
+        Err(why) => Err(format!(
+            "invalid event type {}: {why}; use letters, digits and . _ - : / (no wildcards), e.g. im.message",
+            crate::limits::quoted(t)
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_type_is_one_exact_key() {
+        assert!(check_event_type("a.b").is_ok());
+        assert!(check_event_type("a.*")
+            .unwrap_err()
+            .contains("no wildcards"));
+    }
 
     #[test]
     fn a_stored_key_with_an_empty_segment_is_still_read() {

@@ -65,6 +65,8 @@
 //!   [`cluster_pg_restart`]: PostgreSQL restarted under a running cluster;
 //!   [`cluster_shared`]: shared delivery across hosts; [`cluster_tls`]:
 //!   TLS to PostgreSQL (verify-full, require, refusals).
+//! - [`structure`]: no import circle in any crate nor the Python package,
+//!   no process-wide mutable state in busd's rooms.
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
 //!   oversized product file without a reason, busd's module boundaries, and
 //!   docs that hold together (links and anchors resolve, one exit-code
@@ -130,6 +132,7 @@ mod slow;
 mod sources;
 mod spawn;
 mod state_files;
+mod structure;
 mod subscriptions;
 mod test_ca;
 mod where_filter;

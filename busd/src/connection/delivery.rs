@@ -106,7 +106,7 @@ impl Connection {
             let n = d.events.len();
             let shared = self
                 .line_batches
-                .and_then(|kind| Some((kind, crate::lines::shareable(&d.events, kind)?)));
+                .and_then(|kind| Some((kind, self.rendered.shareable(&d.events, kind)?)));
             if let Some((kind, delivery)) = shared {
                 match self
                     .rendered
@@ -174,10 +174,11 @@ impl Connection {
     fn send_lines(&mut self, subscription_id: &str, events: &[(Arc<LoggedEvent>, bool, u32)]) {
         const FRAME_BUDGET: usize = 1 << 20;
         let mut seqs = Vec::with_capacity(events.len());
+        let counted = self.rendered.counted();
         let mut buf = std::mem::take(&mut self.line_buf);
         buf.clear();
         for (event, redelivered, delivery) in events {
-            let (head, tail) = match event.line_parts() {
+            let (head, tail) = match event.line_parts(&counted) {
                 Ok(parts) => parts,
                 Err(e) => {
                     self.hub.store_failed(e.to_string());

@@ -82,9 +82,6 @@ pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
 /// discarding), so its last frames are not lost to a reset.
 const CLOSE_LINGER: Duration = Duration::from_millis(200);
 
-/// One `bus.log` line per interval for clients refused or dropped.
-static CLIENT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
-
 enum Phase {
     AwaitHello,
     Ready,
@@ -129,6 +126,8 @@ pub struct Connection {
     /// A descriptor to pass with the next write (the ring, to a consumer
     /// that asked for it).
     pass_fd: Option<std::os::fd::OwnedFd>,
+    /// The limit of every connection's warnings together.
+    warnings: Arc<LogLimit>,
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
@@ -137,6 +136,7 @@ pub async fn serve(
     hub: Hub,
     link: Option<Arc<Link>>,
     rendered: Lines,
+    warnings: Arc<LogLimit>,
     mut shutdown: Shutdown,
 ) {
     let (id, handle) = hub.register_conn();
@@ -161,6 +161,7 @@ pub async fn serve(
         ring_holds: VecDeque::new(),
         next_ring_id: 1,
         pass_fd: None,
+        warnings,
     };
     let peer_ok = stream
         .peer_cred()
@@ -280,7 +281,7 @@ pub async fn serve(
                         .await;
                     let over = input.capacity().saturating_sub(READ_CAPACITY);
                     if !hub.charge_input(&mut charged, over) {
-                        warn_limited!(CLIENT_WARNINGS, conn = id, "input bound reached; client refused");
+                        warn_limited!(conn.warnings, conn = id, "input bound reached; client refused");
                         hub.count_refused(RefusedKind::InputBudget);
                         conn.error(
                             0,
@@ -304,7 +305,7 @@ pub async fn serve(
             _ = sleep_until_opt(conn.redeliver_at.map(Instant::from_std)), if !conn.closing => {}
             _ = sleep_until_opt(deadline) => {
                 if conn.closing {
-                    warn_limited!(CLIENT_WARNINGS, conn = id, "drain timed out; dropping connection");
+                    warn_limited!(conn.warnings, conn = id, "drain timed out; dropping connection");
                     break;
                 }
                 hub.count_refused(RefusedKind::SlowClient);
@@ -316,7 +317,7 @@ pub async fn serve(
                         FRAME_DEADLINE.as_secs()
                     )
                 };
-                warn_limited!(CLIENT_WARNINGS, conn = id, "slow client: {message}");
+                warn_limited!(conn.warnings, conn = id, "slow client: {message}");
                 conn.error(0, ErrorCode::BadRequest, message);
                 conn.closing = true;
             }

@@ -15,7 +15,7 @@ use proto::{
     CodecError,
 };
 
-use super::{replies::Until, Connection, Phase, CLIENT_WARNINGS};
+use super::{replies::Until, Connection, Phase};
 use crate::{
     hub::{NewEvent, RefusedKind},
     pattern::Pattern,
@@ -26,7 +26,7 @@ impl Connection {
     /// Answers a frame that could not be decoded with an `Error` (where the
     /// socket still allows it) and closes the connection.
     pub(super) fn bad_frame(&mut self, e: &CodecError) {
-        warn_limited!(CLIENT_WARNINGS, conn = self.id, cause = %e, "bad frame; closing connection");
+        warn_limited!(self.warnings, conn = self.id, cause = %e, "bad frame; closing connection");
         self.hub.count_refused(RefusedKind::BadFrame);
         match e {
             CodecError::TooLarge => self.error(0, ErrorCode::FrameTooLarge, e.to_string()),

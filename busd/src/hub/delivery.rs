@@ -134,6 +134,12 @@ impl Hub {
         self.shared.commit_wake.notify_one();
     }
 
+    /// The count of the log's rendered line parts (they count against
+    /// retention's bytes), for those who render them (`crate::lines`).
+    pub fn line_bytes(&self) -> crate::eventlog::LineBytes {
+        self.state().log.line_bytes()
+    }
+
     /// The oldest seq still in this host's log.
     pub fn oldest_seq(&self) -> Option<u64> {
         self.state().log.oldest_seq()

@@ -19,16 +19,18 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-pub use runs::{shareable, LineKind, Piece, Pulled, MIN_SHARED_SLICE};
+pub use runs::{LineKind, Piece, Pulled, MIN_SHARED_SLICE};
 
 use self::{ring::Ring, runs::LineRuns};
-use crate::eventlog::ReadError;
+use crate::eventlog::{LineBytes, ReadError};
 
 #[derive(Debug)]
 struct Renderings {
     runs: LineRuns,
     ring: Option<Ring>,
     stats: Stats,
+    /// The log's count of rendered line parts.
+    counted: LineBytes,
 }
 
 /// What the renderings served, for status (`lines`).
@@ -48,8 +50,9 @@ pub struct Lines(Arc<Mutex<Renderings>>);
 
 impl Lines {
     /// Renderings with a line ring when one can be made (else logged: bytes
-    /// only, as for an older `dws`).
-    pub fn with_a_ring() -> Lines {
+    /// only, as for an older `dws`); what they render counts in `counted`
+    /// (the log's: `hub.line_bytes()`).
+    pub fn with_a_ring(counted: LineBytes) -> Lines {
         let ring = match Ring::create() {
             Ok(r) => Some(r),
             Err(e) => {
@@ -57,24 +60,37 @@ impl Lines {
                 None
             }
         };
-        Lines::with_ring(ring)
+        Lines::with_ring(ring, counted)
     }
 
     /// Renderings without a ring (tests).
-    pub fn without_ring() -> Lines {
-        Lines::with_ring(None)
+    pub fn without_ring(counted: LineBytes) -> Lines {
+        Lines::with_ring(None, counted)
     }
 
-    fn with_ring(ring: Option<Ring>) -> Lines {
+    fn with_ring(ring: Option<Ring>, counted: LineBytes) -> Lines {
         let stats = Stats {
             ring: ring.is_some(),
             ..Stats::default()
         };
         Lines(Arc::new(Mutex::new(Renderings {
-            runs: LineRuns::default(),
+            runs: LineRuns::counted_in(counted.clone()),
             ring,
             stats,
+            counted,
         })))
+    }
+
+    /// The count the rendered line parts go into (a connection rendering
+    /// lines of its own passes it to `LoggedEvent::line_parts`).
+    pub fn counted(&self) -> LineBytes {
+        self.lock().counted.clone()
+    }
+
+    /// See [`runs::shareable`].
+    pub fn shareable(&self, events: &[Pulled], kind: LineKind) -> Option<u32> {
+        let counted = self.counted();
+        runs::shareable(events, kind, &counted)
     }
 
     fn lock(&self) -> MutexGuard<'_, Renderings> {
@@ -95,6 +111,7 @@ impl Lines {
             runs,
             ring: ring_of,
             stats,
+            ..
         } = &mut *r;
         let pieces = runs.pieces(events, delivery, kind, ring_of.as_mut(), ring)?;
         for p in &pieces {

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use proto::lines::{self, CUT_LEN};
 
 use super::ring::{Ring, Slot};
-use crate::eventlog::{LoggedEvent, ReadError};
+use crate::eventlog::{LineBytes, LoggedEvent, ReadError};
 
 /// Bytes of all runs together (bodies and cuts); the oldest go first.
 const MAX_RUN_BYTES: usize = 8 << 20;
@@ -53,7 +53,7 @@ pub enum LineKind {
 /// carries when the pull may be served from shared runs — first deliveries
 /// (not marked redelivered) with one delivery count, consecutive seqs in
 /// the log's hot tail, lines of a bounded size; `None` otherwise.
-pub fn shareable(events: &[Pulled], kind: LineKind) -> Option<u32> {
+pub fn shareable(events: &[Pulled], kind: LineKind, counted: &LineBytes) -> Option<u32> {
     let (first, _, delivery) = events.first()?;
     let ok = events.iter().enumerate().all(|(i, (e, redelivered, d))| {
         // Runs serve events whose bytes are in memory: the hot tail, and on
@@ -68,7 +68,7 @@ pub fn shareable(events: &[Pulled], kind: LineKind) -> Option<u32> {
         let size = match kind {
             // A body that cannot be read back is not shared: the
             // per-subscription path meets the same failure, a store failure.
-            LineKind::Ndjson => match e.line_parts() {
+            LineKind::Ndjson => match e.line_parts(counted) {
                 Ok((head, tail)) => head.len() + tail.len(),
                 Err(_) => return false,
             },
@@ -125,9 +125,19 @@ impl Piece {
 pub(super) struct LineRuns {
     runs: BTreeMap<u64, Run>,
     bytes: usize,
+    /// The log's count of rendered line parts (they count against it).
+    counted: LineBytes,
 }
 
 impl LineRuns {
+    /// Runs whose rendered line parts count in `counted` (the log's).
+    pub(super) fn counted_in(counted: LineBytes) -> LineRuns {
+        LineRuns {
+            counted,
+            ..LineRuns::default()
+        }
+    }
+
     /// The pieces that carry `events` (see [`shareable`]), in order. With
     /// a `ring`, new runs are also written into it; with `hold`, each piece
     /// whose run is there is held there for the caller (else no piece
@@ -221,7 +231,7 @@ impl LineRuns {
             }
             match kind {
                 LineKind::Ndjson => {
-                    let (head, tail) = e.line_parts()?;
+                    let (head, tail) = e.line_parts(&self.counted)?;
                     lines::render_line(&mut body, &mut cuts, &head, &tail, delivery);
                 }
                 LineKind::Raw => lines::render_raw_line(&mut body, &mut cuts, &e.data()?),
@@ -300,6 +310,12 @@ mod tests {
         fn read(&self, _: &Arc<std::path::PathBuf>, _: u64, len: usize) -> std::io::Result<Bytes> {
             Ok(Bytes::from(vec![0; len]))
         }
+
+        fn failed(&self, _: &str) {}
+
+        fn take_failure(&self) -> Option<String> {
+            None
+        }
     }
 
     #[test]
@@ -307,47 +323,70 @@ mod tests {
         let evs: Vec<_> = (5..9).map(ev).collect();
         // The memory store: a cooled event keeps its bytes.
         evs[2].cool();
-        assert_eq!(shareable(&first(&evs), LineKind::Ndjson), Some(1));
+        assert_eq!(
+            shareable(&first(&evs), LineKind::Ndjson, &LineBytes::default()),
+            Some(1)
+        );
         // The disk store: a cooled event is read back from its segment.
-        evs[2].encoded.set_cold(crate::eventlog::body::ColdRef {
-            source: Arc::new(Segments),
-            segment: Arc::new("seg".into()),
+        evs[2].encoded.set_cold(crate::eventlog::Place {
+            segment: Arc::new(crate::eventlog::ColdSegment {
+                source: Arc::new(Segments),
+                path: Arc::new("seg".into()),
+            }),
             at: 0,
         });
         evs[2].cool();
         assert!(!evs[2].encoded.is_resident());
-        assert_eq!(shareable(&first(&evs), LineKind::Ndjson), None);
-        assert_eq!(shareable(&first(&evs[..2]), LineKind::Raw), Some(1));
+        assert_eq!(
+            shareable(&first(&evs), LineKind::Ndjson, &LineBytes::default()),
+            None
+        );
+        assert_eq!(
+            shareable(&first(&evs[..2]), LineKind::Raw, &LineBytes::default()),
+            Some(1)
+        );
     }
 
     #[test]
     fn only_consecutive_first_deliveries_with_one_count_are_shared() {
         let evs: Vec<_> = (5..9).map(ev).collect();
-        assert_eq!(shareable(&first(&evs), LineKind::Ndjson), Some(1));
-        assert_eq!(shareable(&[], LineKind::Ndjson), None);
-        assert_eq!(shareable(&first(&evs), LineKind::Raw), Some(1));
+        assert_eq!(
+            shareable(&first(&evs), LineKind::Ndjson, &LineBytes::default()),
+            Some(1)
+        );
+        assert_eq!(
+            shareable(&[], LineKind::Ndjson, &LineBytes::default()),
+            None
+        );
+        assert_eq!(
+            shareable(&first(&evs), LineKind::Raw, &LineBytes::default()),
+            Some(1)
+        );
         let mut redelivered = first(&evs);
         redelivered[2].1 = true;
         assert_eq!(
-            shareable(&redelivered, LineKind::Ndjson),
+            shareable(&redelivered, LineKind::Ndjson, &LineBytes::default()),
             None,
             "a redelivery differs"
         );
         let mut counts = first(&evs);
         counts[3].2 = 2;
         assert_eq!(
-            shareable(&counts, LineKind::Ndjson),
+            shareable(&counts, LineKind::Ndjson, &LineBytes::default()),
             None,
             "delivery counts differ"
         );
         let holes = first(&[evs[0].clone(), evs[2].clone()]);
         assert_eq!(
-            shareable(&holes, LineKind::Ndjson),
+            shareable(&holes, LineKind::Ndjson, &LineBytes::default()),
             None,
             "a filtered subscription's holes"
         );
         let no_count: Vec<_> = evs.iter().map(|e| (e.clone(), false, 0)).collect();
-        assert_eq!(shareable(&no_count, LineKind::Ndjson), Some(0));
+        assert_eq!(
+            shareable(&no_count, LineKind::Ndjson, &LineBytes::default()),
+            Some(0)
+        );
     }
 
     fn lines_of(pieces: &[Piece], sub: &str) -> Vec<u8> {
@@ -369,7 +408,7 @@ mod tests {
     fn per_subscription(events: &[Pulled], sub: &str) -> Vec<u8> {
         let mut out = vec![];
         for (e, r, d) in events {
-            let (head, tail) = e.line_parts().unwrap();
+            let (head, tail) = e.line_parts(&LineBytes::default()).unwrap();
             proto::ndjson::write_line(&mut out, &head, sub, &tail, *r, *d);
         }
         out
