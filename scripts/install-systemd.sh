@@ -16,6 +16,11 @@
 # The config root is $DWS_CONFIG_DIR, else ~/.dws, as for dws itself; the
 # socket path is the one dws looks for (`busd --print-socket-path`), computed
 # with the user manager's XDG_RUNTIME_DIR (/run/user/UID unless set).
+# Documentation= names the man pages installed beside the binaries
+# (BIN/../share/man/man1/{busd,dws}.1, as install.sh writes them) by their
+# absolute paths, so `systemctl --user help` and `systemd-analyze verify`
+# find them whatever MANPATH says; without them the line is left out.
+# Placeholders are replaced only on lines that are not comments.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -29,7 +34,7 @@ while [ $# -gt 0 ]; do
         --profile) profile="${2:?--profile needs a name}"; shift 2 ;;
         --unit-dir) unit_dir="${2:?--unit-dir needs a directory}"; shift 2 ;;
         --no-enable) enable=0; shift ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "install-systemd.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -49,7 +54,15 @@ root="$(cd "$root" && pwd)"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}"
 socket="$(DWS_CONFIG_DIR="$root" "$busd" --print-socket-path --profile "$profile")"
 
-for p in "$busd" "$root" "$socket"; do
+man1="$(dirname "$bin")/share/man/man1"
+docs=""
+if [ -f "$man1/busd.1" ] && [ -f "$man1/dws.1" ]; then
+    docs="man:$man1/busd.1 man:$man1/dws.1"
+else
+    echo "install-systemd.sh: no man pages in $man1: the units get no Documentation= line" >&2
+fi
+
+for p in "$busd" "$root" "$socket" $docs; do
     case "$p" in
         *[[:space:]\\%]*) echo "install-systemd.sh: $p: a path with spaces, backslashes or % cannot go into a unit" >&2; exit 1 ;;
     esac
@@ -60,7 +73,11 @@ esc() { printf '%s' "$1" | sed -e 's/[\\&|]/\\&/g'; }
 mkdir -p "$unit_dir"
 for kind in socket service; do
     out="$unit_dir/dws-bus@$profile.$kind"
-    sed -e "s|@BUSD@|$(esc "$busd")|g" \
+    # Comments ([#;] first) are copied as they are; an empty
+    # @DOCUMENTATION@ drops its line.
+    sed -e '/^[#;]/b' \
+        -e '/^Documentation=@DOCUMENTATION@$/{' -e "s|@DOCUMENTATION@|$(esc "$docs")|" -e '/^Documentation=$/d' -e '}' \
+        -e "s|@BUSD@|$(esc "$busd")|g" \
         -e "s|@CONFIG_ROOT@|$(esc "$root")|g" \
         -e "s|@SOCKET@|$(esc "$socket")|g" \
         "$here/contrib/systemd/dws-bus@.$kind" >"$out.tmp"

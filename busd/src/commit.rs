@@ -37,7 +37,7 @@ fn run(hub: &Hub, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
     loop {
         let work = hub.next_commit_work(last_save);
         // A body the log could not read back: the store failed.
-        if let Some(why) = crate::eventlog::take_read_failure() {
+        if let Some(why) = store.take_read_failure() {
             return hub.store_failed(why);
         }
         match work {

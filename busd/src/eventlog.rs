@@ -29,8 +29,8 @@ use bytes::Bytes;
 
 pub mod body;
 pub mod name;
-pub use body::{take_read_failure, Body, ColdRef, ColdSegment, ColdSource, Place, ReadError};
-pub use name::{Name, Text};
+pub use body::{Body, ColdSegment, ColdSource, Place, ReadError};
+pub use name::{Interner, Name, Text};
 
 /// The most bytes of events whose encoded form stays in memory: the hot
 /// tail is also cut here when its events are large.
@@ -70,7 +70,7 @@ pub struct LoggedEvent {
     pub received_at_unix_ms: i64,
     /// `v1::Event` encoded once, without the per-delivery fields: in
     /// memory while hot, else read back from the store ([`Body`]), with
-    /// the event's NDJSON line parts and `--where` input cached while hot.
+    /// the event's NDJSON line parts cached while hot.
     pub encoded: Body,
     /// Dedup scope; empty when the event is not deduplicated.
     pub scope: Name,
@@ -82,34 +82,55 @@ pub struct LoggedEvent {
     pub damaged: bool,
 }
 
-/// Bytes of every [`LineParts`] alive in this process.
-static LINE_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of one bus's [`LineParts`] alive (cheap to clone): its log
+/// counts them against its byte bound, its connections render them.
+#[derive(Debug, Clone, Default)]
+pub struct LineBytes(Arc<AtomicUsize>);
+
+impl LineBytes {
+    /// Bytes of the NDJSON line parts rendered and still held.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// An event's rendered NDJSON line parts; their bytes count against the
-/// log's byte bound while they live ([`line_bytes`]).
+/// log's byte bound while they live ([`LineBytes`]).
 #[derive(Debug)]
-pub struct LineParts((Bytes, Bytes));
+pub struct LineParts {
+    parts: (Bytes, Bytes),
+    counted: LineBytes,
+}
 
 impl LineParts {
-    pub fn new(head: Bytes, tail: Bytes) -> LineParts {
-        LINE_BYTES.fetch_add(head.len() + tail.len(), Ordering::Relaxed);
-        LineParts((head, tail))
+    pub fn new(head: Bytes, tail: Bytes, counted: &LineBytes) -> LineParts {
+        counted
+            .0
+            .fetch_add(head.len() + tail.len(), Ordering::Relaxed);
+        LineParts {
+            parts: (head, tail),
+            counted: counted.clone(),
+        }
     }
 
     pub fn parts(&self) -> &(Bytes, Bytes) {
-        &self.0
+        &self.parts
     }
 }
 
 impl Drop for LineParts {
     fn drop(&mut self) {
-        LINE_BYTES.fetch_sub(self.0 .0.len() + self.0 .1.len(), Ordering::Relaxed);
+        let n = self.parts.0.len() + self.parts.1.len();
+        self.counted.0.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
-/// Bytes of the NDJSON line parts rendered and still held.
-pub fn line_bytes() -> usize {
-    LINE_BYTES.load(Ordering::Relaxed)
+/// Only the payload of an encoded event, a slice of its bytes (no copy,
+/// no other field decoded): what a raw line is.
+#[derive(Clone, PartialEq, prost::Message)]
+struct DataOnly {
+    #[prost(bytes = "bytes", tag = "10")]
+    data: Bytes,
 }
 
 /// The fields of an encoded event that verb documents show, read without
@@ -135,6 +156,19 @@ impl LoggedEvent {
     /// The encoded event: from memory, or read back from the store.
     pub fn encoded(&self) -> Result<Bytes, ReadError> {
         self.encoded.get()
+    }
+
+    /// The event's `data` (a slice of its encoded bytes): a raw line.
+    pub fn data(&self) -> Result<Bytes, ReadError> {
+        use prost::Message;
+        let encoded = self.encoded.get()?;
+        Ok(DataOnly::decode(encoded)
+            .map(|d| d.data)
+            .unwrap_or_else(|e| {
+                // The bus encoded it itself; never expected.
+                tracing::error!(seq = self.seq, cause = %e, "cannot decode a logged event");
+                Bytes::new()
+            }))
     }
 
     /// Outside the hot tail: its renderings are not kept.
@@ -184,8 +218,9 @@ impl LoggedEvent {
 
     /// The event's NDJSON line without its per-delivery fields
     /// (`proto::ndjson::parts`), rendered once, on first need, for every
-    /// consumer that takes lines, and kept while the event is hot.
-    pub fn line_parts(&self) -> Result<(Bytes, Bytes), ReadError> {
+    /// consumer that takes lines, and kept while the event is hot (its
+    /// bytes `counted` against its log's bound).
+    pub fn line_parts(&self, counted: &LineBytes) -> Result<(Bytes, Bytes), ReadError> {
         use prost::Message;
         if let Some(hit) = self.encoded.peek_line_parts() {
             return Ok(hit.parts().clone());
@@ -197,23 +232,13 @@ impl LoggedEvent {
         let parts = self.encoded.line_parts(|encoded| {
             let e = proto::v1::Event::decode(encoded).unwrap_or_default();
             let (head, tail) = proto::ndjson::parts(&e);
-            Arc::new(LineParts::new(Bytes::from(head), Bytes::from(tail)))
+            Arc::new(LineParts::new(
+                Bytes::from(head),
+                Bytes::from(tail),
+                counted,
+            ))
         })?;
         Ok(parts.parts().clone())
-    }
-
-    /// The event as `--where` expressions see it, built on first need and
-    /// shared by every subscription that has expressions, while hot. An
-    /// event that cannot be read back (a store failure, noted) is seen as
-    /// an empty event.
-    pub fn where_input(&self) -> Arc<proto::where_expr::Input> {
-        use prost::Message;
-        self.encoded.where_input(|encoded| {
-            let e = encoded
-                .and_then(|b| proto::v1::Event::decode(b).ok())
-                .unwrap_or_default();
-            Arc::new(proto::where_expr::Input::of(&e))
-        })
     }
 
     /// Whether a subscription bound to `upstream_id` receives this event:
@@ -232,6 +257,8 @@ impl LoggedEvent {
 /// log's small objects.
 fn render_cold(encoded: &[u8]) -> (Bytes, Bytes) {
     use prost::Message;
+    // process-wide: a per-thread scratch event, its strings' capacity kept;
+    // nothing in it outlives a call.
     thread_local! {
         static SCRATCH: std::cell::RefCell<proto::v1::Event> = std::cell::RefCell::default();
     }
@@ -269,6 +296,8 @@ pub struct EventLog {
     hot_from: usize,
     /// Sizes of the hot tail's events.
     hot_bytes: usize,
+    /// The rendered line parts of this log's events alive (counted too).
+    line_bytes: LineBytes,
 }
 
 impl EventLog {
@@ -286,7 +315,14 @@ impl EventLog {
             retention,
             hot_from: 0,
             hot_bytes: 0,
+            line_bytes: LineBytes::default(),
         }
+    }
+
+    /// The counter of this log's rendered line parts, for those who render
+    /// them.
+    pub fn line_bytes(&self) -> LineBytes {
+        self.line_bytes.clone()
     }
 
     /// The seq the next appended event gets.
@@ -325,7 +361,7 @@ impl EventLog {
 
     /// Bytes the log holds: its events' sizes plus the rendered line parts.
     pub fn bytes(&self) -> usize {
-        self.bytes.saturating_add(line_bytes())
+        self.bytes.saturating_add(self.line_bytes.get())
     }
 
     pub fn retention(&self) -> Retention {
@@ -429,18 +465,17 @@ mod tests {
         log.append(ev(2, 600_000));
         log.append(ev(3, 600_000));
         assert!(log.evict_one().is_none(), "1.8 MB of events fit");
-        let before = line_bytes();
-        let (head, tail) = e.line_parts().expect("resident");
+        let counted = log.line_bytes();
+        let (head, tail) = e.line_parts(&counted).expect("resident");
         assert!(head.len() + tail.len() >= 600_000);
-        // (Other tests render small lines meanwhile: a margin.)
-        assert!(line_bytes() >= before + 500_000);
+        assert!(counted.get() >= 600_000, "this log's own count");
         // Over the bound now: the oldest goes, and with it its line.
         let gone = log
             .evict_one()
             .expect("over the bound with the rendered line");
         assert_eq!(gone.seq, 1);
         drop((gone, e, head, tail));
-        assert!(line_bytes() < before + 500_000);
+        assert_eq!(counted.get(), 0);
     }
 
     #[test]
@@ -508,10 +543,10 @@ mod tests {
         });
         let all: Vec<_> = (1..=8).map(real).collect();
         let mut rendered = vec![];
+        let counted = log.line_bytes();
         for e in &all {
             log.append(e.clone());
-            rendered.push(e.line_parts().unwrap());
-            e.where_input();
+            rendered.push(e.line_parts(&counted).unwrap());
         }
         while log.evict_one().is_some() {}
         assert_eq!((log.len(), log.hot_len()), (5, 3));
@@ -519,12 +554,10 @@ mod tests {
             let hot = e.seq > 5;
             let peek = e.encoded.peek_line_parts().is_some();
             assert_eq!(peek, hot, "seq {}", e.seq);
-            let peek = e.encoded.peek_where_input().is_some();
-            assert_eq!(peek, hot, "seq {}", e.seq);
             // No store to read it back from: the bytes stay, once.
             assert!(e.encoded.is_resident());
             // A cooled event still renders (the same line), without keeping it.
-            let parts = e.line_parts().unwrap();
+            let parts = e.line_parts(&counted).unwrap();
             assert!(!parts.0.is_empty());
             assert_eq!(parts, rendered[e.seq as usize - 1], "seq {}", e.seq);
             assert_eq!(e.encoded.peek_line_parts().is_some(), hot);

@@ -35,6 +35,7 @@ pub mod exit;
 pub mod hub;
 pub mod judge;
 pub mod latency;
+pub mod lines;
 pub mod lock;
 pub mod logfile;
 pub mod notify;
@@ -82,12 +83,12 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// Runs the daemon to completion and maps the outcome to an exit code:
 /// 0 after a clean shutdown or when another bus already serves the profile,
 /// 1 when start-up failed (the reason is on the ready pipe and stderr).
-pub fn run(args: Args) -> ExitCode {
+pub fn run(args: Args, notifier: notify::Notifier) -> ExitCode {
     let mut ready = match ReadyPipe::from_fd(args.ready_fd) {
         Ok(r) => r,
         Err(e) => return exit::Failure::from(e).exit(),
     };
-    match start(args, &mut ready) {
+    match start(args, notifier, &mut ready) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("start-up failed: {}", e.message);
@@ -97,7 +98,7 @@ pub fn run(args: Args) -> ExitCode {
     }
 }
 
-fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
+fn start(args: Args, notifier: notify::Notifier, ready: &mut ReadyPipe) -> Result<(), StartError> {
     let uid = nix::unistd::geteuid().as_raw();
     let env = proto::paths::Env::from_process(uid);
     let endpoint = proto::paths::resolve(args.profile.as_deref(), &env)
@@ -127,10 +128,21 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
         // Signals first: a SIGTERM during start-up must be a clean stop.
         let (trigger, shutdown) = shutdown::channel();
         watch_signals(&trigger)?;
-        let Some(lock) = take_lock(&endpoint, activated.is_some()).await? else {
-            tracing::info!("another bus already serves this profile");
-            ready.already_running();
-            return Ok(());
+        let lock = match take_lock(&endpoint, activated.is_some()).await? {
+            Ok(lock) => lock,
+            Err(pid) => {
+                tracing::info!("another bus already serves this profile");
+                // Exit 0 (the profile is served), but never silently: a
+                // person who ran `busd` sees why it returned at once.
+                eprintln!(
+                    "busd: a bus already serves profile {} (pid {}, socket {}); nothing to do",
+                    endpoint.profile,
+                    pid.map_or("?".to_owned(), |p| p.to_string()),
+                    endpoint.socket_path.display()
+                );
+                ready.already_running();
+                return Ok(());
+            }
         };
         if activated.is_none() && socket_held_by_a_manager(&endpoint).await {
             // systemd listens there for a bus it starts on this connection:
@@ -140,6 +152,12 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
                 "the socket is listened on by a service manager (socket activation); \
                  leaving the profile to the bus it starts"
             );
+            eprintln!(
+                "busd: a service manager listens on {} (socket activation); the bus it starts \
+                 serves profile {}; nothing to do",
+                endpoint.socket_path.display(),
+                endpoint.profile
+            );
             drop(lock);
             ready.already_running();
             return Ok(());
@@ -147,6 +165,7 @@ fn start(args: Args, ready: &mut ReadyPipe) -> Result<(), StartError> {
         let listening = Listening {
             endpoint,
             activated,
+            notifier,
         };
         serve(args, listening, profile, lock, trigger, shutdown, ready).await
     })
@@ -214,23 +233,26 @@ fn watch_signals(trigger: &shutdown::ShutdownTrigger) -> Result<(), StartError> 
     Ok(())
 }
 
-/// Takes `bus.lock`, or returns `None` if a live bus already answers on the
-/// socket. A busy lock whose holder does not answer is a bus that is starting
+/// Takes `bus.lock`, or returns `Err(pid)` (the holder's, as written in the
+/// lock) if a live bus already answers on the socket. A busy lock whose holder does not answer is a bus that is starting
 /// or exiting: wait for it, up to [`LOCK_WAIT`]. A socket-activated bus
 /// (`activated`) holds the socket itself, so an answer there proves nothing:
 /// it only waits, then fails (the unit's restart tries again).
-async fn take_lock(endpoint: &Endpoint, activated: bool) -> Result<Option<BusLock>, StartError> {
+async fn take_lock(
+    endpoint: &Endpoint,
+    activated: bool,
+) -> Result<Result<BusLock, Option<u32>>, StartError> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match lock::try_lock(&endpoint.lock_path())? {
-            TryLock::Acquired(l) => return Ok(Some(l)),
+            TryLock::Acquired(l) => return Ok(Ok(l)),
             TryLock::Busy(pid) => {
                 if !activated
                     && tokio::net::UnixStream::connect(&endpoint.socket_path)
                         .await
                         .is_ok()
                 {
-                    return Ok(None);
+                    return Ok(Err(pid));
                 }
                 if Instant::now() >= deadline {
                     return Err(StartError::runtime(format!(
@@ -322,10 +344,36 @@ fn check_recovered(
     })
 }
 
-/// Where the bus listens: its endpoint, and the socket systemd passed, if any.
+/// What a start made before it was ready (`bus.meta`, the socket it bound,
+/// never one systemd passed): removed when the start fails (dropped before
+/// `bus.lock` is released, so only the lock's holder unlinks the socket),
+/// kept once it is ready ([`StartedFiles::disarm`]).
+struct StartedFiles {
+    meta: Option<std::path::PathBuf>,
+    socket: Option<std::path::PathBuf>,
+}
+
+impl StartedFiles {
+    fn disarm(&mut self) {
+        self.meta = None;
+        self.socket = None;
+    }
+}
+
+impl Drop for StartedFiles {
+    fn drop(&mut self) {
+        for path in [self.socket.take(), self.meta.take()].into_iter().flatten() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Where the bus listens: its endpoint, the socket systemd passed, if any,
+/// and what it tells its service manager.
 struct Listening {
     endpoint: Endpoint,
     activated: Option<std::os::unix::net::UnixListener>,
+    notifier: notify::Notifier,
 }
 
 async fn serve(
@@ -340,8 +388,16 @@ async fn serve(
     let Listening {
         endpoint,
         activated,
+        notifier,
     } = listening;
     write_meta(&endpoint)?;
+    // Until the bus is ready, a failed start removes what it made: a socket
+    // left behind would answer nobody (the doctor warned of it), and
+    // bus.meta would name a bus that never ran.
+    let mut unready = StartedFiles {
+        meta: Some(endpoint.meta_path()),
+        socket: None,
+    };
     let owns_socket = activated.is_none();
     let std_listener = match activated {
         Some(l) => {
@@ -350,7 +406,9 @@ async fn serve(
         }
         None => {
             socket::prepare_dir(&endpoint.socket_dir)?;
-            socket::bind(&endpoint.socket_path)?
+            let l = socket::bind(&endpoint.socket_path)?;
+            unready.socket = Some(endpoint.socket_path.clone());
+            l
         }
     };
     let listener = tokio::net::UnixListener::from_std(std_listener).map_err(|e| {
@@ -464,7 +522,8 @@ async fn serve(
         "bus ready"
     );
     ready.ready();
-    notify::ready(&hub, &endpoint, shutdown.clone());
+    unready.disarm();
+    notify::ready(&notifier, &hub, &endpoint, shutdown.clone());
 
     let tracker = TaskTracker::new();
     let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
@@ -491,7 +550,7 @@ async fn serve(
     };
     let reason = server::run(listener, hub.clone(), link, shutdown, &tracker).await;
     tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
-    notify::stopping(reason);
+    notify::stopping(&notifier, reason);
 
     // No new client may reach this bus: remove the socket first, so a client
     // arriving now spawns a successor, which waits for our lock. A socket

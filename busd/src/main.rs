@@ -36,8 +36,8 @@ fn main() -> ExitCode {
         }
         Ok(args) => {
             // Before any thread starts: a supervised run reports `starting`.
-            busd::notify::init(args.foreground, args.profile.as_deref());
-            busd::run(args)
+            let notifier = busd::notify::Notifier::init(args.foreground, args.profile.as_deref());
+            busd::run(args, notifier)
         }
         Err(e) if !e.use_stderr() => {
             // --help / --version

@@ -16,16 +16,11 @@
 //! whoever started `dws`. A notification never waits: it is one
 //! non-blocking datagram, dropped when the manager's queue is full (a
 //! stalled service manager) or the socket is gone; failures are logged at
-//! most once a minute ([`FAILURES`]), never fatal.
+//! most once a minute, never fatal. One [`Notifier`] per run, made by
+//! `main` before any thread starts.
 //! See `contrib/systemd/dws-bus@.service`.
 
-use std::{
-    ffi::OsStr,
-    io,
-    os::unix::net::UnixDatagram,
-    sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
-};
+use std::{ffi::OsStr, io, os::unix::net::UnixDatagram, sync::Arc, time::Duration};
 
 use proto::{paths::Endpoint, v1::ByeReason};
 use sd_notify::NotifyState;
@@ -35,10 +30,17 @@ use crate::{hub::Hub, ratelimit::LogLimit, shutdown::Shutdown};
 /// How often the `STATUS=` line is refreshed (only sent when it changed).
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(2);
 
-static ENABLED: AtomicBool = AtomicBool::new(false);
+/// What this run tells its service manager (cheap to clone): nothing
+/// unless supervised.
+#[derive(Debug, Clone)]
+pub struct Notifier(Arc<Inner>);
 
-/// One line a minute about notifications that could not be sent.
-static FAILURES: LogLimit = LogLimit::new(Duration::from_secs(60));
+#[derive(Debug)]
+struct Inner {
+    enabled: bool,
+    /// One line a minute about notifications that could not be sent.
+    failures: LogLimit,
+}
 
 /// `true` when this run is supervised by a service manager: `--foreground`
 /// and a non-empty `NOTIFY_SOCKET`. Decides the idle-timeout default too
@@ -47,28 +49,47 @@ pub fn supervised(foreground: bool) -> bool {
     foreground && std::env::var_os("NOTIFY_SOCKET").is_some_and(|s| !s.is_empty())
 }
 
-/// Turns notifications on for a supervised run and reports `starting`.
-/// Call once, right after the flags are parsed.
-pub fn init(foreground: bool, profile: Option<&str>) {
-    let on = supervised(foreground);
-    ENABLED.store(on, Ordering::Relaxed);
-    if on {
-        status(&format!(
+impl Notifier {
+    /// Notifications on for a supervised run, which reports `starting`.
+    /// Made once, right after the flags are parsed.
+    pub fn init(foreground: bool, profile: Option<&str>) -> Notifier {
+        let n = Notifier(Arc::new(Inner {
+            enabled: supervised(foreground),
+            failures: LogLimit::new(Duration::from_secs(60)),
+        }));
+        n.status(&format!(
             "starting (profile {})",
             profile.unwrap_or("from DWS_PROFILE or default")
         ));
+        n
+    }
+
+    /// A run that never notifies (tests, `--doctor`).
+    pub fn off() -> Notifier {
+        Notifier(Arc::new(Inner {
+            enabled: false,
+            failures: LogLimit::new(Duration::from_secs(60)),
+        }))
+    }
+
+    /// `true` when a service manager is told.
+    pub fn enabled(&self) -> bool {
+        self.0.enabled
+    }
+
+    fn send(&self, states: &[NotifyState]) {
+        if self.enabled() {
+            send(states, &self.0.failures);
+        }
+    }
+
+    /// Sends one `STATUS=` line.
+    pub fn status(&self, text: &str) {
+        self.send(&[NotifyState::Status(text)]);
     }
 }
 
-/// `true` once [`init`] found a service manager.
-pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
-}
-
-fn send(states: &[NotifyState]) {
-    if !enabled() {
-        return;
-    }
+fn send(states: &[NotifyState], failures: &LogLimit) {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
         return;
     };
@@ -80,7 +101,7 @@ fn send(states: &[NotifyState]) {
             return;
         }
         crate::warn_limited!(
-            FAILURES,
+            failures,
             "cannot notify the service manager (NOTIFY_SOCKET {}): {e}; the notification is dropped",
             path.to_string_lossy()
         );
@@ -108,11 +129,6 @@ fn send_datagram(path: &OsStr, msg: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Sends one `STATUS=` line.
-pub fn status(text: &str) {
-    send(&[NotifyState::Status(text)]);
-}
-
 /// How often to send `WATCHDOG=1` for a watchdog of `timeout`: half of it,
 /// as sd_watchdog_enabled(3) advises, but never more often than every 10 ms.
 pub fn ping_interval(timeout: Duration) -> Duration {
@@ -123,7 +139,7 @@ pub fn ping_interval(timeout: Duration) -> Duration {
 /// service manager asked for it (`WATCHDOG_USEC`, and `WATCHDOG_PID` unset
 /// or ours). The pings run on the runtime that serves every connection and
 /// take the hub's lock, so a stuck runtime or a lock never released stops them.
-fn watchdog(hub: Hub, mut shutdown: Shutdown) {
+fn watchdog(n: Notifier, hub: Hub, mut shutdown: Shutdown) {
     let Some(timeout) = sd_notify::watchdog_enabled() else {
         return;
     };
@@ -132,7 +148,7 @@ fn watchdog(hub: Hub, mut shutdown: Shutdown) {
     tokio::spawn(async move {
         loop {
             let _ = hub.status_json(0);
-            send(&[NotifyState::Watchdog]);
+            n.send(&[NotifyState::Watchdog]);
             tokio::select! {
                 _ = shutdown.recv() => return,
                 () = tokio::time::sleep(every) => {}
@@ -144,13 +160,14 @@ fn watchdog(hub: Hub, mut shutdown: Shutdown) {
 /// `READY=1` with a first `STATUS=`; then keeps the status current until the
 /// shutdown starts, and pings the watchdog if one is set. Call after the
 /// socket listens (the ready pipe's `R`).
-pub fn ready(hub: &Hub, endpoint: &Endpoint, mut shutdown: Shutdown) {
-    if !enabled() {
+pub fn ready(n: &Notifier, hub: &Hub, endpoint: &Endpoint, mut shutdown: Shutdown) {
+    if !n.enabled() {
         return;
     }
-    watchdog(hub.clone(), shutdown.clone());
+    watchdog(n.clone(), hub.clone(), shutdown.clone());
     let first = summary(hub, endpoint);
-    send(&[NotifyState::Ready, NotifyState::Status(&first)]);
+    n.send(&[NotifyState::Ready, NotifyState::Status(&first)]);
+    let n = n.clone();
     let hub = hub.clone();
     let endpoint = endpoint.clone();
     tokio::spawn(async move {
@@ -162,7 +179,7 @@ pub fn ready(hub: &Hub, endpoint: &Endpoint, mut shutdown: Shutdown) {
             }
             let now = summary(&hub, &endpoint);
             if now != last {
-                status(&now);
+                n.status(&now);
                 last = now;
             }
         }
@@ -170,9 +187,9 @@ pub fn ready(hub: &Hub, endpoint: &Endpoint, mut shutdown: Shutdown) {
 }
 
 /// `STOPPING=1` and why. Call when the shutdown starts.
-pub fn stopping(reason: ByeReason) {
+pub fn stopping(n: &Notifier, reason: ByeReason) {
     let text = format!("stopping ({})", proto::bye_reason_name(reason));
-    send(&[NotifyState::Stopping, NotifyState::Status(&text)]);
+    n.send(&[NotifyState::Stopping, NotifyState::Status(&text)]);
 }
 
 /// The one-line status: profile, counts, source state, socket.

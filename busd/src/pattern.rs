@@ -52,7 +52,24 @@ pub enum SelectorError {
 }
 
 impl Selector {
+    /// A new subscription's selector: its keys by today's rule.
     pub fn new(patterns: &[String], filter: &str) -> Result<Selector, SelectorError> {
+        Selector::make(patterns, filter, Pattern::parse)
+    }
+
+    /// A stored subscription's selector (restored, or defined by another
+    /// cluster host): its keys by the rule they were stored under
+    /// ([`Pattern::parse_stored`]), so a subscription an older build
+    /// accepted is restored as it was.
+    pub fn stored(patterns: &[String], filter: &str) -> Result<Selector, SelectorError> {
+        Selector::make(patterns, filter, Pattern::parse_stored)
+    }
+
+    fn make(
+        patterns: &[String],
+        filter: &str,
+        parse: fn(&str) -> Result<Pattern, String>,
+    ) -> Result<Selector, SelectorError> {
         if patterns.is_empty() {
             return Err(SelectorError::NoKeys);
         }
@@ -61,7 +78,7 @@ impl Selector {
         }
         let patterns = patterns
             .iter()
-            .map(|p| Pattern::parse(p).map_err(|_| SelectorError::InvalidKey(clip(p))))
+            .map(|p| parse(p).map_err(|_| SelectorError::InvalidKey(clip(p))))
             .collect::<Result<Vec<_>, _>>()?;
         if filter.len() > MAX_FILTER_LEN {
             return Err(SelectorError::FilterTooLong(filter.len()));

@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+#[derive(Debug)]
 pub struct LogLimit {
     interval: Duration,
     last: Mutex<Option<Instant>>,

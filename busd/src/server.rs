@@ -21,6 +21,7 @@ use crate::{
     cluster::Link,
     connection,
     hub::{Hub, RefusedKind},
+    lines::Lines,
     ratelimit::LogLimit,
     shutdown::Shutdown,
     warn_limited,
@@ -30,8 +31,6 @@ use crate::{
 /// far more than any number of local agents, small enough to bound memory.
 pub const MAX_CONNECTIONS: usize = 1024;
 
-static ACCEPT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
-
 /// Accepts until the shutdown fires; returns its reason.
 pub async fn run(
     listener: UnixListener,
@@ -40,6 +39,11 @@ pub async fn run(
     mut shutdown: Shutdown,
     tracker: &TaskTracker,
 ) -> ByeReason {
+    // The bus's renderings of its lines, shared by every connection, and
+    // the limits of their warnings and of the accept loop's.
+    let rendered = Lines::with_a_ring(hub.line_bytes());
+    let client_warnings = Arc::new(LogLimit::new(Duration::from_secs(10)));
+    let accept_warnings = LogLimit::new(Duration::from_secs(10));
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let mut backoff = Duration::ZERO;
@@ -56,19 +60,22 @@ pub async fn run(
                         Ok(permit) => {
                             let hub = hub.clone();
                             let link = link.clone();
+                            let rendered = rendered.clone();
+                            let warnings = client_warnings.clone();
                             let sd = shutdown.clone();
                             tracker.spawn(async move {
-                                connection::serve(stream, hub, link, sd).await;
+                                connection::serve(stream, hub, link, rendered, warnings, sd)
+                                    .await;
                                 drop(permit);
                             });
                         }
-                        Err(_) => refuse(stream, &hub, &refusals),
+                        Err(_) => refuse(stream, &hub, &refusals, &accept_warnings),
                     }
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
-                    warn_limited!(ACCEPT_WARNINGS, cause = %e, retry_in = ?backoff, "accept failed");
+                    warn_limited!(accept_warnings, cause = %e, retry_in = ?backoff, "accept failed");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         r = shutdown.recv() => return r,
@@ -88,10 +95,10 @@ const REFUSAL_LINGER: Duration = Duration::from_millis(500);
 /// one non-blocking write, then (within [`MAX_REFUSALS`]) a short linger
 /// that reads and discards what the client sent, since closing a socket
 /// with unread input would reset it and could lose the Error frame.
-fn refuse(stream: UnixStream, hub: &Hub, refusals: &Arc<Semaphore>) {
+fn refuse(stream: UnixStream, hub: &Hub, refusals: &Arc<Semaphore>, warnings: &LogLimit) {
     hub.count_refused(RefusedKind::Connections);
     warn_limited!(
-        ACCEPT_WARNINGS,
+        warnings,
         limit = MAX_CONNECTIONS,
         "connection refused: too many connections"
     );

@@ -10,10 +10,12 @@
 //! - `term SEQ [REASON]`: it will never succeed; park it (REASON is the rest
 //!   of the line).
 //!
-//! A line that is none of these is reported on stderr and changes nothing.
+//! A line that is none of these, has anything after them, or is longer
+//! than [`MAX_LINE`] (refused whole, never cut) is reported on stderr and
+//! changes nothing.
 
 use std::{
-    io::{self, BufRead},
+    io::{self, BufRead, Read},
     time::Duration,
 };
 
@@ -80,55 +82,85 @@ pub fn parse(line: &str) -> Result<AckLine, String> {
     }
 }
 
-/// What the stdin reader sends: a numbered line, or the end of stdin.
+/// The most bytes of one stdin line, its newline not counted. A longer
+/// line is refused whole ([`Input::Refused`]): never cut and applied.
+pub const MAX_LINE: usize = 4096;
+
+/// What the stdin reader sends: a numbered line, a numbered line refused
+/// before it was parsed (why), or the end of stdin.
+#[derive(Debug, PartialEq, Eq)]
 pub enum Input {
     Line(u64, String),
+    Refused(u64, String),
     Eof,
 }
 
-/// Reads stdin line by line on a plain thread (abandoned at exit). Lines
-/// longer than 4 KiB are passed on cut, to be reported as malformed.
+/// The next line of `reader`: `None` at its end; a line over [`MAX_LINE`]
+/// is read to its newline (at most [`MAX_LINE`] bytes held at a time) and
+/// refused, saying how long it was.
+pub fn next_line(reader: &mut impl BufRead, n: u64) -> io::Result<Option<Input>> {
+    let mut buf = Vec::new();
+    // One byte over the bound tells an overlong line from one at the bound.
+    let limit = MAX_LINE as u64 + 1;
+    if read_until_retrying(reader.by_ref().take(limit), &mut buf)? == 0 {
+        return Ok(None);
+    }
+    if buf.ends_with(b"\n") {
+        buf.pop();
+    } else if buf.len() as u64 == limit {
+        let mut total = buf.len() as u64;
+        loop {
+            buf.clear();
+            let got = read_until_retrying(reader.by_ref().take(limit), &mut buf)?;
+            total += got as u64;
+            if got == 0 || buf.ends_with(b"\n") {
+                break;
+            }
+        }
+        if buf.ends_with(b"\n") {
+            total -= 1;
+        }
+        return Ok(Some(Input::Refused(
+            n,
+            format!("longer than {MAX_LINE} bytes ({total} bytes): refused whole, nothing applied"),
+        )));
+    }
+    let line = String::from_utf8_lossy(&buf).trim().to_owned();
+    Ok(Some(Input::Line(n, line)))
+}
+
+/// `read_until(b'\n')`, again after an interruption.
+fn read_until_retrying(mut r: impl BufRead, buf: &mut Vec<u8>) -> io::Result<usize> {
+    loop {
+        match r.read_until(b'\n', buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Reads stdin line by line on a plain thread (abandoned at exit); a line
+/// over [`MAX_LINE`] is passed on as refused ([`next_line`]).
 pub fn read_stdin() -> mpsc::Receiver<Input> {
     let (tx, rx) = mpsc::channel(1024);
     std::thread::spawn(move || {
         let mut stdin = io::stdin().lock();
         let mut n = 0;
-        let mut buf = Vec::new();
         loop {
-            buf.clear();
-            match (&mut stdin).take(4096).read_until(b'\n', &mut buf) {
-                Ok(0) => break,
-                Ok(_) => {
-                    if !buf.ends_with(b"\n") && buf.len() == 4096 {
-                        // Skip the rest of an overlong line, 4 KiB at a time.
-                        let mut rest = Vec::new();
-                        loop {
-                            rest.clear();
-                            match (&mut stdin).take(4096).read_until(b'\n', &mut rest) {
-                                Ok(0) => break,
-                                Ok(_) if rest.ends_with(b"\n") => break,
-                                Ok(_) => continue,
-                                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    n += 1;
-                    let line = String::from_utf8_lossy(&buf).trim().to_owned();
-                    if tx.blocking_send(Input::Line(n, line)).is_err() {
+            n += 1;
+            match next_line(&mut stdin, n) {
+                Ok(Some(input)) => {
+                    if tx.blocking_send(input).is_err() {
                         return;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
+                Ok(None) | Err(_) => break,
             }
         }
         let _ = tx.blocking_send(Input::Eof);
     });
     rx
 }
-
-use std::io::Read as _;
 
 #[cfg(test)]
 mod tests {
@@ -164,5 +196,52 @@ mod tests {
         assert!(parse("progress 1 2").unwrap_err().contains("unexpected"));
         assert!(parse("term x why").unwrap_err().contains("not a seq"));
         assert!(parse(&"x".repeat(5000)).unwrap_err().len() < 300);
+    }
+
+    fn lines_of(input: &[u8]) -> Vec<Input> {
+        let mut r = io::BufReader::with_capacity(64, input);
+        let mut out = vec![];
+        let mut n = 0;
+        while let Some(i) = next_line(&mut r, {
+            n += 1;
+            n
+        })
+        .unwrap()
+        {
+            out.push(i);
+        }
+        out
+    }
+
+    #[test]
+    fn a_line_over_the_bound_is_refused_whole_and_the_next_one_read() {
+        let long_nack = format!("nack 5{}1h\nack 4\n", " ".repeat(5000));
+        let got = lines_of(long_nack.as_bytes());
+        assert_eq!(got.len(), 2, "{got:?}");
+        match &got[0] {
+            Input::Refused(1, why) => assert!(why.contains("5008 bytes"), "{why}"),
+            other => panic!("not refused: {other:?}"),
+        }
+        assert_eq!(got[1], Input::Line(2, "ack 4".into()));
+        // At the bound exactly: a line; one byte over: refused; the last
+        // line without a newline: a line.
+        let at = "a".repeat(MAX_LINE);
+        let over = "b".repeat(MAX_LINE + 1);
+        let got = lines_of(format!("{at}\n{over}\nack 1").as_bytes());
+        assert_eq!(got[0], Input::Line(1, at));
+        assert!(matches!(&got[1], Input::Refused(2, _)), "{:?}", got[1]);
+        assert_eq!(got[2], Input::Line(3, "ack 1".into()));
+        // An overlong last line without a newline is refused too.
+        let got = lines_of(over.as_bytes());
+        assert!(matches!(&got[..], [Input::Refused(1, _)]), "{got:?}");
+    }
+
+    #[test]
+    fn trailing_junk_is_refused() {
+        assert!(parse("ack 4 junk").unwrap_err().contains("unexpected"));
+        assert!(parse("ack 4\u{a0}junk").unwrap_err().contains("unexpected"));
+        assert!(parse("ack 4junk").unwrap_err().contains("not a seq"));
+        assert!(parse("ack 4\0").unwrap_err().contains("not a seq"));
+        assert!(parse("nack 5 1h junk").unwrap_err().contains("unexpected"));
     }
 }

@@ -4,13 +4,21 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::values::{
+    parse_count, parse_interval, parse_nonzero_duration, parse_seq, parse_step, parse_ttl,
+};
+
+mod publish;
+pub use publish::PublishArgs;
+
 /// `dws --version`: the build and the protocol version it speaks, the same
 /// line as `busd --version` (checked by a test against `proto`).
 pub const VERSION: &str = proto::VERSION_LINE;
 
 /// dws: attach to the local dws event bus and stream its events.
 #[derive(Debug, Parser)]
-#[command(name = "dws", version = VERSION, about, long_about = None, arg_required_else_help = true)]
+#[command(name = "dws", version = VERSION, about, long_about = None, arg_required_else_help = true,
+          styles = crate::colour::styles())]
 pub struct Cli {
     /// Profile (one bus per profile). Env DWS_PROFILE; default "default".
     #[arg(long, global = true, value_name = "NAME")]
@@ -86,12 +94,17 @@ pub enum EventCmd {
 /// that vanished without saying goodbye (crash, kill -9) adds the line
 /// `[event] bus connection lost without goodbye` before the exited line.
 ///
-/// Stop a consumer with SIGTERM, SIGINT or by closing its stdin (when stdin is
-/// a pipe and the run is unbounded). Do not use `kill -9`: the run cannot
-/// clean up, and its subscription lingers until its TTL expires.
+/// Stop a consumer with SIGTERM, SIGINT or by closing its stdin: EOF on a
+/// stdin that is a pipe, a socket or a file ends every run, one with
+/// --max-events or --duration too (reason: signal); a terminal or /dev/null
+/// never does. To keep a run alive with a pipe, feed it one that never
+/// ends: `dws event consume KEY --duration 1h < <(tail -f /dev/null)`. Do
+/// not use `kill -9`: the run cannot clean up, and its subscription lingers
+/// until its TTL expires.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// Event keys: exact (im.message), prefix (im.*) or all (*). Optional with --subscribe-id.
+    /// Event keys: exact (im.message), prefix (im.*) or all (*); no empty segment (a..b, .a, a.).
+    /// Optional with --subscribe-id.
     #[arg(value_name = "EVENT_KEY")]
     pub keys: Vec<String>,
 
@@ -126,15 +139,15 @@ pub struct ConsumeArgs {
 
     /// How long a subscription this run creates outlives a run that could
     /// not remove it (default 10m), or never.
-    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl)]
+    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl, allow_hyphen_values = true)]
     pub ttl: Option<Duration>,
 
     /// Exit after N events (reason: limit).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = parse_count, allow_negative_numbers = true)]
     pub max_events: Option<u64>,
 
     /// Exit after this long, e.g. 30s, 5m (reason: timeout).
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration, allow_hyphen_values = true)]
     pub duration: Option<Duration>,
 
     /// Output format. `json` (one array) needs --max-events or --duration.
@@ -160,8 +173,13 @@ pub struct ConsumeArgs {
     pub ack: AckMode,
 
     /// With --ack explicit: an event sent but not acked within this long is delivered again.
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration, allow_hyphen_values = true)]
     pub ack_wait: Option<Duration>,
+
+    /// Most events unacked at once to this consumer (its credit window);
+    /// default: the bus's (4096), or 16 for a shared subscription.
+    #[arg(long, value_name = "N", value_parser = parse_count, allow_negative_numbers = true)]
+    pub max_in_flight: Option<u64>,
 
     #[command(flatten)]
     pub poison: PoisonArgs,
@@ -200,16 +218,9 @@ pub struct PoisonArgs {
     /// Delays before the 1st, 2nd, … redelivery after an ack-wait expiry or
     /// a nack without a delay (e.g. 1s,10s,1m,10m; the last one repeats).
     /// Default: at once.
-    #[arg(long, value_name = "DUR,...", value_delimiter = ',', value_parser = parse_step)]
+    #[arg(long, value_name = "DUR,...", value_delimiter = ',', value_parser = parse_step,
+          allow_hyphen_values = true)]
     pub backoff: Option<Vec<Duration>>,
-}
-
-/// One `--backoff` step: a humantime duration (`0` allowed: at once).
-fn parse_step(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
-        return Ok(Duration::ZERO);
-    }
-    parse_nonzero_duration(s)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -267,7 +278,7 @@ pub struct InfoArgs {
 #[derive(Debug, Args)]
 pub struct GetArgs {
     /// The event's seq.
-    #[arg(value_name = "SEQ")]
+    #[arg(value_name = "SEQ", value_parser = parse_seq, allow_negative_numbers = true)]
     pub seq: u64,
 
     /// How `data` is written: string (default) or json (see consume --data).
@@ -306,7 +317,7 @@ pub struct ReplayArgs {
     pub verb: VerbArgs,
 
     /// Parked seqs to replay (default: all).
-    #[arg(value_name = "SEQ")]
+    #[arg(value_name = "SEQ", value_parser = parse_seq, allow_negative_numbers = true)]
     pub seqs: Vec<u64>,
 }
 
@@ -367,64 +378,8 @@ pub enum Format {
     Raw,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum From {
-    Latest,
-    Earliest,
-    Seq(u64),
-    /// A time, unix ms: the first retained event received at or after it.
-    Time(i64),
-}
-
-/// A TTL: a duration (see [`parse_nonzero_duration`]) or `never`
-/// (`Duration::MAX`: the subscription lives until removed).
-pub fn parse_ttl(s: &str) -> Result<Duration, String> {
-    match s.trim() {
-        "never" => Ok(Duration::MAX),
-        _ => parse_nonzero_duration(s).map_err(|e| format!("{e}; or never (lives until removed)")),
-    }
-}
-
-/// A humantime duration (`30s`, `5m`, `1h 30m`), more than zero and at
-/// most 100 years (`proto::limits::MAX_DURATION`).
-pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(s.trim()) {
-        Ok(d) if d.is_zero() => Err("must be more than 0".into()),
-        Ok(d) => proto::limits::check_duration(&crate::exit::quoted(s.trim()), d),
-        // humantime's message repeats the unit it did not know, whole.
-        Err(humantime::DurationError::UnknownUnit { unit, .. }) if !unit.is_empty() => {
-            Err(format!(
-                "unknown time unit {} (expected a duration like 30s, 5m, 1h)",
-                crate::exit::quoted(&unit)
-            ))
-        }
-        Err(e) => Err(format!("{e} (expected a duration like 30s, 5m, 1h)")),
-    }
-}
-
-/// Publish one event through the bus's local source (starts the bus if needed).
-///
-/// Prints `{"seq":N,"event_id":"…","duplicate":false}`. Publishing again with
-/// the same --id within the dedup window delivers nothing new and prints
-/// `"duplicate":true` with the original seq.
-#[derive(Debug, Args)]
-pub struct PublishArgs {
-    /// Event type, e.g. demo.hello.
-    #[arg(value_name = "EVENT_TYPE")]
-    pub event_type: String,
-
-    /// Payload: a JSON value or raw text; `-` reads stdin. Default: empty.
-    #[arg(value_name = "DATA|-")]
-    pub data: Option<String>,
-
-    /// Event id; makes a retried publish idempotent.
-    #[arg(long, value_name = "EVENT_ID")]
-    pub id: Option<String>,
-
-    /// json (the only format): the reply as one JSON object (schemas/publish.schema.json).
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = JsonOnly::Json)]
-    pub format: JsonOnly,
-}
+/// Where a consume starts (`--from`); parsed in `start`.
+pub use crate::start::From;
 
 /// A command whose output is always JSON; `--format json` is accepted so a
 /// script can pass it to every command.
@@ -450,16 +405,8 @@ pub struct StatusArgs {
 
     /// How often --watch refreshes (at least 100ms).
     #[arg(long, value_name = "DUR", default_value = "2s", requires = "watch",
-          value_parser = parse_interval)]
+          value_parser = parse_interval, allow_hyphen_values = true)]
     pub interval: Duration,
-}
-
-/// A --watch interval: a duration of at least 100 ms.
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    match parse_nonzero_duration(s)? {
-        d if d < Duration::from_millis(100) => Err("must be at least 100ms".into()),
-        d => Ok(d),
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -514,8 +461,12 @@ pub struct RestartArgs {
 /// bad profile does not hide the others), a stale bus (bus.lock held but no
 /// answer on the socket; a socket with no process), the disk store (FORMAT,
 /// damaged ranges of a running bus) and whether a DingTalk source's
-/// endpoints accept a TCP connection (a warning only). Exit 1 when a check
-/// failed (with an Error: line), 0 otherwise. Starts no bus.
+/// endpoints accept a TCP connection (a warning only), and for store =
+/// "postgres" what a start would try against the database (connect, TLS,
+/// authenticate, schema, lease row), naming the step that fails. Never hangs: files
+/// are opened non-blocking (regular files only, reads bounded) and every
+/// check has a time bound. Exit 1 when a check failed (with an Error:
+/// line), 0 otherwise. Starts no bus.
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// text: one line per check; json: {"ok", "profile", "checks": [{check, profile, status, message, hint}]}.
@@ -527,7 +478,7 @@ pub struct DoctorArgs {
 /// removed with unsubscribe, or until its --ttl runs out detached); prints its id.
 #[derive(Debug, Args)]
 pub struct SubscribeArgs {
-    /// Event keys: exact (im.message), prefix (im.*) or all (*).
+    /// Event keys: exact (im.message), prefix (im.*) or all (*); no empty segment (a..b, .a, a.).
     #[arg(value_name = "EVENT_KEY", required = true)]
     pub keys: Vec<String>,
 
@@ -551,12 +502,12 @@ pub struct SubscribeArgs {
 
     /// How long it lives without a consumer: a duration, or never (the
     /// default: it lives until removed with unsubscribe).
-    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl)]
+    #[arg(long, value_name = "DUR|never", value_parser = parse_ttl, allow_hyphen_values = true)]
     pub ttl: Option<Duration>,
 
     /// The ack wait of its explicit-ack consumers that do not name one
     /// (`consume --ack explicit` without --ack-wait); default 30s.
-    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_nonzero_duration, allow_hyphen_values = true)]
     pub ack_wait: Option<Duration>,
 
     #[command(flatten)]
@@ -569,18 +520,22 @@ pub struct SubscribeArgs {
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = TextOrJson::Text)]
     pub format: TextOrJson,
 
-    /// With store = "postgres": per-host (every host's consumers get every
-    /// event) or shared (each event to one consumer on one host).
+    /// per-host: each consumer (and on a cluster each host) gets every
+    /// event; shared: a work queue, several consumers attach at once and
+    /// each event goes to one of them (on a cluster, one on one host).
     #[arg(long, value_enum, value_name = "MODE", default_value_t = Delivery::PerHost)]
     pub delivery: Delivery,
 }
 
-/// How a named subscription delivers across the hosts of a cluster.
+/// How a named subscription delivers to its consumers (and across the
+/// hosts of a cluster).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Delivery {
-    /// Each host keeps its own cursor: every host's consumers get every event.
+    /// One consumer at a time; on a cluster each host keeps its own cursor:
+    /// every host's consumers get every event.
     PerHost,
-    /// One cursor for the cluster: each event to one consumer on one host.
+    /// A work queue: several consumers at once, each event to one of them;
+    /// on a cluster one cursor for all hosts.
     Shared,
 }
 
@@ -604,26 +559,6 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn a_ttl_is_a_bounded_duration_or_never() {
-        assert_eq!(parse_ttl("never"), Ok(Duration::MAX));
-        assert_eq!(parse_ttl("2s"), Ok(Duration::from_secs(2)));
-        assert!(parse_ttl("0").is_err());
-        let err = parse_ttl("500000000000years").unwrap_err();
-        assert!(err.contains("100 years") && err.contains("never"), "{err}");
-        assert_eq!(
-            proto::limits::ttl_to_ms(Duration::MAX),
-            proto::limits::TTL_NEVER_MS
-        );
-    }
-
-    #[test]
-    fn watch_interval_bounds() {
-        assert!(parse_interval("50ms").is_err());
-        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
-        assert!(Cli::try_parse_from(["dws", "event", "status", "--interval", "1s"]).is_err());
     }
 
     #[test]

@@ -18,8 +18,19 @@ fn unexpected(what: &str) -> CliError {
     CliError::runtime(format!("the bus answered {what} with an unexpected frame"))
 }
 
+/// The most data one event carries (the rule `publish --lines` shares).
+pub const MAX_DATA: usize = proto::limits::MAX_PUBLISH_DATA;
+
 pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
-    proto::limits::check_event_type(&args.event_type).map_err(CliError::usage)?;
+    if args.lines {
+        return crate::publish_lines::run(args, endpoint).await;
+    }
+    if args.id_prefix.is_some() {
+        return Err(CliError::usage(
+            "--id-prefix names the events of --lines; one event takes --id",
+        ));
+    }
+    proto::pattern::check_event_type(&args.event_type).map_err(CliError::usage)?;
     if let Some(id) = &args.id {
         proto::limits::check_event_id(id).map_err(|e| CliError::usage(format!("--id: {e}")))?;
     }
@@ -34,8 +45,7 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
         Some(d) => d.to_owned(),
         None => String::new(),
     };
-    // Leave room for the frame's other fields under the 4 MiB frame limit.
-    let limit = proto::MAX_FRAME_LEN - 64 * 1024;
+    let limit = MAX_DATA;
     if data.len() > limit {
         return Err(CliError::usage(format!(
             "event data is {} bytes; the most a frame carries is {limit}",
@@ -174,11 +184,6 @@ pub async fn subscribe(args: SubscribeArgs, endpoint: &Endpoint) -> Result<()> {
     }
     let filter = validate::filter(args.filter)?;
     let wheres = validate::wheres(args.where_exprs)?;
-    if !wheres.is_empty() && args.delivery == Delivery::Shared {
-        return Err(crate::exit::CliError::usage(
-            "--where cannot be combined with --delivery shared (yet)",
-        ));
-    }
     let (start, start_seq, start_unix_ms) = validate::start(args.from);
     let upstream = validate::upstream(&keys, &args.upstream)?;
     let (max_deliver, on_poison) = crate::consume::poison(&args.poison)?;

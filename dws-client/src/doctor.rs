@@ -8,15 +8,17 @@
 //! from the running bus's status). Checked by `busd --doctor`, since only
 //! the daemon reads the configuration: every profile of `config.toml` on its
 //! own, the secret files each names, and whether a DingTalk source's
-//! endpoints accept a TCP connection (a warning, never a failure). `dws`
-//! itself still never connects upstream.
+//! endpoints accept a TCP connection (a warning, never a failure), and for
+//! a `store = "postgres"` profile what its start would try against the
+//! database. `dws` itself still never connects upstream.
+//!
+//! Nothing here can hang or exhaust memory: the bus's files are opened as
+//! busd opens them (`files`: non-blocking, regular files only, reads
+//! bounded), and every check has a time bound (`busd --doctor` as a whole
+//! [`BUSD_DOCTOR_WAIT`], the bus's Hello [`HELLO_WAIT`], its status
+//! [`STATUS_WAIT`]).
 
-use std::{
-    fs,
-    os::unix::fs::{MetadataExt, OpenOptionsExt},
-    path::Path,
-    process::Command,
-};
+use std::{fs, io::Read, os::unix::fs::MetadataExt, path::Path, time::Duration};
 
 use proto::paths::Endpoint;
 use serde::{Deserialize, Serialize};
@@ -25,11 +27,20 @@ use crate::{
     bus::BusConn,
     cli::{DoctorArgs, TextOrJson},
     exit::{clip, CliError, Result},
+    files::{self, ReadError},
     print_stdout, spawn, status,
 };
 
 /// How long the bus check waits for the bus's Hello.
-const HELLO_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const HELLO_WAIT: Duration = Duration::from_secs(3);
+/// How long the damage check waits for the running bus's status.
+const STATUS_WAIT: Duration = Duration::from_secs(10);
+/// How long `busd --doctor` may take for every profile (its own checks are
+/// bounded: a TCP connect per endpoint, the database's steps); it is killed
+/// after that, and the configuration check fails saying so.
+pub const BUSD_DOCTOR_WAIT: Duration = Duration::from_secs(60);
+/// The most bytes a `FORMAT` file may have (it holds one short line).
+const FORMAT_MAX: usize = 4096;
 
 /// One check's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,7 +90,7 @@ pub async fn run(args: DoctorArgs, endpoint: &Endpoint) -> Result<()> {
         private_dir("runtime_dir", p, &endpoint.socket_dir),
         private_dir("work_dir", p, &endpoint.work_dir),
     ];
-    checks.extend(from_busd(endpoint));
+    checks.extend(from_busd(endpoint, BUSD_DOCTOR_WAIT).await);
     let (bus, running) = bus(endpoint).await;
     checks.push(bus);
     checks.extend(store(endpoint, running).await);
@@ -168,26 +179,45 @@ fn private_dir(name: &str, profile: &str, dir: &Path) -> Check {
 }
 
 /// The checks of `busd --doctor` (configuration of every profile, secret
-/// files, upstream reachability).
-fn from_busd(endpoint: &Endpoint) -> Vec<Check> {
+/// files, upstream reachability, a cluster's database), within `wait`.
+async fn from_busd(endpoint: &Endpoint, wait: Duration) -> Vec<Check> {
     let p = endpoint.profile.as_str();
-    let busd = match spawn::find_busd() {
-        Ok(b) => b,
-        Err(e) => return vec![check("config", p, Level::Fail, e.message, "")],
-    };
-    let out = match Command::new(&busd)
+    match spawn::find_busd() {
+        Ok(busd) => busd_doctor(&busd, p, wait).await,
+        Err(e) => vec![check("config", p, Level::Fail, e.message, "")],
+    }
+}
+
+/// Runs `busd --doctor --profile P`, killed after `wait`.
+async fn busd_doctor(busd: &Path, p: &str, wait: Duration) -> Vec<Check> {
+    let run = tokio::process::Command::new(busd)
         .args(["--doctor", "--profile", p])
         .stdin(std::process::Stdio::null())
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(wait, run).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
             return vec![check(
                 "config",
                 p,
                 Level::Fail,
                 format!("cannot run {}: {e}", busd.display()),
                 "install busd next to dws, or set DWS_BUSD",
+            )]
+        }
+        Err(_) => {
+            return vec![check(
+                "config",
+                p,
+                Level::Fail,
+                format!(
+                    "{} --doctor gave no answer within {}s (stopped)",
+                    busd.display(),
+                    wait.as_secs_f64()
+                ),
+                "a DNS lookup or a database that does not answer? run busd --doctor --profile \
+                 PROFILE yourself to see which check waits",
             )]
         }
     };
@@ -214,23 +244,20 @@ fn from_busd(endpoint: &Endpoint) -> Vec<Check> {
     }
 }
 
-/// Whether `bus.lock` is held, and by which pid (as written in it).
+/// Whether `bus.lock` is held, and by which pid (as written in it, read
+/// from the same descriptor, at most 64 bytes).
 fn lock_holder(path: &Path) -> Option<Option<u32>> {
     use nix::fcntl::{Flock, FlockArg};
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
+    let file = files::open(path).ok()?;
     match Flock::lock(file, FlockArg::LockSharedNonblock) {
         Ok(_unlocked_on_drop) => None,
-        Err((_, _)) => {
-            let pid = fs::read_to_string(path)
+        Err((file, _)) => {
+            let mut text = String::new();
+            let pid = file
+                .take(64)
+                .read_to_string(&mut text)
                 .ok()
-                .and_then(|s| s.trim().parse().ok());
+                .and_then(|_| text.trim().parse().ok());
             Some(pid)
         }
     }
@@ -305,7 +332,7 @@ async fn store(endpoint: &Endpoint, running: bool) -> Vec<Check> {
     let p = endpoint.profile.as_str();
     let dir = endpoint.work_dir.join("store");
     let format = dir.join("FORMAT");
-    let mut out = vec![match fs::read(&format) {
+    let mut out = vec![match files::read(&format, FORMAT_MAX) {
         Ok(bytes) => {
             let (level, what, hint) = format_verdict(&bytes);
             check(
@@ -316,7 +343,7 @@ async fn store(endpoint: &Endpoint, running: bool) -> Vec<Check> {
                 hint,
             )
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => check(
+        Err(ReadError::NotFound) => check(
             "store",
             p,
             Level::Ok,
@@ -325,6 +352,13 @@ async fn store(endpoint: &Endpoint, running: bool) -> Vec<Check> {
                 dir.display()
             ),
             "",
+        ),
+        Err(e @ (ReadError::NotRegular(_) | ReadError::TooLarge(_))) => check(
+            "store",
+            p,
+            Level::Fail,
+            format!("{}: {e}; the bus refuses to open it", format.display()),
+            "move the store directory away to start empty (or put back the FORMAT file it had)",
         ),
         Err(e) => check(
             "store",
@@ -335,7 +369,8 @@ async fn store(endpoint: &Endpoint, running: bool) -> Vec<Check> {
         ),
     }];
     if running {
-        if let Ok(Some(st)) = status::fetch(endpoint).await {
+        let fetched = tokio::time::timeout(STATUS_WAIT, status::fetch(endpoint)).await;
+        if let Ok(Ok(Some(st))) = fetched {
             let damaged = &st.doc.store.damaged;
             out.push(if damaged.is_empty() {
                 check("store_damage", p, Level::Ok, "no damaged ranges".into(), "")
@@ -400,6 +435,28 @@ mod tests {
         let (l, m, h) = dir_verdict(Some(&meta), uid);
         assert_eq!(l, Level::Fail, "{m}");
         assert!(h.contains("chmod 700"));
+    }
+
+    #[test]
+    fn a_busd_doctor_that_never_answers_is_stopped_at_its_bound() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let busd = tmp.path().join("busd");
+        fs::write(&busd, "#!/bin/sh\nexec sleep 600\n").expect("write");
+        fs::set_permissions(&busd, fs::Permissions::from_mode(0o700)).expect("chmod");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let started = std::time::Instant::now();
+        let checks = rt.block_on(busd_doctor(&busd, "p", Duration::from_millis(300)));
+        assert!(started.elapsed() < Duration::from_secs(60), "bounded");
+        assert_eq!(checks.len(), 1, "{checks:?}");
+        assert_eq!(checks[0].status, Level::Fail);
+        assert!(
+            checks[0].message.contains("no answer within 0.3s"),
+            "{checks:?}"
+        );
     }
 
     #[test]

@@ -1,17 +1,23 @@
 //! `dws`, the thin client of the dws event bus.
 //!
 //! Layout:
-//! - [`cli`]: the command line (single source of help);
+//! - [`cli`]: the command line (single source of help); [`colour`]: colour
+//!   on a terminal only;
 //! - [`exit`]: the exit-code contract and [`exit::CliError`];
 //! - [`bus`]: discover-or-spawn and request/reply over the socket;
 //!   [`spawn`]: starting `busd` with a ready pipe;
 //! - [`consume`]: `dws event consume` and its stderr/exit contract;
 //!   [`output`]: event formats; [`pump`]: the stdout writer thread;
-//! - [`status`], [`commands`], [`restart`], [`doctor`], [`reading`] (get,
+//!   [`ring`]: the bus's line ring, read in place;
+//! - [`status`], [`commands`] ([`publish_lines`]: `publish --lines`),
+//!   [`restart`], [`doctor`] (with [`files`]: the bus's files read as busd
+//!   opens them), [`reading`] (get,
 //!   subscription list and info): the other subcommands; [`metrics`]: status
 //!   as Prometheus / OpenMetrics text;
-//! - [`validate`]: flag checks shared by the commands; [`start`]: `--from`
-//!   (a seq or an RFC 3339 time);
+//! - [`human`]: durations and local times in text output;
+//! - [`validate`]: flag checks shared by the commands; [`values`]: flag
+//!   values as clap parses them (durations); [`start`]: `--from` (a seq or
+//!   an RFC 3339 time);
 //! - [`docs`]: completion scripts and man pages from the clap definitions.
 //!
 //! `dws` never connects upstream: it only talks to its bus.
@@ -19,25 +25,31 @@
 pub mod acks;
 pub mod bus;
 pub mod cli;
+pub mod colour;
 pub mod commands;
 pub mod consume;
 pub mod docs;
 pub mod doctor;
 pub mod exit;
+pub mod files;
+pub mod human;
 pub mod metrics;
 pub mod output;
+pub mod publish_lines;
 pub mod pump;
 pub mod reading;
 pub mod restart;
+pub mod ring;
 pub mod spawn;
 pub mod start;
 pub mod status;
 pub mod subscription;
 pub mod validate;
+pub mod values;
 
 use std::{ffi::OsString, io::Write, process::ExitCode};
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use crate::{
     cli::{Cli, EventCmd, Top},
@@ -83,20 +95,30 @@ pub fn main_with_os_args(argv: impl IntoIterator<Item = OsString>) -> ExitCode {
 
 /// Parses argv, runs the command, prints the one `Error:` line on failure.
 pub fn main_with_args(argv: Vec<String>) -> ExitCode {
-    let cli = match Cli::try_parse_from(argv) {
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e)
             if !e.use_stderr()
                 || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
         {
             // --help and --version, and a bare `dws` / `dws event` /
-            // `dws event subscription`: print the help as asked, exit 0.
-            let _ = print_stdout(&e.render().to_string());
+            // `dws event subscription`: print the help as asked, exit 0;
+            // in cargo's colours on a terminal.
+            let rendered = e.render();
+            let help = match colour::on_stdout() {
+                true => rendered.ansi().to_string(),
+                false => rendered.to_string(),
+            };
+            let _ = print_stdout(&help);
             return ExitCode::SUCCESS;
         }
         Err(e) => {
+            // An unknown verb: name the valid ones (clap only suggests a
+            // similar one, when there is one).
+            let valid = (e.kind() == clap::error::ErrorKind::InvalidSubcommand)
+                .then(|| format!("valid subcommands: {}", subcommands_at(&argv).join(", ")));
             let rendered = clip_clap_context(e).render().to_string();
-            return fail(&CliError::usage(usage_line(&rendered)));
+            return fail(&CliError::usage(usage_line(&rendered, valid)));
         }
     };
     match run(cli) {
@@ -105,11 +127,36 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
     }
 }
 
+/// The visible subcommands of the deepest command `argv` names (its flags
+/// and `--profile NAME` skipped), for an unknown verb's error.
+fn subcommands_at(argv: &[String]) -> Vec<String> {
+    let mut cmd = Cli::command();
+    let mut words = argv.iter().skip(1);
+    while let Some(w) = words.next() {
+        if w == "--profile" {
+            words.next();
+            continue;
+        }
+        if w.starts_with('-') {
+            continue;
+        }
+        match cmd.find_subcommand(w) {
+            Some(sub) => cmd = sub.clone(),
+            None => break,
+        }
+    }
+    cmd.get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .map(|s| s.get_name().to_owned())
+        .collect()
+}
+
 /// clap's whole error as the one `Error:` line: every paragraph it printed
 /// (the missing arguments, the "similar argument" tip, the possible values,
-/// the usage) joined with `; `, so nothing clap says is cut.
-fn usage_line(rendered: &str) -> String {
-    let paragraphs: Vec<String> = rendered
+/// the usage) joined with `; `, so nothing clap says is cut; `extra`, when
+/// given, goes right after the first (what is wrong, then what is valid).
+fn usage_line(rendered: &str, extra: Option<String>) -> String {
+    let mut paragraphs: Vec<String> = rendered
         .split("\n\n")
         .map(|p| {
             p.lines()
@@ -120,6 +167,9 @@ fn usage_line(rendered: &str) -> String {
         })
         .filter(|p| !p.is_empty())
         .collect();
+    if let Some(extra) = extra {
+        paragraphs.insert(paragraphs.len().min(1), extra);
+    }
     let mut line = String::new();
     for (i, p) in paragraphs.iter().enumerate() {
         if i == 0 {
@@ -163,8 +213,9 @@ fn clip_clap_context(mut e: clap::Error) -> clap::Error {
 /// Prints the one `Error:` line (a single line, at most
 /// [`exit::MESSAGE_CHARS`] characters) and returns the exit code.
 fn fail(e: &CliError) -> ExitCode {
+    let line = colour::error_line(&error_line(&e.message), colour::on_stderr());
     let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "Error: {}", error_line(&e.message));
+    let _ = writeln!(err, "{line}");
     ExitCode::from(e.code)
 }
 
@@ -204,7 +255,7 @@ fn run(cli: Cli) -> Result<()> {
     match cmd {
         EventCmd::Consume(args) => {
             let plan = consume::plan(args)?;
-            let armed = consume::stdin_eof_armed(&plan);
+            let armed = consume::stdin_eof_armed();
             if plan.dry_run {
                 return print_stdout(&format!("{:#}\n", plan.describe(&endpoint, armed)));
             }

@@ -7,10 +7,14 @@
 //! counter family is named (`x_total` in the Prometheus text format 0.0.4,
 //! family `x` with sample `x_total` in OpenMetrics) and in OpenMetrics'
 //! closing `# EOF`.
+//!
+//! The bus cuts its subscription list to fit one frame: `dws_status_truncated`
+//! says so (1), and the `dws_subscriptions*` totals, which busd counts over
+//! every subscription, still count the ones left out.
 
 use std::fmt::Write as _;
 
-use proto::status::StatusDoc;
+use proto::status::{StatusDoc, SubscriptionTotalsDoc};
 
 /// Which exposition format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,6 +242,55 @@ pub fn render(doc: &StatusDoc, flavor: Flavor) -> String {
         f.add(NAME, h, HELP, "_sum", &kind, lat.sum_us as f64 / 1e6);
         f.add(NAME, h, HELP, "_count", &kind, lat.count as f64);
     }
+    f.gauge(
+        "dws_status_truncated",
+        "1 when the bus cut its lists to fit one frame: per-subscription series are missing \
+         for some; the dws_subscriptions totals count all.",
+        &[],
+        flag(doc.truncated.is_some()),
+    );
+    // An older bus sends no totals: the list's own, when it is complete.
+    let totals = match (&doc.subscription_totals, &doc.truncated) {
+        (Some(t), _) => Some(t.clone()),
+        (None, None) => Some(SubscriptionTotalsDoc::of(&doc.subscriptions)),
+        (None, Some(_)) => None,
+    };
+    if let Some(t) = totals {
+        for (name, help, v) in [
+            (
+                "dws_subscriptions",
+                "Subscriptions the bus holds (all, listed or not).",
+                t.count,
+            ),
+            (
+                "dws_subscriptions_attached",
+                "Subscriptions with a consumer attached.",
+                t.attached,
+            ),
+            (
+                "dws_subscriptions_halted",
+                "Subscriptions halted at a poison event, over all of them.",
+                t.halted,
+            ),
+            (
+                "dws_subscriptions_disabled",
+                "Subscriptions disabled, over all of them.",
+                t.disabled,
+            ),
+            (
+                "dws_subscriptions_pending_events",
+                "Events not yet acked, summed over every subscription.",
+                t.pending,
+            ),
+            (
+                "dws_subscriptions_parked_events",
+                "Poison events parked, summed over every subscription.",
+                t.parked,
+            ),
+        ] {
+            f.gauge(name, help, &[], v as f64);
+        }
+    }
     for s in &doc.subscriptions {
         let id = [("subscription", s.id.as_str())];
         let g = |f: &mut Families, name, help, v: u64| f.gauge(name, help, &id, v as f64);
@@ -290,6 +343,12 @@ pub fn render(doc: &StatusDoc, flavor: Flavor) -> String {
             flag(s.attached_pid.is_some()),
         );
         f.gauge(
+            "dws_subscription_consumers",
+            "Consumers attached (several only with shared delivery).",
+            &id,
+            s.consumers as f64,
+        );
+        f.gauge(
             "dws_subscription_oldest_unacked_age_seconds",
             "Age of the oldest unacked delivery (0 when none).",
             &id,
@@ -320,6 +379,38 @@ pub fn render(doc: &StatusDoc, flavor: Flavor) -> String {
             "dws_subscription_parked_dropped",
             "Parked events dropped.",
             s.parked_dropped,
+        );
+    }
+    // Each consumer on its own (a shared subscription's workers).
+    for c in &doc.consumers {
+        let pid = c.pid.to_string();
+        let labels = [
+            ("subscription", c.subscription_id.as_str()),
+            ("pid", pid.as_str()),
+        ];
+        f.gauge(
+            "dws_consumer_in_flight",
+            "Events delivered to this consumer and not yet settled.",
+            &labels,
+            c.in_flight as f64,
+        );
+        f.counter(
+            "dws_consumer_delivered",
+            "Deliveries to this consumer.",
+            &labels,
+            c.delivered as f64,
+        );
+        f.counter(
+            "dws_consumer_redelivered",
+            "Of them, deliveries marked redelivered.",
+            &labels,
+            c.redelivered as f64,
+        );
+        f.counter(
+            "dws_consumer_acked",
+            "Events this consumer acked.",
+            &labels,
+            c.acked as f64,
         );
     }
     f.finish()
@@ -406,6 +497,42 @@ mod tests {
             format!("dws_store_append_seconds_bucket{{{p},le=\"+Inf\"}} 4"),
             format!("dws_store_append_seconds_sum{{{p}}} 0.0025"),
             format!("dws_store_append_seconds_count{{{p}}} 4"),
+        ] {
+            assert!(t.lines().any(|l| l == line), "{line:?} missing in\n{t}");
+        }
+    }
+
+    #[test]
+    fn a_cut_list_is_flagged_and_the_totals_count_every_subscription() {
+        let mut d = doc();
+        let t = render(&d, Flavor::Prometheus);
+        let p = "{profile=\"de\\\"v\"}";
+        for line in [
+            format!("dws_status_truncated{p} 0"),
+            // No totals from the bus, a complete list: its own.
+            format!("dws_subscriptions{p} 1"),
+            format!("dws_subscriptions_halted{p} 1"),
+        ] {
+            assert!(t.lines().any(|l| l == line), "{line:?} missing in\n{t}");
+        }
+        d.truncated = Some(proto::status::TruncatedDoc {
+            consumers_total: 0,
+            subscriptions_total: 401,
+        });
+        let t = render(&d, Flavor::Prometheus);
+        assert!(t.contains(&format!("dws_status_truncated{p} 1\n")), "{t}");
+        assert!(!t.contains("dws_subscriptions{"), "no totals to trust: {t}");
+        d.subscription_totals = Some(SubscriptionTotalsDoc {
+            count: 401,
+            halted: 2,
+            parked: 5,
+            ..Default::default()
+        });
+        let t = render(&d, Flavor::Prometheus);
+        for line in [
+            format!("dws_subscriptions{p} 401"),
+            format!("dws_subscriptions_halted{p} 2"),
+            format!("dws_subscriptions_parked_events{p} 5"),
         ] {
             assert!(t.lines().any(|l| l == line), "{line:?} missing in\n{t}");
         }

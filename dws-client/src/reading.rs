@@ -1,7 +1,9 @@
 //! Reading without consuming: `dws event get SEQ` (one retained event by
 //! seq, the `GetEvent` request) and `dws event subscription list` / `info
 //! ID` (the subscriptions as the status document shows them; no request of
-//! their own).
+//! their own). Without a bus, `list` says so as `status` does (`bus not
+//! running …`, exit 0; JSON: the same `running: false` document): the named
+//! subscriptions are on disk, not gone, so an empty list would mislead.
 
 use proto::{
     paths::Endpoint,
@@ -13,6 +15,7 @@ use crate::{
     bus::BusConn,
     cli::{DataMode, Format, GetArgs, InfoArgs, ListArgs, TextOrJson},
     exit::{clip, CliError, Result},
+    human,
     output::EventWriter,
     print_stdout, status, validate,
 };
@@ -54,9 +57,16 @@ fn line(event: &v1::Event, data: DataMode) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The status document's `subscriptions[]`, and a note when the bus cut
-/// the list to fit one frame. No bus: none.
-async fn subscriptions(endpoint: &Endpoint) -> Result<Option<(Vec<Value>, Option<String>)>> {
+/// What `list` and `info` read: the status document's `subscriptions[]`,
+/// the bus's clock, and a note when the bus cut the list to fit one frame.
+struct Listed {
+    list: Vec<Value>,
+    now_ms: i64,
+    note: Option<String>,
+}
+
+/// [`Listed`], or `None` when no bus runs.
+async fn subscriptions(endpoint: &Endpoint) -> Result<Option<Listed>> {
     let Some(fetched) = status::fetch(endpoint).await? else {
         return Ok(None);
     };
@@ -64,23 +74,19 @@ async fn subscriptions(endpoint: &Endpoint) -> Result<Option<(Vec<Value>, Option
         Some(Value::Array(list)) => list.clone(),
         _ => Vec::new(),
     };
-    let note = fetched
-        .json
-        .get("truncated")
-        .and_then(|t| t.get("subscriptions_total"))
-        .and_then(Value::as_u64)
-        .map(|total| {
-            format!(
-                "the bus listed {} of its {total} subscriptions (the status document must fit one frame)",
-                list.len()
-            )
-        });
-    Ok(Some((list, note)))
+    let note = status::cut_note(&fetched.doc);
+    let now_ms = fetched.doc.now_unix_ms();
+    Ok(Some(Listed { list, now_ms, note }))
 }
 
 /// `dws event subscription list`.
 pub async fn list(args: ListArgs, endpoint: &Endpoint) -> Result<()> {
-    let (list, note) = subscriptions(endpoint).await?.unwrap_or_default();
+    let Some(Listed { list, note, .. }) = subscriptions(endpoint).await? else {
+        return print_stdout(&match args.format {
+            TextOrJson::Json => format!("{}\n", pretty(&status::not_running_json(endpoint))),
+            TextOrJson::Text => status::not_running_line(endpoint, None),
+        });
+    };
     if let Some(note) = note {
         eprintln!("[event] {note}");
     }
@@ -99,8 +105,12 @@ pub async fn info(args: InfoArgs, endpoint: &Endpoint) -> Result<()> {
             &format!("subscription {} not found{why}", clip(&args.id)),
         )
     };
-    let Some((list, note)) = subscriptions(endpoint).await? else {
-        return Err(not_found(" (bus not running)"));
+    let Some(Listed { list, now_ms, note }) = subscriptions(endpoint).await? else {
+        return Err(CliError::runtime(format!(
+            "cannot show subscription {}: {}",
+            clip(&args.id),
+            status::not_running_line(endpoint, None).trim_end()
+        )));
     };
     let Some(entry) = list
         .into_iter()
@@ -113,7 +123,7 @@ pub async fn info(args: InfoArgs, endpoint: &Endpoint) -> Result<()> {
     };
     match args.format {
         TextOrJson::Json => print_stdout(&format!("{}\n", pretty(&entry))),
-        TextOrJson::Text => print_stdout(&key_values(&entry)),
+        TextOrJson::Text => print_stdout(&key_values(&entry, now_ms)),
     }
 }
 
@@ -175,17 +185,66 @@ fn row(s: &Value) -> [String; 6] {
 }
 
 /// The text of `info`: one `key: value` line per field, in the document's
-/// order; strings bare, everything else as compact JSON.
-pub fn key_values(entry: &Value) -> String {
+/// order; strings bare, everything else as compact JSON, except what
+/// people read as time (`now_ms` is the bus's clock): a `…_unix_ms` field
+/// is a local RFC 3339 time and how long ago (`detached_since:
+/// 2026-12-04T09:52:00+08:00 (10m 31s ago)`), a `…_ms` one a duration
+/// (`ttl: 2h`), each named without its unit; unset: `-` (a TTL: `never`).
+pub fn key_values(entry: &Value, now_ms: i64) -> String {
     let Some(map) = entry.as_object() else {
         return format!("{entry}\n");
     };
     map.iter()
-        .map(|(k, v)| match v {
-            Value::String(s) => format!("{k}: {s}\n"),
-            other => format!("{k}: {other}\n"),
+        .map(|(k, v)| {
+            if let Some(name) = k.strip_suffix("_unix_ms") {
+                let shown = v.as_i64().map_or("-".into(), |t| {
+                    format!("{} ({})", human::local_time(t), human::ago(now_ms, t))
+                });
+                return format!("{name}: {shown}\n");
+            }
+            if let Some(name) = k.strip_suffix("_ms") {
+                let shown = match v {
+                    Value::Null if name == "ttl" => "never".to_owned(),
+                    Value::Array(a) if a.is_empty() => "-".to_owned(),
+                    Value::Array(a) => a.iter().map(ms_text).collect::<Vec<_>>().join(", "),
+                    other => ms_text(other),
+                };
+                return format!("{name}: {shown}\n");
+            }
+            match (k.as_str(), v) {
+                ("halted", Value::Object(h)) => format!(
+                    "halted: at seq {} (event {}) after {}, since {}\n",
+                    h.get("seq").unwrap_or(&Value::Null),
+                    h.get("event_id").and_then(Value::as_str).unwrap_or("?"),
+                    deliveries(h.get("deliveries").and_then(Value::as_u64).unwrap_or(0)),
+                    h.get("since_unix_ms")
+                        .and_then(Value::as_i64)
+                        .map_or("-".into(), human::local_time)
+                ),
+                (_, Value::String(s)) => format!("{k}: {s}\n"),
+                (_, other) => format!("{k}: {other}\n"),
+            }
         })
         .collect()
+}
+
+/// A millisecond count as a duration; anything else as it is, `-` unset.
+fn ms_text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        v => v
+            .as_i64()
+            .map_or_else(|| v.to_string(), human::duration_signed_ms),
+    }
+}
+
+/// `1 delivery`, `3 deliveries`.
+pub fn deliveries(n: u64) -> String {
+    if n == 1 {
+        "1 delivery".into()
+    } else {
+        format!("{n} deliveries")
+    }
 }
 
 #[cfg(test)]
@@ -214,10 +273,29 @@ mod tests {
 
     #[test]
     fn info_is_key_value_lines_in_document_order() {
-        let v = json!({"id": "s1", "filter": null, "halted": {"seq": 3}, "patterns": ["a"]});
+        let v = json!({"id": "s1", "filter": null, "state": "active", "patterns": ["a"]});
         assert_eq!(
-            key_values(&v),
-            "id: s1\nfilter: null\nhalted: {\"seq\":3}\npatterns: [\"a\"]\n"
+            key_values(&v, 0),
+            "id: s1\nfilter: null\nstate: active\npatterns: [\"a\"]\n"
+        );
+    }
+
+    #[test]
+    fn info_shows_times_and_durations_for_people() {
+        let v = json!({"detached_since_unix_ms": 1_000_000_000_000i64, "expires_at_unix_ms": null,
+                       "ttl_ms": null, "oldest_unacked_age_ms": 846_100, "backoff_ms": [1000, 60000],
+                       "ack_wait_ms": null,
+                       "halted": {"seq": 7, "event_id": "e7", "deliveries": 1,
+                                  "since_unix_ms": 1_000_000_000_000i64}});
+        let text = key_values(&v, 1_000_000_631_700);
+        let local = human::local_time(1_000_000_000_000);
+        assert_eq!(
+            text,
+            format!(
+                "detached_since: {local} (10m 31s ago)\nexpires_at: -\nttl: never\n\
+                 oldest_unacked_age: 14m 6s\nbackoff: 1s, 1m\nack_wait: -\n\
+                 halted: at seq 7 (event e7) after 1 delivery, since {local}\n"
+            )
         );
     }
 }

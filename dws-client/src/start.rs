@@ -1,7 +1,14 @@
 //! `--from` on the command line (consume, subscribe): latest, earliest, a
 //! seq, or an RFC 3339 time; the time parser `seek --to` shares. Pure.
 
-use crate::cli::From;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum From {
+    Latest,
+    Earliest,
+    Seq(u64),
+    /// A time, unix ms: the first retained event received at or after it.
+    Time(i64),
+}
 
 /// `--from`: latest, earliest, a seq, or a time.
 pub fn parse_from(s: &str) -> Result<From, String> {

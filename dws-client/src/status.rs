@@ -16,6 +16,7 @@ use crate::{
     bus::BusConn,
     cli::{StatusArgs, StatusFormat},
     exit::{CliError, Result},
+    human,
     metrics::{self, Flavor},
 };
 
@@ -56,7 +57,36 @@ pub async fn run(args: StatusArgs, endpoint: &Endpoint) -> Result<()> {
         Some(fetched) => Report::Running(Box::new(fetched)),
         None => Report::NotRunning(not_running(endpoint)),
     };
+    report.note_cut(args.format);
     crate::print_stdout(&report.print(args.format, endpoint, true))
+}
+
+/// When the bus cut its lists to fit one frame: what is missing, for
+/// stderr (`[event] ` and this).
+pub fn cut_note(doc: &StatusDoc) -> Option<String> {
+    let t = doc.truncated.as_ref()?;
+    let mut what = vec![];
+    if (doc.subscriptions.len() as u64) < t.subscriptions_total {
+        what.push(format!(
+            "{} of its {} subscriptions",
+            doc.subscriptions.len(),
+            t.subscriptions_total
+        ));
+    }
+    if (doc.consumers.len() as u64) < t.consumers_total {
+        what.push(format!(
+            "{} of its {} consumers",
+            doc.consumers.len(),
+            t.consumers_total
+        ));
+    }
+    (!what.is_empty()).then(|| {
+        format!(
+            "the bus listed {} (the status document must fit one frame); its totals \
+             (subscription_totals, the dws_subscriptions metrics) count them all",
+            what.join(" and ")
+        )
+    })
 }
 
 /// What one status says: a bus's document, or that none runs.
@@ -66,6 +96,16 @@ enum Report {
 }
 
 impl Report {
+    /// The [`cut_note`] on stderr: for the formats a program reads (the
+    /// text report says it in its own lines).
+    fn note_cut(&self, format: StatusFormat) {
+        if let (Report::Running(f), false) = (self, format == StatusFormat::Text) {
+            if let Some(note) = cut_note(&f.doc) {
+                eprintln!("[event] {note}");
+            }
+        }
+    }
+
     /// One status as printed: the document (pretty or one line) or the
     /// text report; without a bus, the `running: false` document or line.
     fn print(&self, format: StatusFormat, endpoint: &Endpoint, pretty: bool) -> String {
@@ -100,7 +140,8 @@ impl Report {
     }
 }
 
-fn not_running_line(endpoint: &Endpoint, error: Option<&str>) -> String {
+/// The one line that says no bus runs (text).
+pub fn not_running_line(endpoint: &Endpoint, error: Option<&str>) -> String {
     format!(
         "bus not running (profile {}, socket {}){}\n",
         endpoint.profile,
@@ -111,6 +152,12 @@ fn not_running_line(endpoint: &Endpoint, error: Option<&str>) -> String {
 
 fn not_running(endpoint: &Endpoint) -> NotRunningDoc {
     NotRunningDoc::new(endpoint.profile.clone(), endpoint.socket_path.clone())
+}
+
+/// The `running: false` document (JSON).
+pub fn not_running_json(endpoint: &Endpoint) -> Value {
+    serde_json::to_value(not_running(endpoint))
+        .unwrap_or_else(|e| serde_json::json!({"running": false, "error": e.to_string()}))
 }
 
 /// `status --watch`: one report per interval until SIGINT or SIGTERM (exit
@@ -140,14 +187,15 @@ async fn watch(args: &StatusArgs, endpoint: &Endpoint) -> Result<()> {
                 ..not_running(endpoint)
             }),
         };
+        report.note_cut(args.format);
         let body = report.print(args.format, endpoint, false);
-        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+        let now = human::local_time(human::now_ms());
         let frame = match args.format {
             StatusFormat::Json | StatusFormat::Prometheus | StatusFormat::Openmetrics => body,
             // Home, clear the screen, redraw: one write, so no flicker.
             StatusFormat::Text if in_place => format!(
                 "\x1b[H\x1b[2J--- {now}  every {}  (Ctrl-C to quit)\n{body}",
-                humantime::format_duration(args.interval)
+                human::duration_ms(args.interval.as_millis() as u64)
             ),
             StatusFormat::Text => format!("--- {now}\n{body}"),
         };
@@ -178,18 +226,13 @@ fn s<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
+/// A time relative to the bus's clock: `10m 31s ago`, `in 5s`; `-` unset.
 fn ago(now_ms: i64, v: Option<i64>) -> String {
-    match v {
-        Some(t) => format!("{:.1}s ago", (now_ms - t) as f64 / 1000.0),
-        None => "-".into(),
-    }
+    v.map_or_else(|| "-".into(), |t| human::ago(now_ms, t))
 }
 
 fn until(now_ms: i64, v: Option<i64>) -> String {
-    match v {
-        Some(t) => format!("in {:.1}s", (t - now_ms) as f64 / 1000.0),
-        None => "-".into(),
-    }
+    ago(now_ms, v)
 }
 
 /// What an operator should know after an upgrade: the running bus is not
@@ -260,11 +303,12 @@ pub fn render(doc: &StatusDoc) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "bus        pid {}  profile {}  version {}  up {:.1}s",
+        "bus        pid {}  profile {}  version {}  up {}  (since {})",
         bus.pid,
         bus.profile,
         bus.version,
-        bus.uptime_ms as f64 / 1000.0
+        human::duration_ms(bus.uptime_ms),
+        human::local_time(bus.started_at_unix_ms)
     );
     for warning in upgrade_warnings(bus) {
         let _ = writeln!(o, "           ! {warning}");
@@ -276,7 +320,7 @@ pub fn render(doc: &StatusDoc) -> String {
         if idle == 0 {
             "never".to_owned()
         } else {
-            format!("{}s", idle as f64 / 1000.0)
+            human::duration_ms(idle)
         },
         bus.socket.display()
     );
@@ -302,7 +346,18 @@ pub fn render(doc: &StatusDoc) -> String {
         s(log.retention_held_by.as_deref()),
     );
     let consumers = &doc.consumers;
-    let _ = writeln!(o, "\nconsumers ({})", consumers.len());
+    let cut = doc.truncated.as_ref();
+    let of = |listed: usize, total: Option<u64>| match total {
+        Some(t) if (listed as u64) < t => {
+            format!("{listed} of {t}: the bus cut the list to fit one frame")
+        }
+        _ => listed.to_string(),
+    };
+    let _ = writeln!(
+        o,
+        "\nconsumers ({})",
+        of(consumers.len(), cut.map(|t| t.consumers_total))
+    );
     if !consumers.is_empty() {
         let rows: Vec<Vec<String>> = consumers
             .iter()
@@ -333,7 +388,20 @@ pub fn render(doc: &StatusDoc) -> String {
         ),
         _ => String::new(),
     };
-    let _ = writeln!(o, "\nsubscriptions ({}){removed}", subs.len());
+    let _ = writeln!(
+        o,
+        "\nsubscriptions ({}){removed}",
+        of(subs.len(), cut.map(|t| t.subscriptions_total))
+    );
+    // What the rows cannot say when some are missing.
+    let subs_cut = cut.is_some_and(|t| (subs.len() as u64) < t.subscriptions_total);
+    if let Some(t) = doc.subscription_totals.as_ref().filter(|_| subs_cut) {
+        let _ = writeln!(
+            o,
+            "  in all {}: {} attached, {} halted, {} disabled; {} pending, {} parked event(s)",
+            t.count, t.attached, t.halted, t.disabled, t.pending, t.parked
+        );
+    }
     if !subs.is_empty() {
         let rows: Vec<Vec<String>> = subs
             .iter()
@@ -344,7 +412,7 @@ pub fn render(doc: &StatusDoc) -> String {
                 };
                 let age = x
                     .oldest_unacked_age_ms
-                    .map_or("-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+                    .map_or("-".to_owned(), human::duration_signed_ms);
                 let state = match &x.halted {
                     Some(h) if x.state == "halted" => format!("halted@{}", h.seq),
                     _ => x.state.clone(),
@@ -419,12 +487,30 @@ pub fn render(doc: &StatusDoc) -> String {
     o
 }
 
+/// The upstream lease on the database's clock: who holds it, its epoch,
+/// when it expires or since when it has expired.
+fn lease_line(l: &proto::status::ClusterLeaseDoc) -> String {
+    let secs = |ms: i64| format!("{:.1}s", ms.unsigned_abs() as f64 / 1000.0);
+    match (&l.holder, l.expires_in_ms) {
+        (None, _) => format!("none (epoch {})", l.epoch),
+        (Some(h), Some(ms)) if !l.expired => {
+            format!("{h}  epoch {}  expires in {}", l.epoch, secs(ms))
+        }
+        (Some(h), Some(ms)) => format!(
+            "{h}  epoch {}  expired {} ago: no owner until another host takes it",
+            l.epoch,
+            secs(ms)
+        ),
+        (Some(h), None) => format!("{h}  epoch {}  no expiry recorded", l.epoch),
+    }
+}
+
 /// The cluster section (`store = "postgres"`): who owns the upstream, the
 /// hosts, and every host's cursor of every named subscription.
 fn render_cluster(o: &mut String, c: &proto::status::ClusterDoc, now: i64) {
     let _ = writeln!(
         o,
-        "\ncluster    {}  this host {} ({})  owner {} since {}  epoch {}  head {}{}",
+        "\ncluster    {}  this host {} ({})  owner {} since {}  epoch {}  head {}  read {:.1}s ago{}",
         c.name,
         c.host,
         c.role,
@@ -432,10 +518,14 @@ fn render_cluster(o: &mut String, c: &proto::status::ClusterDoc, now: i64) {
         ago(now, c.owner_since_unix_ms),
         c.epoch,
         c.head_seq,
+        c.read_age_ms as f64 / 1000.0,
         c.last_error
             .as_deref()
             .map_or(String::new(), |e| format!("  error: {e}")),
     );
+    if let Some(l) = &c.lease {
+        let _ = writeln!(o, "lease      {}", lease_line(l));
+    }
     let hosts: Vec<Vec<String>> = c
         .hosts
         .iter()
@@ -444,7 +534,7 @@ fn render_cluster(o: &mut String, c: &proto::status::ClusterDoc, now: i64) {
                 h.host.clone(),
                 h.pid.to_string(),
                 h.version.clone(),
-                format!("{:.1}s", h.heartbeat_age_ms as f64 / 1000.0),
+                human::duration_ms(h.heartbeat_age_ms),
             ]
         })
         .collect();

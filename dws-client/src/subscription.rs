@@ -32,8 +32,9 @@ pub async fn run(verb: SubscriptionVerb, endpoint: &Endpoint) -> Result<()> {
     validate::subscription_id("subscription id", &args.id)?;
     let Some(mut bus) = BusConn::open(endpoint).await? else {
         return Err(CliError::runtime(format!(
-            "subscription {} not found (bus not running)",
-            crate::exit::clip(&args.id)
+            "cannot {name} subscription {}: {}",
+            crate::exit::clip(&args.id),
+            crate::status::not_running_line(endpoint, None).trim_end()
         )));
     };
     let reply = bus
@@ -78,6 +79,11 @@ fn seek_target(to: &str) -> Result<String> {
     }
 }
 
+/// `1 delivery`, `3 deliveries`.
+fn deliveries(n: &Value) -> String {
+    crate::reading::deliveries(n.as_u64().unwrap_or(0))
+}
+
 /// The text form: one `key: value` line per field that matters.
 fn render(args: &VerbArgs, doc: &Value) -> String {
     let mut out = String::new();
@@ -95,8 +101,10 @@ fn render(args: &VerbArgs, doc: &Value) -> String {
     ));
     if let Some(h) = doc.get("halted").filter(|h| !h.is_null()) {
         out.push_str(&format!(
-            "  halted at seq {} (event {}) after {} deliveries\n",
-            h["seq"], h["event_id"], h["deliveries"]
+            "  halted at seq {} (event {}) after {}\n",
+            h["seq"],
+            h["event_id"],
+            deliveries(&h["deliveries"])
         ));
     }
     for k in [
@@ -118,8 +126,11 @@ fn render(args: &VerbArgs, doc: &Value) -> String {
     if let Some(list) = doc.get("parked_events").and_then(Value::as_array) {
         for p in list {
             out.push_str(&format!(
-                "  parked seq {} {} {} ({} deliveries)",
-                p["seq"], p["event_type"], p["event_id"], p["deliveries"]
+                "  parked seq {} {} {} ({})",
+                p["seq"],
+                p["event_type"],
+                p["event_id"],
+                deliveries(&p["deliveries"])
             ));
             if let Some(reason) = p.get("reason").and_then(Value::as_str) {
                 out.push_str(&format!(": {}", proto::limits::quoted(reason)));

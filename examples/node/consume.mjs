@@ -6,8 +6,8 @@
 // and output as examples/python/consume.py:
 //
 // 1. spawn `dws event consume ARGS...` with stdout and stderr piped and
-//    stdin a pipe we hold (closing it stops an unbounded consumer: if this
-//    process dies, its consumer dies with it);
+//    stdin a pipe we hold (closing it stops the consumer, bounded or not:
+//    if this process dies, its consumer dies with it);
 // 2. block on the `[event] ready ...` line before doing anything that must
 //    be seen by the consumer (publishing, telling others it is up);
 // 3. stream NDJSON events from stdout; with `--ack explicit`, write
@@ -35,9 +35,9 @@
 // meanwhile: an agent's model call or tool run that outlasts --ack-wait. If
 // this process hangs or dies, the progress stops and the event comes again
 // after --ack-wait. With --ack explicit, stop by closing stdin
-// (--stop-with stdin): the acks already written reach dws before the EOF. A
-// run that ends at --max-events may not read the last ack; that event comes
-// again (at-least-once).
+// (--stop-with stdin): the acks already written reach dws before the EOF.
+// With --ack explicit the library counts --max-events itself and stops dws
+// only after the last event's answer was written, so none is lost.
 //
 // It prints one JSON object per line on stdout: {"kind":"ready",...} for
 // each run, {"kind":"event",...} per event and {"kind":"result",...} per

@@ -155,3 +155,52 @@ test("consumeForever restarts after a crashed bus and resumes", async (t) => {
   assert.notEqual(readies[0].bus_pid, readies[1].bus_pid);
   assert.equal((await sub(dws, "s1")).attached_pid, null);
 });
+
+test("maxEvents with explicit acks keeps the handler's acks", async (t) => {
+  // The library counts maxEvents itself: dws stops only after the handler
+  // of the last event returned and its ack (or term) was written.
+  const { env, dws } = privateBus(t);
+  await dws.subscribe("me.*", { id: "s5" });
+  for (const n of ["0", "1", "2"]) await dws.publish("me.a", n);
+  const c = await consume([], { env, subscribeId: "s5", ack: "explicit", maxEvents: 3 });
+  for await (const ev of c) {
+    await sleep(50); // a handler that takes its time
+    if (ev.data === "2") ev.term("the last one: parked");
+    else ev.ack();
+  }
+  const r = await c.wait();
+  assert.deepEqual([r.code, r.reason, r.count, r.action], [0, "limit", 3, "done"]);
+  const info = await dws.subscription("info", "s5");
+  assert.deepEqual([info.pending, info.acked, info.parked, info.in_flight], [0, 2, 1, 0]);
+  const listed = (await dws.run(["subscription", "list", "--format", "json"])).filter((s) => s.id === "s5");
+  assert.deepEqual(listed.map((s) => s.pending), [0]);
+});
+
+test("two workers share a subscription, each event to one of them", async (t) => {
+  const { env, dws } = privateBus(t);
+  await dws.subscribe("jobs.*", { id: "work", delivery: "shared" });
+  const a = await consume([], { env, subscribeId: "work", ack: "explicit", maxInFlight: 1 });
+  const b = await consume([], { env, subscribeId: "work", ack: "explicit", maxInFlight: 1 });
+  for (let i = 0; i < 6; i++) await dws.publish("jobs.x", { n: i });
+  const got = { a: [], b: [] };
+  let done;
+  const all6 = new Promise((resolve) => (done = resolve));
+  const take = async (name, c) => {
+    for await (const ev of c) {
+      got[name].push(ev.seq);
+      ev.ack();
+      if (got.a.length + got.b.length >= 6) done();
+    }
+  };
+  const readers = Promise.all([take("a", a), take("b", b)]);
+  await Promise.race([all6, sleep(20000)]);
+  const row = await sub(dws, "work");
+  assert.equal(row.delivery, "shared");
+  assert.equal(row.consumers, 2);
+  await a.close();
+  await b.close();
+  await readers;
+  const seqs = [...got.a, ...got.b].sort((x, y) => x - y);
+  assert.deepEqual(seqs, [1, 2, 3, 4, 5, 6]);
+  assert.ok(got.a.length > 0 && got.b.length > 0, JSON.stringify(got));
+});

@@ -3,8 +3,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  BusError, BusShutdownError, DwsError, ExitResult, HaltedError, PermissionDeniedError,
-  SourceLostError, UsageError, ackMode, classify, consumeArgs, durationArg, parseEvent, parseReady,
+  BusError, BusShutdownError, ContractError, DwsError, ExitResult, HaltedError, PermissionDeniedError,
+  SourceLostError, UsageError, ackMode, classify, consumeArgs, durationArg, parseEvent, parseExit,
+  parseReady, takeMaxEvents,
 } from "../index.js";
 
 const exited = (r) => `[event] exited \u2014 received 3 event(s) in 2.004s (reason: ${r})`;
@@ -79,4 +80,36 @@ test("options build the command line", () => {
   assert.equal(ackMode(args), "explicit");
   assert.deepEqual(consumeArgs("k"), ["k"]);
   assert.throws(() => durationArg(-1), RangeError);
+});
+
+test("malformed contract lines are ContractErrors", () => {
+  for (const line of [
+    `[event] ready event_key=k bus_pid=${"7".repeat(5000)} subscribe_id=s`,
+    "[event] ready event_key=k bus_pid=x subscribe_id=s",
+  ]) {
+    assert.throws(() => parseReady(line), ContractError);
+  }
+  for (const line of [
+    exited("limit").replace("2.004", "1.2.3"),
+    exited("limit").replace("3", "9".repeat(5000)),
+    `${exited("limit")} ...(5 more bytes discarded)`,
+    `[event] subscription s halted at seq ${"9".repeat(5000)}: x`,
+  ]) {
+    assert.throws(() => parseExit(0, ["Error: first", line]), (e) => {
+      assert.ok(e instanceof ContractError, line.slice(0, 40));
+      assert.equal(e.result.error, "first");
+      return true;
+    });
+  }
+  assert.equal(parseExit(0, [exited("limit")]).reason, "limit");
+});
+
+test("backoff and maxEvents on the command line", () => {
+  assert.deepEqual(consumeArgs("k", { backoff: "1s" }), ["k", "--backoff", "1s"]);
+  assert.deepEqual(consumeArgs("k", { backoff: 1.5 }), ["k", "--backoff", "1500ms"]);
+  assert.deepEqual(consumeArgs("k", { backoff: [] }), ["k"]);
+  assert.deepEqual(takeMaxEvents(["k", "--max-events", "3", "--ack=explicit"]), [3, ["k", "--ack=explicit"]]);
+  assert.deepEqual(takeMaxEvents(["k", "--max-events=2"]), [2, ["k"]]);
+  // What dws would refuse stays for dws to say so.
+  assert.deepEqual(takeMaxEvents(["k", "--max-events", "0"]), [null, ["k", "--max-events", "0"]]);
 });

@@ -41,3 +41,14 @@ test("verbs reject with typed errors", async (t) => {
   await assert.rejects(dws.subscribe("bad key!"), (e) => e instanceof UsageError && e.code === 2);
   await assert.rejects(dws.subscription("no-such-verb", "s1"), UsageError);
 });
+
+test("backoff is a string, a duration or an array", async (t) => {
+  const { dws } = privateBus(t);
+  await dws.subscribe("a.*", { id: "s1", backoff: "1s" });
+  await dws.subscribe("a.*", { id: "s2", backoff: "1s,1m" });
+  await dws.subscribe("a.*", { id: "s3", backoff: 2 });
+  await dws.subscribe("a.*", { id: "s4", backoff: ["1s", 60] });
+  const got = [];
+  for (const id of ["s1", "s2", "s3", "s4"]) got.push((await dws.subscription("info", id)).backoff_ms);
+  assert.deepEqual(got, [[1000], [1000, 60000], [2000], [1000, 60000]]);
+});

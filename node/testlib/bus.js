@@ -2,7 +2,7 @@
 // XDG_RUNTIME_DIR, as the Rust harness does), dws from env DWS_BIN or PATH,
 // and the bus stopped at the end.
 
-import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, mkdirSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Dws } from "../index.js";
@@ -21,9 +21,35 @@ export function privateBus(t) {
   t.after(async () => {
     const stopped = await dws.stop().catch(() => ({}));
     await gone(stopped.bus_pid);
-    rmSync(root, { recursive: true, force: true, maxRetries: 5, retryDelay: 100 });
+    // A bus the test stopped itself may still be exiting (and writing):
+    // each busd keeps its pid in its bus.lock.
+    let profiles = [];
+    try {
+      profiles = readdirSync(join(root, "cfg", "events"));
+    } catch {}
+    for (const profile of profiles) {
+      try {
+        await gone(Number(readFileSync(join(root, "cfg", "events", profile, "bus.lock"), "utf8").trim().split(/\s+/)[0]));
+      } catch {}
+    }
+    await remove(root);
   });
   return { env, dws, cfgDir: join(root, "cfg") };
+}
+
+/** Removes a test's directory, trying the whole removal again for a while
+ * if something still wrote into it (rmSync's own retries only retry the
+ * last rmdir). */
+async function remove(root) {
+  for (let i = 0; ; i++) {
+    try {
+      rmSync(root, { recursive: true, force: true });
+      return;
+    } catch (e) {
+      if (i >= 200) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
 }
 
 /** Waits (bounded) until process pid has exited. */

@@ -24,6 +24,7 @@ pub mod ndjson;
 pub mod paths;
 pub mod pattern;
 pub mod ready;
+pub mod ring;
 pub mod status;
 pub mod time;
 pub mod where_expr;
@@ -48,7 +49,11 @@ pub const FEATURES: &[&str] = &[
     FEATURE_START_TIME,
     FEATURE_GET_EVENT,
     FEATURE_ACK_WAIT_DEFAULT,
+    FEATURE_LINE_RING,
 ];
+/// The line ring (`ring`): `RingRequest` (an older bus closes the
+/// connection), `Subscribe.ring_batches`, `Ack.ring_read`.
+pub const FEATURE_LINE_RING: &str = "line_ring";
 /// `Subscribe.default_ack_wait_ms`, and `ack_wait_ms = 0` meaning the
 /// subscription's default (an older bus would read 0 as 1 ms).
 pub const FEATURE_ACK_WAIT_DEFAULT: &str = "ack_wait_default";

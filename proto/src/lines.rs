@@ -173,6 +173,30 @@ pub fn expand(
     Ok(())
 }
 
+/// Lines `first..first + count` of a whole batch (checked first, as
+/// [`checked_len`] does): their cuts and body, a batch of their own.
+pub fn sub_batch<'a>(
+    total: u32,
+    cuts: &'a [u8],
+    body: &'a [u8],
+    first: u32,
+    count: u32,
+) -> Result<(&'a [u8], &'a [u8]), BadBatch> {
+    let end_line = first.checked_add(count).ok_or(BadBatch)?;
+    if end_line > total {
+        return Err(BadBatch);
+    }
+    checked_len(total, cuts, body, 0)?;
+    let start: usize = cut_pairs(cuts).take(first as usize).map(|(_, l)| l).sum();
+    let len: usize = cut_pairs(cuts)
+        .skip(first as usize)
+        .take(count as usize)
+        .map(|(_, l)| l)
+        .sum();
+    let (f, e) = (first as usize * CUT_LEN, end_line as usize * CUT_LEN);
+    Ok((&cuts[f..e], &body[start..start + len]))
+}
+
 /// The (head, line) lengths of `cuts`, ignoring a trailing partial cut.
 fn cut_pairs(cuts: &[u8]) -> impl Iterator<Item = (usize, usize)> + Clone + '_ {
     cuts.chunks_exact(CUT_LEN).map(|c| {
@@ -203,6 +227,30 @@ mod tests {
             received_at_unix_ms: 10,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_sub_batch_is_exactly_its_lines() {
+        let (mut body, mut cuts) = (vec![], vec![]);
+        for i in 0..5 {
+            render_line(
+                &mut body,
+                &mut cuts,
+                b"{\"seq\":1",
+                format!("\"n\":{i}").as_bytes(),
+                1,
+            );
+        }
+        let (c, b) = sub_batch(5, &cuts, &body, 1, 3).unwrap();
+        let mut whole = vec![];
+        expand(5, &cuts, &body, 5, b"", &mut whole).unwrap();
+        let lines: Vec<&[u8]> = whole.split_inclusive(|&x| x == b'\n').collect();
+        assert_eq!(b, lines[1..4].concat());
+        assert_eq!(c.len(), 3 * CUT_LEN);
+        assert!(sub_batch(5, &cuts, &body, 3, 3).is_err());
+        assert!(sub_batch(5, &cuts, &body, u32::MAX, 2).is_err());
+        assert!(sub_batch(4, &cuts, &body, 0, 1).is_err());
+        assert_eq!(sub_batch(5, &cuts, &body, 5, 0).unwrap().1, b"");
     }
 
     /// Frames a batch the way the bus does (prefix, cuts, key, body) and

@@ -24,6 +24,10 @@ pub struct StatusDoc {
     pub truncated: Option<TruncatedDoc>,
     pub consumers: Vec<ConsumerDoc>,
     pub subscriptions: Vec<SubscriptionStatus>,
+    /// Counted by the bus over every subscription it holds, listed or not:
+    /// a cut list cannot hide a halted one. `None` from a bus older than
+    /// this field.
+    pub subscription_totals: Option<SubscriptionTotalsDoc>,
     pub event_types: Vec<EventTypeDoc>,
     pub log: LogDoc,
     pub store: StoreDoc,
@@ -54,6 +58,55 @@ pub struct ClusterDoc {
     pub cursors: Vec<ClusterCursorDoc>,
     /// Why the last read of the cluster failed, if it did.
     pub last_error: Option<String>,
+    /// The upstream lease as the database had it at the read, aged to the
+    /// answer ([`ClusterDoc::aged`]); `None` before the first read.
+    pub lease: Option<ClusterLeaseDoc>,
+    /// This host's clock when the cluster was last read (every second,
+    /// unless the database is slow or unreachable).
+    pub read_at_unix_ms: i64,
+    /// How long before the answer that was: every age and expiry in this
+    /// document already counts it.
+    pub read_age_ms: u64,
+}
+
+/// The cluster's upstream lease, on the database's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterLeaseDoc {
+    /// The host the lease row names (`None`: no host ever took it, or its
+    /// holder gave it up), whether or not the lease has expired.
+    pub holder: Option<String>,
+    pub epoch: i64,
+    /// When it expires unless renewed (database clock, ms since the epoch).
+    pub expires_at_unix_ms: Option<i64>,
+    /// How long it still runs (negative: since when it has expired).
+    pub expires_in_ms: Option<i64>,
+    /// No host holds a valid lease: `owner` is then `None`.
+    pub expired: bool,
+}
+
+impl ClusterDoc {
+    /// The document as of `age_ms` after its read: the lease's remaining
+    /// time and every host's heartbeat age move on by `age_ms`, and a lease
+    /// that ran out meanwhile is expired, with no owner: a stale read never
+    /// shows a holder as live past its lease's expiry.
+    pub fn aged(&self, age_ms: u64) -> ClusterDoc {
+        let mut doc = self.clone();
+        doc.read_age_ms = age_ms;
+        let age = i64::try_from(age_ms).unwrap_or(i64::MAX);
+        for h in &mut doc.hosts {
+            h.heartbeat_age_ms = h.heartbeat_age_ms.saturating_add(age_ms);
+        }
+        if let Some(lease) = &mut doc.lease {
+            lease.expires_in_ms = lease.expires_in_ms.map(|ms| ms.saturating_sub(age));
+            lease.expired = lease.holder.is_none() || lease.expires_in_ms.is_none_or(|ms| ms <= 0);
+            if lease.expired {
+                doc.owner = None;
+                doc.owner_since_unix_ms = None;
+            }
+        }
+        doc
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,6 +225,45 @@ pub struct TruncatedDoc {
     pub subscriptions_total: u64,
 }
 
+/// Totals over every subscription of the bus (`subscription_totals`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SubscriptionTotalsDoc {
+    /// Subscriptions the bus holds.
+    pub count: u64,
+    /// With a consumer attached.
+    pub attached: u64,
+    /// Halted at a poison event.
+    pub halted: u64,
+    pub disabled: u64,
+    /// Events matched and not yet acked, summed.
+    pub pending: u64,
+    /// Events on the parked lists now, summed.
+    pub parked: u64,
+}
+
+impl SubscriptionTotalsDoc {
+    /// The totals of `subs` (for a list that is complete).
+    pub fn of(subs: &[SubscriptionStatus]) -> SubscriptionTotalsDoc {
+        let mut t = SubscriptionTotalsDoc::default();
+        for s in subs {
+            t.add(s.attached_pid.is_some(), &s.state, s.pending, s.parked);
+        }
+        t
+    }
+
+    /// Counts one subscription in: attached or not, its state's name
+    /// (`active`, `halted`, `disabled`), its pending and parked events.
+    pub fn add(&mut self, attached: bool, state: &str, pending: u64, parked: u64) {
+        self.count += 1;
+        self.attached += u64::from(attached);
+        self.halted += u64::from(state == "halted");
+        self.disabled += u64::from(state == "disabled");
+        self.pending += pending;
+        self.parked += parked;
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ConsumerDoc {
@@ -180,6 +272,8 @@ pub struct ConsumerDoc {
     pub subscription_id: String,
     pub connected_at_unix_ms: i64,
     pub delivered: u64,
+    /// Of its deliveries, those marked redelivered.
+    pub redelivered: u64,
     pub acked: u64,
     pub in_flight: u64,
 }
@@ -193,6 +287,12 @@ pub struct SubscriptionStatus {
     pub filter: Option<String>,
     pub owned: bool,
     pub upstream_subscription_id: Option<String>,
+    /// `single` (one consumer at a time) or `shared` (a work queue: each
+    /// event to one of its consumers).
+    pub delivery: String,
+    /// Consumers attached now (more than one only when shared).
+    pub consumers: u64,
+    /// The first of them (the only one unless shared).
     pub attached_pid: Option<u32>,
     pub detached_since_unix_ms: Option<i64>,
     /// `None` while attached, and for a subscription that never expires.
@@ -370,6 +470,7 @@ mod tests {
             json.contains(r#""truncated":null,"consumers":[]"#),
             "{json}"
         );
+        assert!(json.contains(r#""subscription_totals":null"#), "{json}");
         assert_eq!(serde_json::from_str::<StatusDoc>(&json).unwrap(), doc);
     }
 
@@ -385,6 +486,34 @@ mod tests {
         assert_eq!(doc.subscriptions[0].id, "a");
         assert_eq!(doc.subscriptions[0].halted, None);
         assert_eq!(doc.log.oldest_seq, None);
+        assert_eq!(doc.subscription_totals, None, "an older bus");
+    }
+
+    #[test]
+    fn totals_count_each_state_and_sum_the_events() {
+        let sub = |state: &str, attached: bool, pending, parked| SubscriptionStatus {
+            state: state.into(),
+            attached_pid: attached.then_some(7),
+            pending,
+            parked,
+            ..Default::default()
+        };
+        let t = SubscriptionTotalsDoc::of(&[
+            sub("active", true, 3, 0),
+            sub("halted", false, 2, 1),
+            sub("disabled", false, 0, 4),
+        ]);
+        assert_eq!(
+            t,
+            SubscriptionTotalsDoc {
+                count: 3,
+                attached: 1,
+                halted: 1,
+                disabled: 1,
+                pending: 5,
+                parked: 5,
+            }
+        );
     }
 
     #[test]
@@ -399,5 +528,38 @@ mod tests {
             serde_json::to_string(&doc).unwrap(),
             r#"{"running":false,"profile":"p","socket":"/s","error":"e"}"#
         );
+    }
+
+    #[test]
+    fn a_cluster_read_aged_past_its_lease_names_no_owner() {
+        let read = ClusterDoc {
+            owner: Some("a".into()),
+            owner_since_unix_ms: Some(5),
+            hosts: vec![ClusterHostDoc {
+                host: "a".into(),
+                heartbeat_age_ms: 400,
+                ..ClusterHostDoc::default()
+            }],
+            lease: Some(ClusterLeaseDoc {
+                holder: Some("a".into()),
+                epoch: 3,
+                expires_at_unix_ms: Some(10_000),
+                expires_in_ms: Some(2_000),
+                expired: false,
+            }),
+            ..ClusterDoc::default()
+        };
+        let fresh = read.aged(500);
+        assert_eq!(fresh.owner.as_deref(), Some("a"));
+        assert_eq!(fresh.read_age_ms, 500);
+        assert_eq!(fresh.hosts[0].heartbeat_age_ms, 900);
+        let lease = fresh.lease.as_ref().unwrap();
+        assert_eq!((lease.expires_in_ms, lease.expired), (Some(1_500), false));
+        let stale = read.aged(2_000);
+        assert_eq!((stale.owner, stale.owner_since_unix_ms), (None, None));
+        let lease = stale.lease.unwrap();
+        assert_eq!(lease.holder.as_deref(), Some("a"), "the row still names it");
+        assert_eq!((lease.expires_in_ms, lease.expired), (Some(0), true));
+        assert_eq!(stale.hosts[0].heartbeat_age_ms, 2_400);
     }
 }

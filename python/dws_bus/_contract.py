@@ -2,6 +2,10 @@
 stderr lines it prints, the NDJSON event, the exit result and what to do
 about it, and the command line built from options. No I/O here; the sync
 and asyncio consumers share it. The contract is docs/consume-contract.md.
+
+A line that claims to be a ready or exited line (by its prefix) but does
+not parse, or whose numbers are out of range, raises `ContractError`
+rather than passing as a diagnostic or leaking a `ValueError`.
 """
 
 from __future__ import annotations
@@ -12,22 +16,31 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .errors import BusShutdown, DwsError, Halted, SourceLost, error_for_code
+from .errors import ContractError, DwsError, ExitResult
 
+# Digits are bounded so that a number can never be too long to convert: a
+# pid fits 10 digits, a count 20 (u64), a seq 19 (at most 2^63-1).
+READY_PREFIX = "[event] ready "
+EXITED_PREFIX = "[event] exited "
 READY_RE = re.compile(
-    r"^\[event\] ready event_key=(?P<event_key>\S*) bus_pid=(?P<bus_pid>\d+)"
+    r"^\[event\] ready event_key=(?P<event_key>\S*) bus_pid=(?P<bus_pid>\d{1,10})"
     r" subscribe_id=(?P<subscribe_id>\S+)$"
 )
 EXITED_RE = re.compile(
-    r"^\[event\] exited \u2014 received (?P<count>\d+) event\(s\) in"
-    r" (?P<secs>[0-9.]+)s \(reason: (?P<reason>[a-z_]+)\)$"
+    r"^\[event\] exited \u2014 received (?P<count>\d{1,20}) event\(s\) in"
+    r" (?P<secs>\d{1,20}(?:\.\d{1,9})?)s \(reason: (?P<reason>[a-z_]{1,64})\)$"
 )
 HALTED_RE = re.compile(r"^\[event\] subscription (?P<id>\S+) halted at seq (?P<seq>\d+):")
 LOST_WITHOUT_GOODBYE = "[event] bus connection lost without goodbye"
 ERROR_PREFIX = "Error: "
+MAX_SEQ_DIGITS = 19
 
 Duration = Union[str, int, float, datetime.timedelta]
 """A CLI duration (`"30s"`, `"2m"`), or seconds, or a timedelta."""
+
+Backoff = Union[Duration, Sequence[Duration]]
+"""`--backoff`: one duration, a string as `dws` reads it (`"1s,10s"`), or a
+list of durations."""
 
 
 def duration_arg(d: Duration) -> str:
@@ -38,6 +51,16 @@ def duration_arg(d: Duration) -> str:
     if secs < 0:
         raise ValueError("a duration cannot be negative: %r" % (d,))
     return "%dms" % round(secs * 1000)
+
+
+def backoff_arg(b: Optional[Backoff]) -> Optional[str]:
+    """`--backoff`'s value: a string as it is, one duration, or a list of
+    them joined by `,` (None or an empty list: no flag)."""
+    if b is None:
+        return None
+    if isinstance(b, (str, int, float, datetime.timedelta)):
+        return duration_arg(b)
+    return ",".join(duration_arg(d) for d in b) or None
 
 
 @dataclass(frozen=True)
@@ -53,17 +76,32 @@ class Ready:
                 "subscribe_id": self.subscribe_id}
 
 
+def _shown(line: str) -> str:
+    return repr(line[:120]) + ("...(%d chars)" % len(line) if len(line) > 120 else "")
+
+
 def parse_ready(line: str) -> Optional[Ready]:
+    """The ready line's fields; None for any other line. A line that
+    starts as a ready line but does not parse raises ContractError."""
+    if not line.startswith(READY_PREFIX):
+        return None
     m = READY_RE.match(line)
     if m is None:
-        return None
+        raise ContractError("malformed ready line: %s" % _shown(line))
     return Ready(m["event_key"], int(m["bus_pid"]), m["subscribe_id"])
 
 
 def is_protocol_line(line: str) -> bool:
     """Ready, exited and lost-without-goodbye lines: what the library
     consumes itself rather than passing on as a diagnostic."""
-    return bool(READY_RE.match(line) or EXITED_RE.match(line)) or line == LOST_WITHOUT_GOODBYE
+    return line.startswith((READY_PREFIX, EXITED_PREFIX)) or line == LOST_WITHOUT_GOODBYE
+
+
+def stderr_text(raw: bytes, cut: int) -> str:
+    """A stderr line as text; `cut` bytes of an over-long line were
+    discarded, which its text then says."""
+    line = raw.decode("utf-8", "replace").rstrip("\r")
+    return line + (" ...(%d more bytes discarded)" % cut if cut else "")
 
 
 @dataclass
@@ -155,124 +193,40 @@ def term_line(seq: int, reason: str) -> str:
     return "term %d" % seq + (" " + words if words else "")
 
 
-# (exit code, reason) -> (action, why). Exit 0 always has a reason.
-ACTIONS: Dict[str, Tuple[str, str]] = {
-    "limit": ("done", "--max-events reached"),
-    "timeout": ("done", "--duration elapsed"),
-    "signal": ("stopped", "stopped by SIGTERM/SIGINT, stdin EOF or stdout closed"),
-    "bus_shutdown": (
-        "restart",
-        "the bus stopped (dws event stop, SIGTERM) or this consumer was"
-        " unsubscribed or stopped: run again (a durable --subscribe-id resumes)",
-    ),
-    "taken_over": (
-        "done",
-        "another consumer took the subscription over (--takeover): running again"
-        " would take it back",
-    ),
-    "source_lost": (
-        "alert",
-        "the upstream is gone for good (credentials, configuration): do not loop;"
-        " tell an operator",
-    ),
-    "halted": (
-        "inspect-poison",
-        "the subscription halted at a poison event (delivered --max-deliver times"
-        " without an ack): an operator looks at it (dws event status) and runs"
-        " dws event subscription restart|skip ID; running again would stop again",
-    ),
-}
-BY_CODE: Dict[int, Tuple[str, str]] = {
-    1: ("retry", "runtime failure (bus unreachable, refused, protocol, store): retry with backoff"),
-    2: ("fix-usage", "usage or validation error: retrying will not help"),
-    3: ("fix-permissions", "authentication or permission failure: retrying will not help"),
-}
-
-
-def classify(code: Optional[int], reason: Optional[str], lost_without_goodbye: bool) -> Tuple[str, str]:
-    """What an orchestrator does after one run, as (action, why)."""
-    if code == 0 and reason == "bus_shutdown" and lost_without_goodbye:
-        return (
-            "restart",
-            "the bus vanished without goodbye (crash, kill -9): run again; events"
-            " sent but not acked come again marked redelivered",
-        )
-    if code == 0 and reason in ACTIONS:
-        return ACTIONS[reason]
-    if code is not None and code in BY_CODE:
-        return BY_CODE[code]
-    if code == 0:
-        return ("inspect", "unknown exit reason %r (newer dws?)" % reason)
-    return ("inspect", "killed by a signal or unexpected exit status %r" % code)
-
-
-@dataclass(frozen=True)
-class ExitResult:
-    """How one run ended. `code` is the exit code (negative: killed by that
-    signal); `reason`, `count` and `seconds` come from the exited line (None
-    without one); `error` is the `Error:` line's text."""
-
-    code: int
-    reason: Optional[str]
-    count: Optional[int]
-    seconds: Optional[float]
-    error: Optional[str]
-    lost_without_goodbye: bool
-    halted_seq: Optional[int] = None
-    stderr: Tuple[str, ...] = ()
-
-    @property
-    def action(self) -> str:
-        """done, stopped, restart, retry, alert, inspect-poison, fix-usage,
-        fix-permissions or inspect."""
-        return classify(self.code, self.reason, self.lost_without_goodbye)[0]
-
-    @property
-    def why(self) -> str:
-        return classify(self.code, self.reason, self.lost_without_goodbye)[1]
-
-    @property
-    def ok(self) -> bool:
-        """Ended as asked: limit, timeout or a stop (signal, stdin EOF)."""
-        return self.action in ("done", "stopped")
-
-    def check(self) -> "ExitResult":
-        """Returns self when `ok`, else raises the matching DwsError."""
-        if self.ok:
-            return self
-        if self.code != 0:
-            return _raise(error_for_code(self.code, self.error or self.why, self))
-        kind = {"bus_shutdown": BusShutdown, "source_lost": SourceLost, "halted": Halted}
-        cls = kind.get(self.reason or "", DwsError)
-        raise cls("consumer ended (reason: %s): %s" % (self.reason, self.why), self)
-
-
-def _raise(e: DwsError) -> "ExitResult":
-    raise e
-
-
 def parse_exit(code: int, stderr: Sequence[str]) -> ExitResult:
-    """The result of a run from its exit code and stderr lines."""
+    """The result of a run from its exit code and stderr lines. A
+    malformed exited or halted line raises ContractError (its `result`
+    then has what could be read, without the exited line's fields)."""
     exited = None
     halted_seq = None
+    bad = None
     for line in stderr:
-        m = EXITED_RE.match(line)
-        if m:
-            exited = m
+        if line.startswith(EXITED_PREFIX):
+            m = EXITED_RE.match(line)
+            if m is None:
+                bad = bad or "malformed exited line: %s" % _shown(line)
+            else:
+                exited = m
         h = HALTED_RE.match(line)
         if h:
-            halted_seq = int(h["seq"])
+            if len(h["seq"]) > MAX_SEQ_DIGITS:
+                bad = bad or "malformed halted line: %s" % _shown(line)
+            else:
+                halted_seq = int(h["seq"])
     errors = [ln[len(ERROR_PREFIX):] for ln in stderr if ln.startswith(ERROR_PREFIX)]
-    return ExitResult(
+    result = ExitResult(
         code=code,
-        reason=exited["reason"] if exited else None,
-        count=int(exited["count"]) if exited else None,
-        seconds=float(exited["secs"]) if exited else None,
+        reason=exited["reason"] if exited and not bad else None,
+        count=int(exited["count"]) if exited and not bad else None,
+        seconds=float(exited["secs"]) if exited and not bad else None,
         error=errors[0] if errors else None,
         lost_without_goodbye=LOST_WITHOUT_GOODBYE in stderr,
         halted_seq=halted_seq,
         stderr=tuple(stderr),
     )
+    if bad is not None:
+        raise ContractError(bad, result)
+    return result
 
 
 @dataclass
@@ -294,7 +248,8 @@ class ConsumeOptions:
     ack_wait: Optional[Duration] = None
     max_deliver: Optional[int] = None
     on_poison: Optional[str] = None
-    backoff: Optional[Sequence[Duration]] = None
+    backoff: Optional[Backoff] = None
+    max_in_flight: Optional[int] = None
     profile: Optional[str] = None
     extra_args: Sequence[str] = ()
 
@@ -311,8 +266,8 @@ class ConsumeOptions:
             ("--max-events", self.max_events), ("--duration", _dur(self.duration)),
             ("--ack", self.ack), ("--ack-wait", _dur(self.ack_wait)),
             ("--max-deliver", self.max_deliver), ("--on-poison", self.on_poison),
-            ("--backoff", ",".join(duration_arg(d) for d in self.backoff) if self.backoff else None),
-            ("--profile", self.profile),
+            ("--backoff", backoff_arg(self.backoff)),
+            ("--max-in-flight", self.max_in_flight), ("--profile", self.profile),
         ]
         for flag, value in flags:
             if value is not None:
@@ -342,8 +297,26 @@ def ack_mode(args: Sequence[str]) -> str:
     return "write"
 
 
-def is_bounded(args: Sequence[str]) -> bool:
-    """True when the command line bounds the run (--max-events or
-    --duration): stdin EOF then ends only the acks, not the run."""
-    return any(a in ("--max-events", "--duration") or a.startswith(("--max-events=", "--duration="))
-               for a in args)
+def take_max_events(args: Sequence[str]) -> Tuple[Optional[int], List[str]]:
+    """`--max-events N` taken out of a command line: (N, the rest). With
+    explicit acks the library counts the events itself, so that the last
+    ones' acks reach `dws` before it stops (a `dws` that stops at its own
+    `--max-events` may exit before reading them). A value `dws` would
+    refuse (not a whole number above 0) is left in, for `dws` to say so."""
+    rest: List[str] = []
+    limit: Optional[int] = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        value = None
+        if a == "--max-events" and i + 1 < len(args):
+            value, skip = args[i + 1], 2
+        elif a.startswith("--max-events="):
+            value, skip = a.split("=", 1)[1], 1
+        if value is not None and value.isdigit() and value.isascii() and int(value) > 0:
+            limit = int(value)
+            i += skip
+            continue
+        rest.append(a)
+        i += 1
+    return limit, rest

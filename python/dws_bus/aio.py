@@ -1,113 +1,159 @@
-"""The asyncio consumer: the same contract as `consumer.py` on asyncio
-subprocess streams. `ack()` and friends only queue a line on the child's
-stdin (they do not block); `await c.drain()` waits until it is written.
+"""The asyncio consumer: the same contract and child as `consumer.py`
+(the lines are handled on the event loop, the pipes by the child's own
+threads, so an exit is seen even while a grandchild holds them). `ack()`
+and friends only queue a line for the child's stdin (they never block);
+`await c.drain()` waits until it is written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, List, Optional,
+                    Sequence, Union)
 
-from ._contract import (ConsumeOptions, Duration, Event, ExitResult, Ready, ack_mode,
-                        duration_arg, is_bounded, is_protocol_line, parse_event, parse_exit,
-                        parse_ready, term_line)
-from .consumer import Diagnostic, _failure, find_dws
-from .errors import BusError, BusShutdown, ReadyTimeout
-
-# An event line may be as large as the bus allows; asyncio's default line
-# limit (64 KiB) is too small.
-LINE_LIMIT = 64 * 1024 * 1024
+from ._child import Line
+from ._contract import ConsumeOptions, Event, ExitResult, Ready
+from .consumer import (EOF_GRACE, KILL_WAIT, STOP_GRACE, Diagnostic, _Core,
+                       _failure)
+from .errors import BusError, BusShutdown, DwsError, ReadyTimeout
 
 
-class AsyncConsumer:
+class AsyncConsumer(_Core):
     """One `dws event consume` child driven by asyncio. Build and start one
-    with `await consume_async(...)`; `async with` stops it on leaving."""
+    with `consume_async(...)` (`async with consume_async(...) as c`, or
+    `c = await consume_async(...)`); `async with` stops it on leaving."""
 
     def __init__(self, args: Sequence[str], *, dws: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, decode_data: bool = False,
-                 on_diagnostic: Optional[Diagnostic] = None) -> None:
-        self.argv: List[str] = [find_dws(dws), "event", "consume"] + list(args)
-        self.explicit_ack = ack_mode(args) == "explicit"
-        self.stdin_eof_exits = not is_bounded(args)
-        self.decode_data = decode_data
-        self.on_diagnostic = on_diagnostic
-        self.env = env
-        self.proc: Optional[asyncio.subprocess.Process] = None
-        self.ready: Optional[Ready] = None
-        self.stderr_lines: List[str] = []
-        self.held: Set[int] = set()
-        self._result: Optional[ExitResult] = None
+                 on_diagnostic: Optional[Diagnostic] = None,
+                 stop_grace: float = STOP_GRACE) -> None:
+        super().__init__(args, dws=dws, env=env, decode_data=decode_data,
+                         on_diagnostic=on_diagnostic, stop_grace=stop_grace)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ready = asyncio.Event()
-        self._events: "asyncio.Queue[Optional[Event]]" = asyncio.Queue()
-        self._tasks: List["asyncio.Task[None]"] = []
+        self._ended = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._events: "asyncio.Queue[Optional[Union[Event, DwsError]]]" = asyncio.Queue()
+
+    # The child's threads hand everything to the loop, in order.
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+    def _from_stdout(self, lines: List[Line]) -> None:
+        self._post(self._stdout_lines, lines)
+
+    def _from_stderr(self, lines: List[Line]) -> None:
+        self._post(self._stderr_lines, lines)
+
+    def _from_end(self) -> None:
+        self._post(self._on_end)
+
+    def _from_flushed(self) -> None:
+        self._post(self._flushed.set)
+
+    def _on_ready_or_error(self) -> None:
+        self._ready.set()
+
+    def _deliver(self, items: List[Union[Event, DwsError]]) -> None:
+        for item in items:
+            self._events.put_nowait(item)
+
+    def _on_end(self) -> None:
+        self._events.put_nowait(None)
+        self._ready.set()
+        self._ended.set()
+        self._flushed.set()
+
+    # -- lifecycle ---------------------------------------------------------
 
     async def start(self, timeout: float = 30.0) -> Ready:
         """Spawns the child and waits for its ready line; raises the typed
-        error of a run that failed first, or ReadyTimeout."""
+        error of a run that failed first, ContractError for a malformed
+        ready line, or ReadyTimeout (the child is then stopped: SIGTERM,
+        then SIGKILL after `stop_grace` seconds)."""
+        self._loop = asyncio.get_running_loop()
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self.env, limit=LINE_LIMIT)
+            self._child.start()
         except OSError as e:
             raise BusError("cannot run %s: %s" % (self.argv[0], e)) from e
-        self._tasks = [asyncio.ensure_future(self._read_stderr()),
-                       asyncio.ensure_future(self._read_stdout())]
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except asyncio.TimeoutError:
-            self.stop()
-            raise ReadyTimeout("no ready line within %ss" % timeout, await self.wait())
-        if self.ready is None:
-            raise _failure(await self.wait())
-        return self.ready
+            pass
+        if self.ready is not None and self._error is None:
+            return self.ready
+        timed_out = self._error is None and not self._child.exited.is_set()
+        await self._stop(self.stop_grace)
+        result = await self._wait(KILL_WAIT)  # raises a ContractError of stderr
+        if timed_out:
+            raise ReadyTimeout("no ready line within %ss" % timeout, result)
+        raise _failure(result)
 
     def stop(self, how: str = "sigterm") -> None:
         """Asks the child to finish cleanly: SIGTERM, or EOF on stdin."""
-        if self.proc is None:
+        if self._child.proc is None:
             return
         if how == "stdin":
-            self._close_stdin()
+            self._child.close_stdin()
         elif how == "sigterm":
-            if self.proc.returncode is None:
-                try:
-                    self.proc.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            self._child.signal(signal.SIGTERM)
         else:
             raise ValueError("how: sigterm or stdin")
 
-    async def wait(self) -> ExitResult:
-        """Waits for the exit; returns how the run ended."""
-        if self._result is not None:
-            return self._result
-        assert self.proc is not None, "start() first"
-        code = await self.proc.wait()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._close_stdin()
-        self._result = parse_exit(code, self.stderr_lines)
-        return self._result
+    async def _ended_within(self, timeout: Optional[float]) -> bool:
+        try:
+            await asyncio.wait_for(self._ended.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
-    @property
-    def result(self) -> Optional[ExitResult]:
+    async def _stop(self, grace: float) -> None:
+        """SIGTERM; SIGKILL when it did not exit within `grace` seconds."""
+        self._child.signal(signal.SIGTERM)
+        if not await self._ended_within(grace):
+            self._child.signal(signal.SIGKILL)
+            await self._ended_within(KILL_WAIT)
+
+    async def wait(self) -> ExitResult:
+        """Waits for the exit; returns how the run ended (a malformed
+        exited line raises ContractError). Once the library's own
+        max_events were handed out, it stops the run first."""
+        if self._limit_reached() and self._result is None:
+            return await self.close()
+        return await self._wait(None)
+
+    async def _wait(self, timeout: Optional[float]) -> ExitResult:
+        if self._child.proc is None:
+            raise DwsError("start() first")
+        if self._result is None:
+            if not await self._ended_within(timeout):
+                raise self._not_exited(timeout)
+            self._result = self._final()
+        if self._error is not None:
+            raise self._error
         return self._result
 
     async def close(self) -> ExitResult:
-        """Stops the child (unless it already ended) and waits."""
-        if self.proc is not None and self.proc.returncode is None:
+        """Stops the child (unless it already ended) and waits: with
+        explicit acks stdin is closed first (the acks written so far reach
+        dws before the EOF), then SIGTERM, then SIGKILL after `stop_grace`
+        seconds."""
+        if self._child.proc is not None and not self._child.exited.is_set():
             if self.explicit_ack:
-                await self.drain()
-                self.stop("stdin")
-                try:
-                    await asyncio.wait_for(asyncio.shield(self.proc.wait()),
-                                           10 if self.stdin_eof_exits else 2)
-                except asyncio.TimeoutError:
-                    pass
-            self.stop("sigterm")
-        return await self.wait()
+                self._child.close_stdin()
+                await self._ended_within(EOF_GRACE)
+            if not self._ended.is_set():
+                await self._stop(self.stop_grace)
+        return await self._wait(KILL_WAIT)
 
     async def __aenter__(self) -> "AsyncConsumer":
-        if self.proc is None:
+        if self._child.proc is None:
             await self.start()
         return self
 
@@ -115,39 +161,32 @@ class AsyncConsumer:
         await self.close()
 
     async def events(self) -> AsyncIterator[Event]:
-        """Yields each event until stdout closes (the run ended)."""
+        """Yields each event until the run ended. An NDJSON line over the
+        line limit raises ContractError here (the run goes on)."""
         while True:
-            ev = await self._events.get()
-            if ev is None:
+            if self._limit_reached():
+                await self.close()
+                return
+            item = await self._events.get()
+            if item is None:
                 self._events.put_nowait(None)
                 return
-            yield ev
+            if isinstance(item, DwsError):
+                raise item
+            self.handed += 1
+            yield item
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self.events()
 
-    def ack(self, seq: int) -> None:
-        self._write("ack %d" % seq)
-
-    def ack_upto(self, seq: int) -> None:
-        self._write("ack-upto %d" % seq)
-
-    def nack(self, seq: int, delay: Optional[Duration] = None) -> None:
-        self._write("nack %d" % seq + ("" if delay is None else " " + duration_arg(delay)))
-
-    def progress(self, seq: int) -> None:
-        self._write("progress %d" % seq)
-
-    def term(self, seq: int, reason: str = "") -> None:
-        self._write(term_line(seq, reason))
-
     async def drain(self) -> None:
-        """Waits until the ack lines written so far left for the child."""
-        if self.proc is not None and self.proc.stdin is not None:
-            try:
-                await self.proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError, OSError):
-                pass
+        """Waits until the ack lines written so far left for the child (or
+        it ended)."""
+        while self._child.unwritten() and not self._ended.is_set():
+            self._flushed.clear()
+            if not self._child.unwritten():
+                break
+            await self._flushed.wait()
 
     async def keep_alive(self, work: Awaitable[Any], every: float) -> int:
         """Awaits `work` (a slow handler) while writing `progress SEQ` for
@@ -158,7 +197,9 @@ class AsyncConsumer:
             nonlocal rounds
             while True:
                 await asyncio.sleep(every)
-                for seq in sorted(self.held):
+                with self._lock:
+                    held = sorted(self.held)
+                for seq in held:
                     self.progress(seq)
                 rounds += 1
 
@@ -169,79 +210,51 @@ class AsyncConsumer:
             t.cancel()
         return rounds
 
-    def _write(self, line: str) -> None:
-        words = line.split()
-        if words[0] == "ack-upto":
-            self.held = {s for s in self.held if s > int(words[1])}
-        elif words[0] != "progress":
-            self.held.discard(int(words[1]))
-        stdin = self.proc.stdin if self.proc is not None else None
-        if stdin is None or stdin.is_closing():
-            return
-        try:
-            stdin.write((line + "\n").encode())
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            pass
 
-    def _close_stdin(self) -> None:
-        stdin = self.proc.stdin if self.proc is not None else None
-        if stdin is not None and not stdin.is_closing():
-            try:
-                stdin.close()
-            except (BrokenPipeError, OSError):
-                pass
+class StartingConsumer:
+    """What `consume_async` returns: `await` it for the ready consumer, or
+    enter it with `async with` (the consumer is closed on leaving)."""
 
-    async def _read_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        try:
-            async for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.stderr_lines.append(line)
-                ready = parse_ready(line)
-                if ready is not None and self.ready is None:
-                    self.ready = ready
-                    self._ready.set()
-                elif not is_protocol_line(line) and self.on_diagnostic is not None:
-                    self.on_diagnostic(line)
-        finally:
-            self._ready.set()
+    def __init__(self, consumer: AsyncConsumer, ready_timeout: float) -> None:
+        self._consumer = consumer
+        self._ready_timeout = ready_timeout
+        self._started: "Optional[asyncio.Future[AsyncConsumer]]" = None
 
-    async def _read_stdout(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        try:
-            async for raw in self.proc.stdout:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line:
-                    continue
-                ev = parse_event(line, self.decode_data)
-                if ev is None:
-                    if self.on_diagnostic is not None:
-                        self.on_diagnostic("not an event: " + line[:200])
-                    continue
-                ev._settle = self._write
-                if self.explicit_ack:
-                    self.held.add(ev.seq)
-                self._events.put_nowait(ev)
-        finally:
-            self._events.put_nowait(None)
+    async def _start(self) -> AsyncConsumer:
+        await self._consumer.start(self._ready_timeout)
+        return self._consumer
+
+    def __await__(self) -> Generator[Any, None, AsyncConsumer]:
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        return self._started.__await__()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return await self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._consumer.close()
 
 
-async def consume_async(keys: Sequence[str] = (), *, dws: Optional[str] = None,
-                        env: Optional[Dict[str, str]] = None, decode_data: bool = False,
-                        on_diagnostic: Optional[Diagnostic] = None,
-                        ready_timeout: float = 30.0, **options: Any) -> AsyncConsumer:
-    """Starts `dws event consume` and returns the consumer once ready:
+def consume_async(keys: Sequence[str] = (), *, dws: Optional[str] = None,
+                  env: Optional[Dict[str, str]] = None, decode_data: bool = False,
+                  on_diagnostic: Optional[Diagnostic] = None, ready_timeout: float = 30.0,
+                  stop_grace: float = STOP_GRACE, **options: Any) -> StartingConsumer:
+    """Starts `dws event consume` and gives the consumer once it is ready;
+    the options are `consume()`'s:
 
-        async with await consume_async(["demo.*"], ack="explicit") as c:
+        async with consume_async(["demo.*"], ack="explicit") as c:
             async for ev in c:
                 await handle(ev.data)
                 ev.ack()
+
+    or `c = await consume_async(...)` (then `await c.close()`, or
+    `async with c:`).
     """
     opts = ConsumeOptions(keys=keys, **options)
     c = AsyncConsumer(opts.argv(), dws=dws, env=env, decode_data=decode_data,
-                      on_diagnostic=on_diagnostic)
-    await c.start(ready_timeout)
-    return c
+                      on_diagnostic=on_diagnostic, stop_grace=stop_grace)
+    return StartingConsumer(c, ready_timeout)
 
 
 async def consume_forever_async(keys: Sequence[str] = (), *, restarts: Optional[int] = None,

@@ -3,18 +3,24 @@ JSON reply returned as a dict: publish, subscribe, unsubscribe, status,
 stop and `subscription <verb>`. `Dws` runs them synchronously, `AsyncDws`
 with asyncio; both raise UsageError / BusError / PermissionDenied on exit
 2 / 1 / 3, with the `Error:` line as the message.
+
+A verb runs as a `_child.Child`, like a consumer: its end is its exit
+(not the close of its pipes), and one that did not answer within
+`timeout` seconds gets SIGTERM, then SIGKILL `stop_grace` seconds later,
+and raises BusError.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-from typing import Any, Awaitable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (Any, Awaitable, Callable, Dict, Generic, List, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
-from ._contract import Duration, ExitResult, duration_arg, parse_exit
-from .consumer import find_dws
-from .errors import BusError, DwsError, error_for_code
+from ._child import Child, Line
+from ._contract import Backoff, Duration, backoff_arg, duration_arg, parse_exit
+from .consumer import KILL_WAIT, STOP_GRACE, find_dws
+from .errors import BusError, DwsError, ExitResult, error_for_code
 
 R = TypeVar("R")
 Doc = Dict[str, Any]
@@ -40,6 +46,14 @@ def reply(code: int, stdout: str, stderr: str) -> Doc:
     return doc if isinstance(doc, dict) else {"value": doc}
 
 
+def _reply_of(child: Child, out: List[List[Line]]) -> Doc:
+    """The reply of a verb's ended child (its lines joined again)."""
+    code = child.returncode
+    assert code is not None
+    text = ["\n".join(raw.decode("utf-8", "replace") for raw, _ in lines) for lines in out]
+    return reply(code, text[0], text[1])
+
+
 def _flags(pairs: Sequence[Tuple[str, Any]]) -> List[str]:
     out: List[str] = []
     for flag, value in pairs:
@@ -53,11 +67,13 @@ class _Verbs(Generic[R]):
     """The verbs, built once; `_call` runs them (sync or async)."""
 
     def __init__(self, dws: Optional[str] = None, *, profile: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, timeout: float = 60.0) -> None:
+                 env: Optional[Dict[str, str]] = None, timeout: float = 60.0,
+                 stop_grace: float = STOP_GRACE) -> None:
         self.dws = find_dws(dws)
         self.profile = profile
         self.env = env
         self.timeout = timeout
+        self.stop_grace = stop_grace
 
     def _argv(self, args: Sequence[str]) -> List[str]:
         prof = ["--profile", self.profile] if self.profile else []
@@ -65,6 +81,23 @@ class _Verbs(Generic[R]):
 
     def _call(self, args: Sequence[str], stdin: Optional[str] = None) -> R:
         raise NotImplementedError
+
+    def _child(self, argv: List[str], on_end: Callable[[], None]) -> Tuple[Child, List[List[Line]]]:
+        """A verb's child; the lines of stdout and stderr go to the lists."""
+        out: List[List[Line]] = [[], []]
+        return Child(argv, self.env, on_stdout=out[0].extend, on_stderr=out[1].extend,
+                     on_end=on_end), out
+
+    def _started(self, child: Child, stdin: Optional[str]) -> None:
+        try:
+            child.start()
+        except OSError as e:
+            raise BusError("cannot run %s: %s" % (self.dws, e)) from e
+        child.write((stdin or "").encode())
+        child.close_stdin()
+
+    def _late(self, argv: List[str]) -> BusError:
+        return BusError("%s did not answer within %ss" % (" ".join(argv[1:4]), self.timeout))
 
     def publish(self, event_type: str, data: Any = "", *, id: Optional[str] = None) -> R:
         """Publishes one event; `data` is sent as is when a string, else as
@@ -76,16 +109,21 @@ class _Verbs(Generic[R]):
     def subscribe(self, keys: Union[str, Sequence[str]], *, id: Optional[str] = None,
                   filter: Optional[str] = None, from_: Optional[Union[str, int]] = None,
                   ttl: Optional[Duration] = None, max_deliver: Optional[int] = None,
-                  on_poison: Optional[str] = None, backoff: Optional[Sequence[Duration]] = None,
+                  on_poison: Optional[str] = None, backoff: Optional[Backoff] = None,
+                  delivery: Optional[str] = None, where: Optional[str] = None,
                   extra_args: Sequence[str] = ()) -> R:
         """Creates a durable subscription (a no-op when it exists with the
-        same spec). Returns its id and spec."""
+        same spec). Returns its id and spec. `backoff`: one duration, a
+        string as dws reads it ("1s,10s") or a list of durations.
+        `delivery="shared"`: a work queue, several consumers at once, each
+        event to one of them. `where`: a jq expression on the event."""
         ks = [keys] if isinstance(keys, str) else list(keys)
         return self._call(["subscribe"] + ks + _flags([
             ("--id", id), ("--filter", filter), ("--from", from_),
             ("--ttl", None if ttl is None else duration_arg(ttl)),
             ("--max-deliver", max_deliver), ("--on-poison", on_poison),
-            ("--backoff", ",".join(duration_arg(d) for d in backoff) if backoff else None),
+            ("--backoff", backoff_arg(backoff)), ("--delivery", delivery),
+            ("--where", where),
         ]) + list(extra_args) + ["--format", "json"])
 
     def unsubscribe(self, *ids: str) -> R:
@@ -138,15 +176,12 @@ class Dws(_Verbs[Doc]):
 
     def _call(self, args: Sequence[str], stdin: Optional[str] = None) -> Doc:
         argv = self._argv(args)
-        try:
-            p = subprocess.run(argv, input=stdin or "", capture_output=True, text=True,
-                               encoding="utf-8", errors="replace", env=self.env,
-                               timeout=self.timeout)
-        except OSError as e:
-            raise BusError("cannot run %s: %s" % (self.dws, e)) from e
-        except subprocess.TimeoutExpired as e:
-            raise BusError("%s did not answer within %ss" % (" ".join(argv[1:4]), self.timeout)) from e
-        return reply(p.returncode, p.stdout, p.stderr)
+        child, out = self._child(argv, lambda: None)
+        self._started(child, stdin)
+        if not child.ended.wait(self.timeout):
+            child.stop(self.stop_grace, KILL_WAIT)
+            raise self._late(argv)
+        return _reply_of(child, out)
 
 
 class AsyncDws(_Verbs[Awaitable[Doc]]):
@@ -156,17 +191,21 @@ class AsyncDws(_Verbs[Awaitable[Doc]]):
         return self._run(self._argv(args), stdin)
 
     async def _run(self, argv: List[str], stdin: Optional[str]) -> Doc:
+        loop = asyncio.get_running_loop()
+        ended = asyncio.Event()
+
+        def on_end() -> None:
+            try:
+                loop.call_soon_threadsafe(ended.set)
+            except RuntimeError:
+                pass  # the loop is closed
+
+        child, out = self._child(argv, on_end)
+        self._started(child, stdin)
         try:
-            p = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self.env)
-        except OSError as e:
-            raise BusError("cannot run %s: %s" % (self.dws, e)) from e
-        try:
-            out, err = await asyncio.wait_for(p.communicate((stdin or "").encode()), self.timeout)
-        except asyncio.TimeoutError as e:
-            p.kill()
-            await p.wait()
-            raise BusError("%s did not answer within %ss" % (" ".join(argv[1:4]), self.timeout)) from e
-        assert p.returncode is not None
-        return reply(p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+            await asyncio.wait_for(ended.wait(), self.timeout)
+        except asyncio.TimeoutError:
+            # Off the loop: stop() waits (bounded) for the exit.
+            await loop.run_in_executor(None, child.stop, self.stop_grace, KILL_WAIT)
+            raise self._late(argv) from None
+        return _reply_of(child, out)

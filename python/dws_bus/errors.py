@@ -1,5 +1,8 @@
-"""Typed errors for `dws` runs: one class per exit code, one per exit reason
-that needs someone's attention.
+"""Typed errors for `dws` runs, and `ExitResult`, how a run ended, which
+they carry: one class per exit code, one per exit reason that needs
+someone's attention, and `ContractError` for a `dws` that broke the
+consume contract. This module imports nothing else of the package (the
+contract's parsers in `_contract.py` build on it, not the other way).
 
 Exit codes (docs/consume-contract.md, "Exit codes"): 1 is `BusError`, 2 is
 `UsageError`, 3 is `PermissionDenied` (also a `PermissionError`). Exit 0
@@ -9,10 +12,8 @@ with reason `bus_shutdown`, `source_lost` or `halted` becomes `BusShutdown`,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._contract import ExitResult
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
 
 
 class DwsError(Exception):
@@ -32,6 +33,12 @@ class DwsError(Exception):
         """The exit code, or None when it did not exit (or was killed)."""
         return self.result.code if self.result is not None else None
 
+    def with_result(self, result: Optional["ExitResult"]) -> "DwsError":
+        """This error, now carrying the run's result (once it exited)."""
+        self.result = result
+        self.error = result.error if result is not None else None
+        return self
+
 
 class BusError(DwsError):
     """Exit 1: runtime failure (bus unreachable or refused, protocol, store,
@@ -48,6 +55,16 @@ class PermissionDenied(DwsError, PermissionError):
 
 class ReadyTimeout(DwsError):
     """No ready line within the timeout; the consumer was stopped."""
+
+
+class ExitTimeout(DwsError):
+    """`wait(timeout)` returned before the run ended; it goes on."""
+
+
+class ContractError(DwsError):
+    """The `dws` broke the consume contract: a ready or exited line that
+    does not parse (a field out of range, an over-long line), or an NDJSON
+    line over the line limit. Not a `dws` this library can drive."""
 
 
 class ConsumerEnded(DwsError):
@@ -78,3 +95,99 @@ def error_for_code(code: int, message: str, result: Optional["ExitResult"] = Non
     if code == 1:
         return BusError(message, result)
     return DwsError(message, result)
+
+
+# (exit code, reason) -> (action, why). Exit 0 always has a reason.
+ACTIONS: Dict[str, Tuple[str, str]] = {
+    "limit": ("done", "--max-events reached"),
+    "timeout": ("done", "--duration elapsed"),
+    "signal": ("stopped", "stopped by SIGTERM/SIGINT, stdin EOF or stdout closed"),
+    "bus_shutdown": (
+        "restart",
+        "the bus stopped (dws event stop, SIGTERM) or this consumer was"
+        " unsubscribed or stopped: run again (a durable --subscribe-id resumes)",
+    ),
+    "taken_over": (
+        "done",
+        "another consumer took the subscription over (--takeover): running again"
+        " would take it back",
+    ),
+    "source_lost": (
+        "alert",
+        "the upstream is gone for good (credentials, configuration): do not loop;"
+        " tell an operator",
+    ),
+    "halted": (
+        "inspect-poison",
+        "the subscription halted at a poison event (delivered --max-deliver times"
+        " without an ack): an operator looks at it (dws event status) and runs"
+        " dws event subscription restart|skip ID; running again would stop again",
+    ),
+}
+BY_CODE: Dict[int, Tuple[str, str]] = {
+    1: ("retry", "runtime failure (bus unreachable, refused, protocol, store): retry with backoff"),
+    2: ("fix-usage", "usage or validation error: retrying will not help"),
+    3: ("fix-permissions", "authentication or permission failure: retrying will not help"),
+}
+
+
+def classify(code: Optional[int], reason: Optional[str], lost_without_goodbye: bool) -> Tuple[str, str]:
+    """What an orchestrator does after one run, as (action, why)."""
+    if code == 0 and reason == "bus_shutdown" and lost_without_goodbye:
+        return (
+            "restart",
+            "the bus vanished without goodbye (crash, kill -9): run again; events"
+            " sent but not acked come again marked redelivered",
+        )
+    if code == 0 and reason in ACTIONS:
+        return ACTIONS[reason]
+    if code is not None and code in BY_CODE:
+        return BY_CODE[code]
+    if code == 0:
+        return ("inspect", "unknown exit reason %r (newer dws?)" % reason)
+    return ("inspect", "killed by a signal or unexpected exit status %r" % code)
+
+
+@dataclass(frozen=True)
+class ExitResult:
+    """How one run ended. `code` is the exit code (negative: killed by that
+    signal); `reason`, `count` and `seconds` come from the exited line (None
+    without one); `error` is the `Error:` line's text."""
+
+    code: int
+    reason: Optional[str]
+    count: Optional[int]
+    seconds: Optional[float]
+    error: Optional[str]
+    lost_without_goodbye: bool
+    halted_seq: Optional[int] = None
+    stderr: Tuple[str, ...] = ()
+
+    @property
+    def action(self) -> str:
+        """done, stopped, restart, retry, alert, inspect-poison, fix-usage,
+        fix-permissions or inspect."""
+        return classify(self.code, self.reason, self.lost_without_goodbye)[0]
+
+    @property
+    def why(self) -> str:
+        return classify(self.code, self.reason, self.lost_without_goodbye)[1]
+
+    @property
+    def ok(self) -> bool:
+        """Ended as asked: limit, timeout or a stop (signal, stdin EOF)."""
+        return self.action in ("done", "stopped")
+
+    def check(self) -> "ExitResult":
+        """Returns self when `ok`, else raises the matching DwsError."""
+        if self.ok:
+            return self
+        if self.code != 0:
+            return _raise(error_for_code(self.code, self.error or self.why, self))
+        kind = {"bus_shutdown": BusShutdown, "source_lost": SourceLost, "halted": Halted}
+        cls = kind.get(self.reason or "", DwsError)
+        raise cls("consumer ended (reason: %s): %s" % (self.reason, self.why), self)
+
+
+def _raise(e: DwsError) -> "ExitResult":
+    raise e

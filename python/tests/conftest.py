@@ -1,16 +1,18 @@
 """Each test gets its own bus: fresh DWS_CONFIG_DIR and XDG_RUNTIME_DIR
 (as the Rust harness does), `dws` from env DWS_BIN or PATH, and the bus
-stopped at the end."""
+stopped at the end. `fake_dws` writes small shell programs that stand in
+for a `dws` that breaks the contract, and kills what they left running."""
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, List, Optional
 
 import pytest
 
@@ -49,7 +51,28 @@ def bus_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
             wait_gone(json.loads(stop.stdout).get("bus_pid"))
         except ValueError:
             pass
-        shutil.rmtree(root, ignore_errors=True)
+        # A bus the test stopped itself may still be exiting (and writing):
+        # each busd keeps its pid in its bus.lock.
+        for lock in cfg.glob("events/*/bus.lock"):
+            try:
+                wait_gone(int(lock.read_text().split()[0]))
+            except (OSError, ValueError, IndexError):
+                pass
+        remove(root)
+
+
+def remove(root: Path) -> None:
+    """Removes a test's directory, trying again for a while if something
+    still wrote into it."""
+    for _ in range(200):
+        try:
+            shutil.rmtree(root)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def wait_gone(pid: Optional[int]) -> None:
@@ -70,3 +93,43 @@ def wait_gone(pid: Optional[int]) -> None:
 @pytest.fixture
 def dws() -> Dws:
     return Dws()
+
+
+READY = "[event] ready event_key=k bus_pid=1 subscribe_id=s"
+EXITED = "[event] exited \u2014 received %s event(s) in %ss (reason: %s)"
+EVENT = '{"type":"event","seq":%d,"event_type":"k","data":"%s"}'
+
+
+@pytest.fixture
+def fake_dws() -> Iterator[Callable[[str], str]]:
+    """`make(body)`: the path of a `/bin/sh` program running `body`, which
+    records the pids it leaves running with `pid $$` (`pid $!` for a
+    background job) and sleeps with `$SLEEP SECS` (a `sleep` under the
+    fake's directory, so that its command line names it). At the end each
+    recorded process still running one of these is killed."""
+    root = Path(tempfile.mkdtemp(prefix="dwsfake"))
+    pids = root / "pids"
+    sleep = root / "sleep"
+    sleep.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    made: List[str] = []
+
+    def make(body: str) -> str:
+        path = root / ("dws%d" % len(made))
+        made.append(str(path))
+        path.write_text("#!/bin/sh\nSLEEP='%s'\npid() { echo \"$1\" >> '%s'; }\npid $$\n%s\n"
+                        % (sleep, pids, body), encoding="utf-8")
+        path.chmod(0o755)
+        return str(path)
+
+    try:
+        yield make
+    finally:
+        for word in (pids.read_text().split() if pids.exists() else []):
+            try:
+                with open("/proc/%s/cmdline" % word, "rb") as f:
+                    ours = str(root).encode() in f.read()
+                if ours:
+                    os.kill(int(word), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(root, ignore_errors=True)

@@ -84,3 +84,34 @@ def test_async_forever_attaches_again_after_dws_event_stop() -> None:
 
     run(publish_first())
     run(main())
+
+
+def test_async_with_consume_async_as_documented() -> None:
+    # The docs' form: consume_async(...) is an async context manager too.
+    async def main() -> None:
+        dws = AsyncDws()
+        async with consume_async(["ex.*"], max_events=1) as c:
+            await dws.publish("ex.a", "one")
+            assert [ev.data async for ev in c] == ["one"]
+        assert c.result is not None and c.result.reason == "limit"
+        plain = await consume_async(["ex.*"])  # and awaited, as before
+        assert (await plain.close()).reason == "signal"
+
+    run(main())
+
+
+def test_async_max_events_with_explicit_acks_keeps_the_handlers_acks() -> None:
+    async def main() -> None:
+        dws = AsyncDws()
+        await dws.subscribe("me.*", id="s5")
+        for n in range(2):
+            await dws.publish("me.a", str(n))
+        async with consume_async(subscribe_id="s5", ack="explicit", max_events=2) as c:
+            async for ev in c:
+                await asyncio.sleep(0.1)  # a handler that takes its time
+                ev.ack()
+        assert c.result is not None and (c.result.reason, c.result.count) == ("limit", 2)
+        info = await dws.subscription("info", "s5")
+        assert (info["pending"], info["acked"]) == (0, 2), info
+
+    run(main())

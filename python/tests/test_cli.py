@@ -40,3 +40,13 @@ def test_verbs_raise_typed_errors(dws: Dws) -> None:
     assert u.value.code == 2
     with pytest.raises(UsageError):
         dws.subscription("no-such-verb", "s1")
+
+
+def test_backoff_is_a_string_a_duration_or_a_list(dws: Dws) -> None:
+    assert dws.subscribe("a.*", id="s1", backoff="1s")["created"] is True
+    assert dws.subscription("info", "s1")["backoff_ms"] == [1000]
+    dws.subscribe("a.*", id="s2", backoff="1s,1m")
+    dws.subscribe("a.*", id="s3", backoff=2)
+    dws.subscribe("a.*", id="s4", backoff=["1s", 60])
+    assert [dws.subscription("info", s)["backoff_ms"] for s in ("s2", "s3", "s4")] == [
+        [1000, 60000], [2000], [1000, 60000]]

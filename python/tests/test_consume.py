@@ -165,3 +165,52 @@ def test_close_of_a_bounded_explicit_run_keeps_its_acks(dws: Dws) -> None:
     assert c.wait().reason == "signal"
     s4 = sub(dws, "s4")
     assert (s4["acked"], s4["pending"]) == (1, 0), s4
+
+
+def test_max_events_with_explicit_acks_keeps_the_handlers_acks(dws: Dws) -> None:
+    # The library counts max_events itself: dws stops only after the
+    # handler of the last event returned and its ack (or term) was written.
+    dws.subscribe("me.*", id="s5")
+    for n in range(3):
+        dws.publish("me.a", str(n))
+    with consume(subscribe_id="s5", ack="explicit", max_events=3) as c:
+        for ev in c:
+            if ev.data == "2":
+                ev.term("the last one: parked")
+            else:
+                ev.ack()
+    r = c.wait()
+    assert (r.code, r.reason, r.count, r.action) == (0, "limit", 3, "done")
+    info = dws.subscription("info", "s5")
+    assert (info["pending"], info["acked"], info["parked"], info["in_flight"]) == (0, 2, 1, 0), info
+    assert [s["pending"] for s in dws.subscription("list")["value"] if s["id"] == "s5"] == [0]
+
+
+def test_two_workers_share_a_subscription_each_event_to_one(dws: Dws) -> None:
+    """A work queue: `delivery="shared"`, two consumers at once, each event
+    to one of them; status shows each one's own in-flight count."""
+    dws.subscribe("jobs.*", id="work", delivery="shared")
+    a = consume(subscribe_id="work", ack="explicit", max_in_flight=1)
+    b = consume(subscribe_id="work", ack="explicit", max_in_flight=1)
+    try:
+        for i in range(6):
+            dws.publish("jobs.x", {"n": i})
+        got: Dict[str, List[int]] = {"a": [], "b": []}
+        ia, ib = iter(a), iter(b)
+        while len(got["a"]) + len(got["b"]) < 6:
+            for name, it in (("a", ia), ("b", ib)):
+                if len(got["a"]) + len(got["b"]) >= 6:
+                    break
+                ev = next(it)
+                got[name].append(ev.seq)
+                ev.ack()
+        assert sorted(got["a"] + got["b"]) == [1, 2, 3, 4, 5, 6]
+        assert got["a"] and got["b"], got
+        assert not set(got["a"]) & set(got["b"]), got
+        row = sub(dws, "work")
+        assert row["delivery"] == "shared" and row["consumers"] == 2
+        consumers = [c for c in dws.status()["consumers"] if c["subscription_id"] == "work"]
+        assert len(consumers) == 2 and all("in_flight" in c for c in consumers)
+    finally:
+        a.close()
+        b.close()

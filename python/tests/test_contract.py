@@ -4,9 +4,10 @@ import datetime
 
 import pytest
 
-from dws_bus import (BusError, BusShutdown, ConsumeOptions, DwsError, Halted, PermissionDenied,
-                     SourceLost, UsageError, classify, parse_event, parse_exit, parse_ready)
-from dws_bus._contract import duration_arg, is_bounded
+from dws_bus import (BusError, BusShutdown, ConsumeOptions, ContractError, DwsError, Halted,
+                     PermissionDenied, SourceLost, UsageError, classify, parse_event, parse_exit,
+                     parse_ready)
+from dws_bus._contract import duration_arg, take_max_events
 
 EXITED = "[event] exited \u2014 received 3 event(s) in 2.004s (reason: %s)"
 
@@ -81,8 +82,56 @@ def test_options_build_the_command_line() -> None:
     assert o.argv() == ["a.*", "b", "--from", "earliest", "--max-events", "3", "--ack", "explicit",
                         "--ack-wait", "1500ms", "--backoff", "1s,60000ms", "--takeover",
                         "--filter-json", "{}"]
-    assert o.explicit_ack and is_bounded(o.argv())
+    assert o.explicit_ack
     assert ConsumeOptions(keys="k").argv() == ["k"]
-    assert not is_bounded(["k", "--ack=explicit"])
     with pytest.raises(ValueError):
         duration_arg(-1)
+
+
+def test_malformed_contract_lines_are_contract_errors() -> None:
+    for line in ["[event] ready event_key=k bus_pid=%s subscribe_id=s" % ("7" * 5000),
+                 "[event] ready event_key=k bus_pid=x subscribe_id=s",
+                 "[event] ready event_key=k bus_pid=1 subscribe_id=s " + "x" * 10]:
+        with pytest.raises(ContractError):
+            parse_ready(line)
+    for line in [EXITED.replace("2.004", "1.2.3") % "limit",
+                 EXITED.replace("3", "9" * 5000) % "limit",
+                 EXITED % "limit" + " ...(5 more bytes discarded)",
+                 "[event] subscription s halted at seq %s: x" % ("9" * 5000)]:
+        with pytest.raises(ContractError) as e:
+            parse_exit(0, ["Error: first", line])
+        assert e.value.result is not None and e.value.result.error == "first"
+
+
+def test_backoff_and_max_events_on_the_command_line() -> None:
+    assert ConsumeOptions(keys="k", backoff="1s").argv() == ["k", "--backoff", "1s"]
+    assert ConsumeOptions(keys="k", backoff=1.5).argv() == ["k", "--backoff", "1500ms"]
+    assert ConsumeOptions(keys="k", backoff=[]).argv() == ["k"]
+    assert take_max_events(["k", "--max-events", "3", "--ack=explicit"]) == (3, ["k", "--ack=explicit"])
+    assert take_max_events(["k", "--max-events=2"]) == (2, ["k"])
+    # What dws would refuse stays for dws to say so.
+    assert take_max_events(["k", "--max-events", "0"]) == (None, ["k", "--max-events", "0"])
+
+
+def test_the_package_has_no_import_circle() -> None:
+    # Every import between the package's modules, also those only for type
+    # checkers, must form no cycle (issue 32).
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parent.parent / "dws_bus"
+    graph = {}
+    for f in pkg.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps.add(node.module or "__init__")
+        graph[f.stem] = deps - {"__init__"}
+
+    def visit(mod, path):
+        assert mod not in path, "import circle: " + " -> ".join(path + [mod])
+        for dep in graph.get(mod, ()):
+            visit(dep, path + [mod])
+
+    for mod in graph:
+        visit(mod, [])

@@ -127,6 +127,51 @@ fn a_nack_and_the_ack_wait_deliver_again_and_garbage_on_stdin_changes_nothing() 
     }
 }
 
+/// Issue 36 row 11: a stdin line over its bound (4 KiB) is refused whole,
+/// never cut and applied (a cut `nack 1<spaces>1h` was an immediate nack),
+/// and so is trailing junk, each with a `[event]` line naming its number.
+#[test]
+fn an_overlong_or_junk_trailed_ack_line_is_refused_whole_and_named() {
+    let env = TestEnv::new();
+    env.subscribe(&["k.*", "--id", "s1"]);
+    publish_n(&env, 2);
+    let mut c = explicit(&env, &[]);
+    event_line(&mut c, 2);
+    let pad = " ".repeat(5000);
+    c.write_stdin(format!("nack 1{pad}1h\nack 2{pad}junk\nack 2   junk\n").as_bytes());
+    for (n, why) in [
+        (
+            1,
+            "longer than 4096 bytes (5008 bytes): refused whole, nothing applied",
+        ),
+        (
+            2,
+            "longer than 4096 bytes (5009 bytes): refused whole, nothing applied",
+        ),
+        (3, "unexpected \"junk\""),
+    ] {
+        let want = format!("[event] stdin line {n} ignored: {why}");
+        c.wait_stderr_line(&want, LONG, |l| l == want);
+    }
+    // Nothing was applied: no nack brought event 1 back, event 2 is unacked.
+    let st = env.status();
+    let s1 = listed(&st, "s1");
+    assert_eq!(
+        (
+            s1["acked"].as_u64(),
+            s1["redelivered"].as_u64(),
+            s1["delayed"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0)),
+        "{st:#}"
+    );
+    c.write_stdin(b"ack-upto 2\n");
+    env.wait_status(LONG, "both acked", |st| listed(st, "s1")["acked"] == 2);
+    let out = stop_term(c);
+    out.assert_clean_exit("signal", 2);
+    assert_eq!(out.stdout_lines().len(), 2, "nothing came again\n{out}");
+}
+
 /// `subscribe --ack-wait` sets the ack wait of its explicit-ack consumers
 /// that name none; one that names its own keeps it. (The default, 30 s,
 /// would not redeliver within this test's 15 s.)
@@ -275,8 +320,8 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
     let parked = verb_json(&env, &["parked", "s1"]);
     assert_eq!(parked["parked_events"][0]["seq"], 1, "{parked:#}");
     assert_eq!(listed(&env.status(), "s1")["pending"], 0);
-    let text = text_status_row(&env, "s1");
-    let header = text_status_row(&env, "ID");
+    // The row and its header from one report: widths differ between two.
+    let [header, text] = text_status_rows(&env, ["ID", "s1"]);
     // Columns are left-aligned under their header.
     let column = |row: &str, name: &str| {
         let at = header.find(&format!(" {name}"))? + 1;
@@ -293,13 +338,21 @@ fn poison_halts_the_subscription_and_restart_or_skip_move_it_on_across_a_restart
 /// The line of the text `dws event status` whose first word is `first`
 /// (a subscription's row, or `ID` for the header).
 fn text_status_row(env: &TestEnv, first: &str) -> String {
+    let [row] = text_status_rows(env, [first]);
+    row
+}
+
+/// The lines of one text `dws event status` whose first words are `firsts`.
+fn text_status_rows<const N: usize>(env: &TestEnv, firsts: [&str; N]) -> [String; N] {
     let out = env.dws(["event", "status"]).run_with_timeout(EXIT_TIMEOUT);
     out.assert_code(0);
-    out.stdout
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(first))
-        .unwrap_or_else(|| panic!("no status row {first:?}\n{out}"))
-        .to_owned()
+    firsts.map(|first| {
+        out.stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(first))
+            .unwrap_or_else(|| panic!("no status row {first:?}\n{out}"))
+            .to_owned()
+    })
 }
 
 #[test]

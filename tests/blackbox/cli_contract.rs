@@ -303,6 +303,37 @@ fn stdin_closed_later_ends_the_run_with_reason_signal() {
     out.assert_clean_exit("signal", 1);
 }
 
+/// Issue 34 item 1: EOF on stdin stops a run in every mode, bounded ones
+/// too: `(sleep 2) | dws event consume --subscribe-id worker --duration
+/// 15s` ran the whole 15 s and exited `timeout`. The bounds here are far
+/// beyond what the test waits, so only the EOF can end these runs in time.
+#[test]
+fn stdin_eof_ends_a_bounded_run_too() {
+    let env = TestEnv::new();
+    env.subscribe(&["b.*", "--id", "worker"]);
+    for bound in [
+        &["--duration", "10m"][..],
+        &["--max-events", "1000"],
+        &["--duration", "10m", "--ack", "explicit"],
+    ] {
+        let mut a = vec!["event", "consume", "--subscribe-id", "worker"];
+        a.extend_from_slice(bound);
+        let dry = env
+            .dws([&a[..], &["--dry-run"]].concat())
+            .stdin_bytes(Vec::new());
+        let dry: Value = serde_json::from_str(&dry.run_with_timeout(EXIT_TIMEOUT).stdout)
+            .expect("--dry-run is JSON");
+        assert_eq!(dry["stdin_eof_exits"], true, "{bound:?}: {dry:#}");
+        let mut c = env.dws(&a).stdin_pipe().spawn();
+        c.wait_ready();
+        env.publish("b.k", "before-eof", &[]);
+        c.wait_stdout_lines(1, EXIT_TIMEOUT);
+        c.close_stdin();
+        c.wait_exit(Duration::from_secs(60))
+            .assert_clean_exit("signal", 1);
+    }
+}
+
 #[test]
 fn held_open_stdin_pipe_keeps_the_consumer_running_and_receiving() {
     let env = TestEnv::new();

@@ -12,7 +12,9 @@
 //! publishes across a restart, a pinned duplicate id); [`follower`]: a
 //! follower's gaps, cursors and parked events under the owner's retention,
 //! and one definition per subscription cluster-wide; [`partition`]: owner
-//! and follower cut off from PostgreSQL by a proxy that swallows every byte.
+//! and follower cut off from PostgreSQL by a proxy that swallows every byte;
+//! [`status`]: what a follower's status says of the lease once the owner is
+//! killed or frozen.
 
 mod failover;
 mod faults_lease;
@@ -20,6 +22,7 @@ mod fencing;
 mod follower;
 mod order;
 mod partition;
+mod status;
 mod upstream;
 
 use std::{collections::BTreeSet, time::Duration};
@@ -273,4 +276,88 @@ fn a_cluster_database_that_cannot_be_used_is_refused_before_ready() {
             );
         }
     }
+}
+
+/// `dws event doctor --format json`: its exit code and document.
+fn doctor(env: &TestEnv) -> (Option<i32>, Value) {
+    let out = env
+        .dws(["event", "doctor", "--format", "json"])
+        .run_with_timeout(Duration::from_secs(90));
+    let doc = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}\n{out}"));
+    crate::ecosystem::assert_valid("doctor", &doc);
+    (out.code, doc)
+}
+
+/// The one check `name` about the default profile.
+fn check_of<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    let found: Vec<&Value> = doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["check"] == name && c["profile"] == "default")
+        .collect();
+    assert_eq!(found.len(), 1, "one {name} check: {doc:#}");
+    found[0]
+}
+
+/// Issue 34 item 3: with a wrong PostgreSQL password the doctor said ok,
+/// the start then failed with exit 3, and the failed start left a socket
+/// the doctor then warned about. Now the doctor tries what a start tries
+/// (connect, authenticate, TLS, schema, the lease row) and names the step
+/// that fails, and a failed start leaves no socket and no bus.meta.
+#[test]
+fn doctor_tries_the_database_as_a_start_would_and_a_failed_start_leaves_no_socket() {
+    let server = PgServer::start();
+    let wrong = server.url().replace(server.password(), "not-the-password");
+    let env = TestEnv::with_env(&[
+        ("DWS_EVENT_BUS_STORE", "postgres"),
+        ("DWS_POSTGRES_URL", wrong.as_str()),
+        ("DWS_CLUSTER_HOST", "h"),
+    ]);
+    let (code, doc) = doctor(&env);
+    assert_eq!(code, Some(1), "{doc:#}");
+    let db = check_of(&doc, "database");
+    assert_eq!(db["status"], "fail", "{doc:#}");
+    let msg = db["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("authenticate") && msg.contains("password authentication failed"),
+        "{msg}"
+    );
+    assert!(
+        db["hint"].as_str().is_some_and(|h| h.contains("password")),
+        "{db}"
+    );
+    for secret in ["not-the-password", server.password()] {
+        assert!(!doc.to_string().contains(secret), "{doc:#}");
+    }
+    // The start fails as the doctor said, and leaves nothing behind.
+    let out = env
+        .dws(["event", "publish", "x.y", "1"])
+        .run_with_timeout(Duration::from_secs(30));
+    assert!(out
+        .assert_error(3)
+        .contains("password authentication failed"));
+    env.wait_no_busd(EXIT_TIMEOUT, "the failed bus exits");
+    assert!(
+        !env.expected_socket_path().exists(),
+        "a failed start left its socket\n{out}"
+    );
+    assert!(env.bus_meta().is_none(), "a failed start left bus.meta");
+    let (_, doc) = doctor(&env);
+    assert_eq!(check_of(&doc, "bus")["status"], "ok", "{doc:#}");
+
+    // The right password: every step passes, before and after a start.
+    let good = host(&server, "h2");
+    let (code, doc) = doctor(&good);
+    assert_eq!(code, Some(0), "{doc:#}");
+    let msg = check_of(&doc, "database")["message"].to_string();
+    assert!(
+        msg.contains("authenticated") && msg.contains("schema"),
+        "{msg}"
+    );
+    good.publish("x.y", "1", &[]);
+    let (code, doc) = doctor(&good);
+    assert_eq!(code, Some(0), "{doc:#}");
+    let msg = check_of(&doc, "database")["message"].to_string();
+    assert!(msg.contains("lease held by h2"), "{msg}");
 }

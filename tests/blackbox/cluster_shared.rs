@@ -175,7 +175,8 @@ fn a_host_killed_mid_stream_leaves_its_unacked_shared_events_to_the_others() {
 }
 
 #[test]
-fn shared_delivery_needs_the_cluster_store() {
+fn shared_delivery_on_one_host_is_a_work_queue_and_takes_where_there() {
+    // No cluster needed: on one host several consumers share it.
     let env = TestEnv::new();
     let out = env
         .dws([
@@ -186,11 +187,17 @@ fn shared_delivery_needs_the_cluster_store() {
             "w",
             "--delivery",
             "shared",
+            "--where",
+            ".data != \"skip\"",
         ])
         .run_with_timeout(EXIT_TIMEOUT);
-    let err = out.assert_error(2);
+    out.assert_code(0);
+    let st = env.status();
+    let w = dws_tests::common::listed(&st, "w");
+    assert_eq!(w["delivery"], "shared", "{st:#}");
     assert_eq!(
-        err, "Error: --delivery shared needs store = \"postgres\" (a cluster of hosts)",
-        "{out}"
+        w["where"],
+        serde_json::json!([".data != \"skip\""]),
+        "{st:#}"
     );
 }

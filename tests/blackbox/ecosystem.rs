@@ -384,47 +384,58 @@ fn dws_and_busd_print_the_same_version_and_protocol() {
     );
 }
 
-#[test]
-fn install_script_puts_both_binaries_side_by_side_with_docs_and_dws_finds_its_busd() {
-    let env = TestEnv::new();
-    let root = env.root().join("prefix");
+/// A stand-in for cargo that logs its arguments to `cargo.log`; its
+/// `build` copies the built binaries into STUB_TARGET/{debug,release} (by
+/// `--release`) and its `metadata` names STUB_TARGET as the target
+/// directory, so `scripts/install.sh` runs without building anything.
+fn cargo_stub(env: &TestEnv) -> (PathBuf, PathBuf) {
     let stub = env.root().join("cargo-stub");
     let log = env.root().join("cargo.log");
     std::fs::write(
         &stub,
         "#!/bin/sh\n\
          printf '%s\\n' \"$*\" >> \"$STUB_LOG\"\n\
-         path=; root=\n\
-         while [ $# -gt 0 ]; do case \"$1\" in\n\
-           --path) path=$2; shift 2 ;; --root) root=$2; shift 2 ;; *) shift ;; esac; done\n\
-         mkdir -p \"$root/bin\"\n\
-         case \"$path\" in\n\
-           busd) cp \"$STUB_BIN/busd\" \"$root/bin/busd\" ;;\n\
-           dws-client) cp \"$STUB_BIN/dws\" \"$root/bin/dws\" ;;\n\
-           *) echo \"unexpected --path $path\" >&2; exit 9 ;; esac\n",
+         case \"$1\" in\n\
+           build) out=debug; for a; do [ \"$a\" = --release ] && out=release; done\n\
+             mkdir -p \"$STUB_TARGET/$out\"\n\
+             cp \"$STUB_BIN/busd\" \"$STUB_BIN/dws\" \"$STUB_TARGET/$out/\" ;;\n\
+           metadata) printf '{\"packages\":[],\"target_directory\":\"%s\",\"version\":1}\\n' \"$STUB_TARGET\" ;;\n\
+           *) echo \"unexpected: cargo $*\" >&2; exit 9 ;; esac\n",
     )
     .expect("write the cargo stub");
     std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    (stub, log)
+}
+
+/// `scripts/install.sh ARGS` with the cargo stub.
+fn run_install(env: &TestEnv, args: &[&std::ffi::OsStr]) -> (dws_tests::Output, PathBuf) {
+    let (stub, log) = cargo_stub(env);
+    let mut argv = vec![repo().join("scripts/install.sh").into_os_string()];
+    argv.extend(args.iter().map(|a| a.to_os_string()));
     let out = env
-        .command(
-            "bash",
-            [
-                repo().join("scripts/install.sh").as_os_str(),
-                "--root".as_ref(),
-                root.as_os_str(),
-            ],
-        )
+        .command("bash", argv)
         .env("CARGO", &stub)
         .env("STUB_LOG", &log)
         .env("STUB_BIN", dws_tests::bin_dir())
+        .env("STUB_TARGET", env.root().join("stub-target"))
         .run_with_timeout(T);
+    (out, log)
+}
+
+#[test]
+fn install_script_puts_both_binaries_side_by_side_with_docs_and_dws_finds_its_busd() {
+    let env = TestEnv::new();
+    let root = env.root().join("prefix");
+    let (out, log) = run_install(&env, &["--root".as_ref(), root.as_os_str()]);
     out.assert_code(0);
     let calls = std::fs::read_to_string(&log).expect("cargo was called");
-    let want = |krate: &str| format!("install --locked --path {krate} --root {}", root.display());
     assert_eq!(
         calls.lines().collect::<Vec<_>>(),
-        vec![want("busd"), want("dws-client")],
-        "{out}"
+        [
+            "build --locked --release -p busd -p dws-client",
+            "metadata --locked --no-deps --format-version 1"
+        ],
+        "one build of both packages\n{out}"
     );
     let version = format!("{} (protocol {})", proto::BUILD, proto::PROTOCOL_VERSION);
     assert!(
@@ -468,6 +479,75 @@ fn install_script_puts_both_binaries_side_by_side_with_docs_and_dws_finds_its_bu
         .run_with_timeout(EXIT_TIMEOUT);
     publish.publish_json();
     c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("limit", 1);
+}
+
+#[test]
+fn install_script_with_systemd_and_no_enable_writes_the_units_and_runs_no_systemctl() {
+    let env = TestEnv::new();
+    let root = env.root().join("prefix");
+    let units = env.root().join("units");
+    // A systemctl that would say it was run.
+    let stubs = env.root().join("stubs");
+    std::fs::create_dir_all(&stubs).expect("mkdir stubs");
+    let ran = env.root().join("systemctl-ran");
+    std::fs::write(
+        stubs.join("systemctl"),
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n", ran.display()),
+    )
+    .expect("write the systemctl stub");
+    std::fs::set_permissions(
+        stubs.join("systemctl"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        stubs.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let (stub, log) = cargo_stub(&env);
+    let out = env
+        .command(
+            "bash",
+            [
+                repo().join("scripts/install.sh").as_os_str(),
+                "--root".as_ref(),
+                root.as_os_str(),
+                "--debug".as_ref(),
+                "--systemd".as_ref(),
+                "--no-enable".as_ref(),
+                "--unit-dir".as_ref(),
+                units.as_os_str(),
+            ],
+        )
+        .env("PATH", path)
+        .env("CARGO", &stub)
+        .env("STUB_LOG", &log)
+        .env("STUB_BIN", dws_tests::bin_dir())
+        .env("STUB_TARGET", env.root().join("stub-target"))
+        .run_with_timeout(T);
+    out.assert_code(0);
+    let service = std::fs::read_to_string(units.join("dws-bus@default.service"))
+        .unwrap_or_else(|e| panic!("the service unit ({e})\n{out}"));
+    assert!(
+        service.lines().any(|l| l
+            == format!(
+                "ExecStart={} --foreground --profile %i",
+                root.join("bin/busd").display()
+            )),
+        "{service}"
+    );
+    assert!(
+        units.join("dws-bus@default.socket").is_file(),
+        "the socket unit\n{out}"
+    );
+    assert!(!ran.exists(), "--no-enable runs no systemctl\n{out}");
+    let calls = std::fs::read_to_string(&log).expect("cargo was called");
+    assert_eq!(
+        calls.lines().next(),
+        Some("build --locked -p busd -p dws-client"),
+        "--debug builds the dev profile\n{out}"
+    );
 }
 
 #[test]

@@ -384,6 +384,111 @@ fn event_type_counters_are_bounded_and_status_always_fits_in_a_frame() {
     still_served(&env, &mut consumer, "served-with-a-huge-status");
 }
 
+/// Issue 36 row 10: 401 subscriptions with large key lists make a status
+/// document the bus cuts to fit one frame, and a halted subscription among
+/// those left out showed nowhere, in no metric. Now busd counts over every
+/// subscription (`subscription_totals`), the metrics carry those totals and
+/// `dws_status_truncated 1`, and dws says on stderr that the list was cut.
+#[test]
+fn a_halted_subscription_left_out_of_a_cut_status_still_counts_in_the_totals() {
+    let env = TestEnv::new();
+    // Named to sort after the others: the bus lists subscriptions by id.
+    env.subscribe(&[
+        "h.*",
+        "--id",
+        "zz-halted",
+        "--max-deliver",
+        "1",
+        "--on-poison",
+        "halt",
+    ]);
+    env.publish("h.k", "poison", &[]);
+    let mut c = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "zz-halted",
+            "--ack",
+            "explicit",
+        ])
+        .stdin_pipe()
+        .spawn();
+    c.wait_ready();
+    c.wait_stdout_lines(1, LONG);
+    c.write_stdin(b"nack 1\n");
+    c.wait_exit(LONG).assert_clean_exit("halted", 1);
+    let socket = env.bus_meta_socket().expect("bus.meta names the socket");
+    let mut w = greeted(&socket);
+    let subs: Vec<_> = (0..400u64)
+        .map(|i| {
+            frame(C::Subscribe(Subscribe {
+                request_id: 1 + i,
+                subscription_id: format!("big-{i:03}"),
+                patterns: (0..MAX_PATTERNS)
+                    .map(|p| format!("p.{p}.{}", "q".repeat(50)))
+                    .collect(),
+                ..Subscribe::default()
+            }))
+        })
+        .collect();
+    let sent = w.send_in_background(encode(&subs));
+    for _ in 0..400 {
+        let f = w.read_frame(LONG);
+        assert!(matches!(f.kind, Some(S::Subscribed(_))), "{f:?}");
+    }
+    sent.join().expect("the writer thread");
+
+    let out = env
+        .dws(["event", "status", "--format", "prometheus"])
+        .run_with_timeout(LONG);
+    out.assert_code(0);
+    let p = "{profile=\"default\"}";
+    for line in [
+        format!("dws_status_truncated{p} 1"),
+        format!("dws_subscriptions{p} 401"),
+        format!("dws_subscriptions_halted{p} 1"),
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l == line),
+            "{line:?} missing\n{}",
+            out.stdout
+                .lines()
+                .filter(|l| !l.contains("subscription="))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    let listed = out.stdout.matches("dws_subscription_halted{").count();
+    assert!(listed < 401, "the list was cut: {listed} listed");
+    let note = out.stderr_lines();
+    assert!(
+        note.len() == 1
+            && note[0].starts_with("[event] ")
+            && note[0].contains("of its 401 subscriptions"),
+        "one [event] line on stderr: {note:?}"
+    );
+    let st = env.status();
+    crate::ecosystem::assert_valid("status", &st);
+    let totals = &st["subscription_totals"];
+    assert_eq!(
+        (totals["count"].as_u64(), totals["halted"].as_u64()),
+        (Some(401), Some(1)),
+        "{totals}"
+    );
+    let text = env.dws(["event", "status"]).run_with_timeout(LONG);
+    text.assert_code(0);
+    assert!(
+        text.stdout.contains("of 401") && text.stdout.contains("1 halted"),
+        "{}",
+        text.stdout
+            .lines()
+            .filter(|l| l.starts_with("subscriptions"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 #[test]
 fn subscriptions_and_their_patterns_are_bounded() {
     let env = TestEnv::new();

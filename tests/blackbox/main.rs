@@ -19,9 +19,14 @@
 //!   reach the successor of a consumer that never read past them, bad ack
 //!   lines with stderr unread.
 //! - [`fanout`]: lines rendered once for every consumer of a fan-out,
-//!   each with its own subscription id, next to a filtered subscription's.
+//!   each with its own subscription id, next to a filtered subscription's;
+//!   [`ring`]: the same lines read in place from the bus's line ring, byte
+//!   for byte what the bytes give, and a stopped consumer holding ring
+//!   batches stopping nobody else.
 //! - [`cli_contract`]: the `dws event consume` / `publish` / `status`
-//!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule.
+//!   contract: exact stderr lines, exit codes, NDJSON, flags, stdin rule;
+//!   [`publish_lines`]: `publish --lines`, one event per line of stdin,
+//!   pipelined (order, refused lines, stdin ending early, id prefixes).
 //! - [`lifecycle`]: how runs and the bus end: signals, `| head -1`, bus
 //!   shutdown, idle shutdown, `stop`.
 //! - [`subscriptions`]: named, owned and detached subscriptions: resume
@@ -60,6 +65,8 @@
 //!   [`cluster_pg_restart`]: PostgreSQL restarted under a running cluster;
 //!   [`cluster_shared`]: shared delivery across hosts; [`cluster_tls`]:
 //!   TLS to PostgreSQL (verify-full, require, refusals).
+//! - [`structure`]: no import circle in any crate nor the Python package,
+//!   no process-wide mutable state in busd's rooms.
 //! - [`repo`]: repository habits: a `//!` header on every source file, no
 //!   oversized product file without a reason, busd's module boundaries, and
 //!   docs that hold together (links and anchors resolve, one exit-code
@@ -70,9 +77,15 @@
 //!   slow and partial frames, event size, status size, event types,
 //!   subscriptions, patterns) refuses only that client; gaps reach the next
 //!   consumer.
+//! - [`messages`]: what a new user's mistakes get: errors that name what
+//!   is valid, counts as words, a bare `busd` beside a bus, colour on a
+//!   terminal only.
 //! - [`client_abuse`]: `dws` under hostile or careless use: a bus killed
 //!   under a consumer, non-UTF-8 argv, huge invalid input, a socket that
 //!   never answers or refuses with an `Error` frame.
+//! - [`work_queue`]: a `--delivery shared` subscription on one host split
+//!   by several consumers, checked over a run with kill -9 of a consumer
+//!   and of the bus.
 //! - [`workdir`]: the work dir, socket dir and bus files against planted
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
 //! - [`where_filter`]: `--where EXPR`, a jq expression on the event run by
@@ -106,19 +119,24 @@ mod exactness;
 mod fanout;
 mod lifecycle;
 mod limits;
+mod messages;
 mod personal;
 mod postgres;
+mod publish_lines;
 mod reading;
 mod repo;
 mod retain;
+mod ring;
 mod service;
 mod slow;
 mod sources;
 mod spawn;
 mod state_files;
+mod structure;
 mod subscriptions;
 mod test_ca;
 mod where_filter;
 mod where_limits;
 mod wire;
+mod work_queue;
 mod workdir;

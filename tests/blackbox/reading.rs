@@ -228,18 +228,15 @@ fn get_prints_one_retained_event_by_seq_and_exit_1_when_it_is_not_retained() {
     obj.remove("delivery");
     assert_eq!(line, consumed);
 
-    for missing in ["0", "99"] {
-        let out = dws(&env, &["event", "get", missing]);
-        out.assert_code(1);
-        assert_eq!(
-            out.stderr,
-            format!("Error: seq {missing} is not retained\n"),
-            "{out}"
-        );
-        assert!(out.stdout.is_empty(), "{out}");
+    let out = dws(&env, &["event", "get", "99"]);
+    out.assert_code(1);
+    assert_eq!(out.stderr, "Error: seq 99 is not retained\n", "{out}");
+    assert!(out.stdout.is_empty(), "{out}");
+    // Seq 0 is no seq at all (issue 34 item 7: it said "not retained").
+    for bad in ["0", "x"] {
+        let out = dws(&env, &["event", "get", bad]);
+        out.assert_code(2);
     }
-    let out = dws(&env, &["event", "get", "x"]);
-    out.assert_code(2);
 }
 
 #[test]
@@ -277,19 +274,36 @@ fn get_of_a_seq_retention_evicted_is_exit_1_and_a_time_before_the_log_starts_at_
 #[test]
 fn subscription_list_and_info_show_each_subscription_and_match_their_schemas() {
     let env = TestEnv::new();
-    // No bus: an empty list, and an unknown id.
-    let out = dws(&env, &["event", "subscription", "list", "--format", "json"]);
+    // No bus: said as `status` says it (issue 34 item 4: `list` printed a
+    // bare header, exit 0, as if there were no subscriptions, while the
+    // named ones wait on disk for the next bus), and nothing is started.
+    let socket = env.expected_socket_path().display().to_string();
+    let out = dws(&env, &["event", "subscription", "list"]);
     out.assert_code(0);
     assert_eq!(
-        serde_json::from_str::<Value>(&out.stdout).ok(),
-        Some(json!([]))
+        out.stdout,
+        format!("bus not running (profile default, socket {socket})\n"),
+        "{out}"
     );
+    let status = dws(&env, &["event", "status"]);
+    assert_eq!(out.stdout, status.stdout, "one behaviour");
+    let out = dws(&env, &["event", "subscription", "list", "--format", "json"]);
+    out.assert_code(0);
+    let doc: Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(
+        doc,
+        json!({"running": false, "profile": "default", "socket": socket})
+    );
+    assert_valid("subscription-list", &doc);
     let out = dws(&env, &["event", "subscription", "info", "s1"]);
     out.assert_code(1);
     assert_eq!(
         out.stderr,
-        "Error: subscription s1 not found (bus not running)\n"
+        format!(
+            "Error: cannot show subscription s1: bus not running (profile default, socket {socket})\n"
+        )
     );
+    assert!(env.busd_pids().is_empty(), "reading starts no bus");
 
     subscribe_ok(&env, &["rd.*,other", "--id", "s1"], "s1");
     subscribe_ok(
@@ -379,6 +393,70 @@ fn subscription_list_and_info_show_each_subscription_and_match_their_schemas() {
     out.assert_code(1);
     assert_eq!(out.stderr, "Error: subscription nope not found\n", "{out}");
     assert!(out.stdout.is_empty());
+}
+
+/// Issue 34 item 4: text output is for people — durations like `59m 20s`
+/// (not `3560.5s`), times in local RFC 3339 (not `1796341920057`); JSON
+/// keeps its numbers.
+#[test]
+fn text_output_shows_durations_and_local_times_for_people_and_json_keeps_numbers() {
+    // A fixed zone 8 hours east of UTC, without tzdata.
+    let env = TestEnv::with_env(&[("TZ", "XYZ-8")]);
+    subscribe_ok(&env, &["rd.*", "--id", "s1", "--ttl", "2h"], "s1");
+    publish_all(&env, &["a"]);
+    let text = dws(&env, &["event", "status"]);
+    text.assert_code(0);
+    let seconds_with_a_point = regex_lite(&text.stdout);
+    assert!(
+        seconds_with_a_point.is_empty(),
+        "durations as people read them, not {seconds_with_a_point:?}\n{text}"
+    );
+    let bus_line = text.stdout.lines().next().unwrap_or_default();
+    assert!(bus_line.contains(" up "), "{bus_line}");
+    let out = dws(&env, &["event", "subscription", "info", "s1"]);
+    out.assert_code(0);
+    let line = |key: &str| -> String {
+        out.stdout_lines()
+            .iter()
+            .find(|l| l.starts_with(&format!("{key}: ")))
+            .unwrap_or_else(|| panic!("no {key} line\n{out}"))
+            .to_string()
+    };
+    for key in ["detached_since", "created_at"] {
+        let l = line(key);
+        let t = l.split_whitespace().nth(1).unwrap_or_default();
+        assert!(
+            t.len() == 25 && t.ends_with("+08:00") && t.as_bytes()[10] == b'T',
+            "{l}"
+        );
+    }
+    assert_eq!(line("ttl"), "ttl: 2h");
+    assert!(!out.stdout.contains("_unix_ms"), "{out}");
+    let json = dws(
+        &env,
+        &["event", "subscription", "info", "s1", "--format", "json"],
+    );
+    let doc: Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert!(doc["detached_since_unix_ms"].is_u64(), "{doc:#}");
+    assert_eq!(doc["ttl_ms"], 7_200_000);
+}
+
+/// Every `<digits>.<digit>s` in `text`: a duration printed as fractional
+/// seconds.
+fn regex_lite(text: &str) -> Vec<String> {
+    let b = text.as_bytes();
+    let mut found = vec![];
+    for (i, w) in b.windows(3).enumerate() {
+        if w[0].is_ascii_digit() && w[1] == b'.' && w[2].is_ascii_digit() {
+            let end = (i + 2..b.len())
+                .find(|&j| !b[j].is_ascii_digit())
+                .unwrap_or(b.len());
+            if b.get(end) == Some(&b's') {
+                found.push(String::from_utf8_lossy(&b[i..=end]).into_owned());
+            }
+        }
+    }
+    found
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// ARCHITECTURE.md ("Large files").
 const MAX_LINES: usize = 650;
 
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the tests crate lives in the workspace")
@@ -34,7 +34,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn files(dirs: &[&str]) -> Vec<PathBuf> {
+pub(crate) fn files(dirs: &[&str]) -> Vec<PathBuf> {
     let root = workspace();
     let mut out = vec![];
     for d in dirs {
@@ -131,7 +131,7 @@ fn busd_module(file: &Path) -> String {
 
 /// The busd modules `text` (a file, its test code left out) names with
 /// `crate::X`.
-fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
+pub(crate) fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
     let product = text.split("#[cfg(test)]").next().unwrap_or_default();
     let mut refs = std::collections::BTreeSet::new();
     for line in product.lines() {

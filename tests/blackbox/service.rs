@@ -237,11 +237,9 @@ fn a_notify_socket_that_is_gone_is_logged_once_a_minute_not_per_ping() {
     assert!((1..=2).contains(&said), "{said} lines\n{log}");
 }
 
-#[test]
-fn install_systemd_renders_the_units_with_real_paths_and_they_verify() {
-    let env = TestEnv::new();
-    let units = env.root().join("units");
-    let bin = dws_tests::bin_dir();
+/// Runs `scripts/install-systemd.sh --no-enable` for the binaries in `bin`
+/// into `units`; the paths of the socket and service units.
+fn render_units(env: &TestEnv, bin: &Path, units: &Path) -> (PathBuf, PathBuf) {
     let out = env
         .command(
             repo().join("scripts/install-systemd.sh"),
@@ -255,18 +253,87 @@ fn install_systemd_renders_the_units_with_real_paths_and_they_verify() {
         )
         .run_with_timeout(EXIT_TIMEOUT);
     out.assert_code(0);
-    let socket_unit = units.join("dws-bus@default.socket");
-    let service_unit = units.join("dws-bus@default.service");
+    (
+        units.join("dws-bus@default.socket"),
+        units.join("dws-bus@default.service"),
+    )
+}
+
+/// A prefix as `scripts/install.sh --root DIR` leaves it: DIR/bin/{busd,dws}
+/// (links to the built ones) and their man pages in DIR/share/man/man1.
+fn installed_prefix(env: &TestEnv) -> PathBuf {
+    let prefix = env.root().join("prefix");
+    let bin = prefix.join("bin");
+    std::fs::create_dir_all(&bin).expect("mkdir prefix/bin");
+    for b in ["busd", "dws"] {
+        std::os::unix::fs::symlink(dws_tests::bin_dir().join(b), bin.join(b)).expect("link");
+    }
+    let man1 = prefix.join("share/man/man1");
+    env.command(
+        bin.join("busd"),
+        ["--generate-man".as_ref(), man1.as_os_str()],
+    )
+    .run_with_timeout(EXIT_TIMEOUT)
+    .assert_code(0);
+    env.command(bin.join("dws"), ["manpages".as_ref(), man1.as_os_str()])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+    prefix
+}
+
+/// `systemd-analyze --user verify` of `units`, its man page checks on,
+/// with a PATH that does not name the prefix and no MANPATH (so `man`
+/// finds a page only where the unit says it is); skipped when the tool is
+/// absent (not under CI).
+fn assert_units_verify(env: &TestEnv, units: &[&Path]) {
+    let Some(analyze) = tool("systemd-analyze") else {
+        return;
+    };
+    let out = Command::new(analyze)
+        .args(["--user", "verify"])
+        .args(units)
+        .env("HOME", env.home_dir())
+        .env("XDG_RUNTIME_DIR", env.run_dir())
+        .env("PATH", "/usr/bin:/bin")
+        .env_remove("MANPATH")
+        .output()
+        .expect("run systemd-analyze");
+    assert!(
+        out.status.success() && out.stderr.is_empty() && out.stdout.is_empty(),
+        "systemd-analyze verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The comment lines of a unit, in order.
+fn comments(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| l.starts_with('#')).collect()
+}
+
+#[test]
+fn install_systemd_renders_the_units_with_real_paths_and_they_verify() {
+    let env = TestEnv::new();
+    let prefix = installed_prefix(&env);
+    let bin = prefix.join("bin");
+    let (socket_unit, service_unit) = render_units(&env, &bin, &env.root().join("units"));
     let socket = std::fs::read_to_string(&socket_unit).expect("the socket unit");
     let service = std::fs::read_to_string(&service_unit).expect("the service unit");
     let busd = bin.join("busd");
     let cfg = env.cfg_dir();
+    let man1 = prefix.join("share/man/man1");
+    let docs = format!(
+        "Documentation=man:{} man:{}",
+        man1.join("busd.1").display(),
+        man1.join("dws.1").display()
+    );
     for (text, want) in [
         (
             &socket,
             format!("ListenStream={}", env.expected_socket_path().display()),
         ),
         (&socket, "SocketMode=0600".to_owned()),
+        (&socket, docs.clone()),
         (
             &service,
             format!("ExecStart={} --foreground --profile %i", busd.display()),
@@ -280,36 +347,49 @@ fn install_systemd_renders_the_units_with_real_paths_and_they_verify() {
         (&service, "WatchdogSec=30s".to_owned()),
         (&service, "SystemCallFilter=@system-service".to_owned()),
         (&service, "Requires=dws-bus@%i.socket".to_owned()),
+        (&service, docs.clone()),
     ] {
-        assert!(text.lines().any(|l| l == want), "a unit has {want:?}");
+        assert!(
+            text.lines().any(|l| l == want),
+            "a unit has {want:?}:\n{text}"
+        );
     }
-    for text in [&socket, &service] {
+    for (text, template) in [(&socket, "dws-bus@.socket"), (&service, "dws-bus@.service")] {
+        let template = std::fs::read_to_string(repo().join("contrib/systemd").join(template))
+            .expect("the template");
         assert!(
             !text.contains("%h/")
-                && !text.contains("@BUSD@")
-                && !text.contains("@SOCKET@")
-                && !text.contains("@CONFIG_ROOT@"),
+                && !text.lines().filter(|l| !l.starts_with('#')).any(|l| {
+                    ["@BUSD@", "@SOCKET@", "@CONFIG_ROOT@", "@DOCUMENTATION@"]
+                        .iter()
+                        .any(|p| l.contains(p))
+                }),
             "every path substituted:\n{text}"
+        );
+        assert_eq!(
+            comments(text),
+            comments(&template),
+            "the comments are the template's, placeholders and all"
         );
         assert!(!text.lines().any(|l| l.starts_with("PrivateTmp=")));
     }
-    let Some(analyze) = tool("systemd-analyze") else {
-        return;
-    };
-    let out = Command::new(analyze)
-        .args(["--user", "--man=no", "verify"])
-        .arg(&socket_unit)
-        .arg(&service_unit)
-        .env("HOME", env.home_dir())
-        .env("XDG_RUNTIME_DIR", env.run_dir())
-        .output()
-        .expect("run systemd-analyze");
-    assert!(
-        out.status.success() && out.stderr.is_empty() && out.stdout.is_empty(),
-        "systemd-analyze verify: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_units_verify(&env, &[&socket_unit, &service_unit]);
+}
+
+#[test]
+fn install_systemd_without_installed_man_pages_names_none_and_the_units_verify() {
+    let env = TestEnv::new();
+    // The build directory has no share/man beside it.
+    let (socket_unit, service_unit) =
+        render_units(&env, &dws_tests::bin_dir(), &env.root().join("units"));
+    for unit in [&socket_unit, &service_unit] {
+        let text = std::fs::read_to_string(unit).expect("the unit");
+        assert!(
+            !text.lines().any(|l| l.starts_with("Documentation=")),
+            "no Documentation= naming pages that are not installed:\n{text}"
+        );
+    }
+    assert_units_verify(&env, &[&socket_unit, &service_unit]);
 }
 
 // ------------------------------------------------------------------ doctor
@@ -494,4 +574,32 @@ fn doctor_finds_a_stale_bus_a_socket_with_no_process_and_a_loose_directory() {
     assert_eq!(status_of(&doc, "work_dir", "default"), "fail");
     let hint = checks(&doc, "work_dir", "default")[0]["hint"].to_string();
     assert!(hint.contains("chmod 700"), "{hint}");
+}
+
+/// Issue 36 row 12: the doctor opens the store's files as busd does: a FIFO
+/// at `store/FORMAT` hung it (it waited for a writer), a symlink to
+/// `/dev/zero` read until memory ran out. Now each is one failed check at
+/// once, as is a file far larger than a format file can be.
+#[test]
+fn doctor_refuses_a_fifo_a_symlink_or_a_huge_file_as_the_store_format_file() {
+    let env = TestEnv::new();
+    let store = env.work_dir().join("store");
+    std::fs::create_dir_all(&store).expect("mkdir store");
+    let format = store.join("FORMAT");
+    nix::unistd::mkfifo(&format, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let expect_fail = |what: &str| {
+        let (code, doc, _) = doctor_json(&env);
+        assert_eq!(code, Some(1), "{what}: {doc:#}");
+        assert_eq!(status_of(&doc, "store", "default"), "fail", "{what}");
+        let msg = checks(&doc, "store", "default")[0]["message"].to_string();
+        assert!(msg.contains(what), "{what}: {msg}");
+        assert!(env.busd_pids().is_empty(), "doctor starts no bus");
+    };
+    expect_fail("a FIFO");
+    std::fs::remove_file(&format).expect("rm");
+    std::os::unix::fs::symlink("/dev/zero", &format).expect("symlink");
+    expect_fail("a symbolic link");
+    std::fs::remove_file(&format).expect("rm");
+    std::fs::write(&format, vec![b'1'; 1 << 20]).expect("write");
+    expect_fail("1048576 bytes");
 }

@@ -171,6 +171,30 @@ fn a_pattern_this_build_refuses_is_never_dropped_or_rewritten_away() {
     );
 }
 
+/// A key an older build accepted and this one refuses for a new
+/// subscription (an empty segment) is restored as it was stored: a start
+/// is never refused over it.
+#[test]
+fn a_key_an_older_build_stored_is_restored_though_new_ones_are_refused() {
+    let env = stopped_store();
+    edit_subs(&env, |v| {
+        v["subscriptions"][0]["patterns"] = serde_json::json!(["st..k", "st.k"])
+    });
+    let (out, _) = publish(&env);
+    out.assert_code(0);
+    let st = env.status();
+    assert_eq!(
+        dws_tests::common::listed(&st, "s1")["patterns"],
+        serde_json::json!(["st..k", "st.k"]),
+        "{st:#}"
+    );
+    // A new subscription with such a key is still refused.
+    let out = env
+        .dws(["event", "subscribe", "st..k", "--id", "s2"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    assert!(out.assert_error(2).contains("empty segment"), "{out}");
+}
+
 /// At the highest seq, publishes are refused with the reason: a seq is
 /// never reused; the bus keeps serving everything else.
 #[test]

@@ -220,20 +220,6 @@ fn a_bad_where_is_exit_2_with_its_column_before_any_side_effect() {
             ],
             "`*` is not allowed",
         ),
-        (
-            &[
-                "event",
-                "subscribe",
-                "k",
-                "--id",
-                "s",
-                "--delivery",
-                "shared",
-                "--where",
-                "true",
-            ],
-            "cannot be combined with --delivery shared",
-        ),
     ] {
         let env = TestEnv::new();
         let out = env.dws(args).run_with_timeout(EXIT_TIMEOUT);

@@ -378,7 +378,8 @@ fn spawn_consumer(
                         })
                         .collect();
                     acked = seen.len();
-                    child.try_write_stdin(acks.as_bytes());
+                    // A consumer already gone has nothing left to ack.
+                    let _ = child.try_write_stdin(acks.as_bytes());
                 }
                 thread::sleep(Duration::from_millis(100));
             }

@@ -60,6 +60,12 @@ impl Cmd {
         }
     }
 
+    /// The program, its argv and its whole environment (for a harness
+    /// that spawns it its own way, e.g. on a terminal).
+    pub(crate) fn parts(&self) -> (&Path, &[OsString], &[(OsString, OsString)]) {
+        (&self.program, &self.args, &self.envs)
+    }
+
     /// Socket activation as systemd does it: `fd` (a listening socket the
     /// test keeps open) becomes the process's fd 3, with `LISTEN_FDS=1` and
     /// `LISTEN_PID` set to the process's own pid (through `sh -c 'exec …'`,

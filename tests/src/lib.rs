@@ -38,6 +38,8 @@
 //!   left unread, and its bounded waits.
 //! - [`capture`]: the background readers of a child's pipes.
 //! - [`output`]: [`Output`], a finished process, and the assertions on it.
+//! - [`terminal`]: [`run_on_terminal`], a command with stdout and stderr on
+//!   a pseudo-terminal (the colour tests).
 //! - [`contract`]: the strict parsers of the `ready` and `exited` lines.
 //! - [`pids`]: processes seen through `/proc` and signals (liveness, the
 //!   busd scan, freezing a process at a chosen moment).
@@ -60,6 +62,7 @@ pub mod pg;
 pub mod pids;
 pub mod process;
 pub mod proxy;
+pub mod terminal;
 pub mod wire;
 
 #[cfg(test)]
@@ -75,6 +78,7 @@ pub use nix::sys::signal::Signal as Sig;
 pub use output::{assert_absent, Output};
 pub use pids::{all_process_argv, freeze_when, is_live, proc_kb, signal_pid, wait_pid_gone};
 pub use process::{Child, UnreadChild};
+pub use terminal::{run_on_terminal, TerminalRun};
 
 /// How long a test waits for a consumer's ready line. Generous on purpose: a
 /// debug `busd` is spawned on demand while other tests load the same 2 cores.

@@ -274,12 +274,13 @@ impl Child {
         s.write_all(data).expect("write to child stdin");
     }
 
-    /// [`Child::write_stdin`] that tolerates a process that already exited
-    /// (or a stdin that is not a pipe); `false` when nothing was written.
-    pub fn try_write_stdin(&mut self, data: &[u8]) -> bool {
-        self.stdin
-            .as_mut()
-            .is_some_and(|s| s.write_all(data).is_ok())
+    /// Writes to the stdin pipe; an error (the process is gone) is returned,
+    /// not a panic.
+    pub fn try_write_stdin(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self.stdin.as_mut() {
+            Some(s) => s.write_all(data),
+            None => Err(std::io::ErrorKind::NotConnected.into()),
+        }
     }
 
     /// Closes the stdin pipe: the process sees EOF.

@@ -48,7 +48,7 @@ impl Link {
                 format!("cannot check subscription {id}'s definition in the cluster: {e}"),
             )
         })?;
-        let have = Selector::new(&stored.patterns, &stored.filter)
+        let have = Selector::stored(&stored.patterns, &stored.filter)
             .and_then(|s| s.with_where(&stored.where_exprs));
         let where_notes = match &have {
             Ok(have) if have.same_spec(&wanted) => return Ok(inserted),

@@ -39,7 +39,7 @@ use std::{
 };
 
 use proto::{
-    status::{ClusterCursorDoc, ClusterDoc, ClusterHostDoc},
+    status::{ClusterCursorDoc, ClusterDoc, ClusterHostDoc, ClusterLeaseDoc},
     v1::{self, ErrorCode},
 };
 use tokio::sync::Notify;
@@ -49,7 +49,7 @@ use crate::{
     hub::Hub,
     shutdown::Shutdown,
     source::{Source, SourceContext},
-    store::postgres::{self, definitions, log, PgError, PgSettings},
+    store::postgres::{self, definitions, PgError, PgSettings},
 };
 
 /// The source state's reason on a follower.
@@ -193,6 +193,8 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
     let mut conn = None;
     // The definitions looked at so far; `None` until the first read.
     let mut seen: Option<HashSet<String>> = None;
+    // The last good read, shown (aged, with the error) while reads fail.
+    let mut last: Option<ClusterDoc> = None;
     loop {
         if conn.is_none() {
             conn = match postgres::connect(s, "status").await {
@@ -213,7 +215,8 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
                     Some(client)
                 }
                 Err(e) => {
-                    link.hub.set_cluster_status(doc_error(&link, e));
+                    link.hub
+                        .set_cluster_status(doc_error(&link, last.as_ref(), e));
                     None
                 }
             };
@@ -228,9 +231,13 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
                 _ => read_cluster(&link, client).await,
             };
             match read {
-                Ok(doc) => link.hub.set_cluster_status(doc),
+                Ok(doc) => {
+                    link.hub.set_cluster_status(doc.clone());
+                    last = Some(doc);
+                }
                 Err(e) => {
-                    link.hub.set_cluster_status(doc_error(&link, e));
+                    link.hub
+                        .set_cluster_status(doc_error(&link, last.as_ref(), e));
                     conn = None;
                 }
             }
@@ -289,18 +296,22 @@ async fn adopt(
     Ok(())
 }
 
+/// The cluster as the database has it now: the lease and the head from one
+/// snapshot (never waiting for a lock), the hosts, the cursors. The read's
+/// time is taken first, so the ages shown later are never too young.
 async fn read_cluster(link: &Link, client: &tokio_postgres::Client) -> Result<ClusterDoc, PgError> {
     let s = &link.settings;
+    let read_at = crate::clock::now_ms();
     hosts::heartbeat(client, &s.cluster, &s.host).await?;
-    let row = log::cluster_row(client, &s.cluster).await?;
+    let row = hosts::lease(client, &s.cluster).await?.unwrap_or_default();
     let hosts = hosts::list(client, &s.cluster).await?;
     let cursors = hosts::cursors(client, &s.cluster).await?;
-    Ok(ClusterDoc {
+    let doc = ClusterDoc {
         name: s.cluster.clone(),
         host: s.host.clone(),
         role: role_name(link.is_owner()).into(),
-        owner: row.owner_host,
-        owner_since_unix_ms: row.owner_since_unix_ms,
+        owner: row.holder.clone(),
+        owner_since_unix_ms: row.since_unix_ms,
         epoch: row.epoch,
         head_seq: row.head_seq,
         hosts: hosts
@@ -325,17 +336,32 @@ async fn read_cluster(link: &Link, client: &tokio_postgres::Client) -> Result<Cl
             })
             .collect(),
         last_error: None,
-    })
+        lease: Some(ClusterLeaseDoc {
+            holder: row.holder,
+            epoch: row.epoch,
+            expires_at_unix_ms: row.expires_at_unix_ms,
+            expires_in_ms: row.expires_in_ms,
+            expired: false,
+        }),
+        read_at_unix_ms: read_at,
+        read_age_ms: 0,
+    };
+    // Judges the lease at the read (an expired one names no owner).
+    Ok(doc.aged(0))
 }
 
-fn doc_error(link: &Link, e: PgError) -> ClusterDoc {
-    ClusterDoc {
+/// The cluster after a failed read: the last good read (aged when shown:
+/// a lease it named runs out), or nothing known, with the error.
+fn doc_error(link: &Link, last: Option<&ClusterDoc>, e: PgError) -> ClusterDoc {
+    let mut doc = last.cloned().unwrap_or_else(|| ClusterDoc {
         name: link.settings.cluster.clone(),
         host: link.settings.host.clone(),
-        role: role_name(link.is_owner()).into(),
-        last_error: Some(e.to_string()),
+        read_at_unix_ms: crate::clock::now_ms(),
         ..ClusterDoc::default()
-    }
+    });
+    doc.role = role_name(link.is_owner()).into();
+    doc.last_error = Some(e.to_string());
+    doc
 }
 
 fn role_name(owner: bool) -> &'static str {

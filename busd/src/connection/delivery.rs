@@ -2,8 +2,9 @@
 //! buffer through [`Connection::send`]. This file owns delivery — moving
 //! events, gaps and source-state changes from the hub into that buffer
 //! within [`OUT_HIGH_WATER`] ([`Connection::fill`]), as `Event` frames or as
-//! `EventLines` batches of NDJSON lines rendered here, or `LineBatch` frames
-//! shared with every consumer taking the same events (`line_runs`) — and
+//! `EventLines` batches of NDJSON lines rendered here, or `LineBatch` and
+//! `RingBatch` frames of lines rendered once for every consumer taking the
+//! same events (`crate::lines`, `line_frames`) — and
 //! the frames that end a connection or a request: `Error` and `Bye`
 //! (including the `Bye` of a halted subscription and the `Error` of a
 //! failed store).
@@ -16,7 +17,7 @@ use proto::{
     v1::{self, server_frame::Kind as S, ByeReason, ErrorCode},
 };
 
-use super::{line_runs, replies::store_failed_message, Connection, Phase};
+use super::{replies::store_failed_message, Connection, Phase};
 use crate::eventlog::LoggedEvent;
 
 /// Stop pulling events into the outbound buffer above this many bytes: the
@@ -105,10 +106,13 @@ impl Connection {
             let n = d.events.len();
             let shared = self
                 .line_batches
-                .and_then(|kind| Some((kind, line_runs::shareable(&d.events, kind)?)));
+                .and_then(|kind| Some((kind, self.rendered.shareable(&d.events, kind)?)));
             if let Some((kind, delivery)) = shared {
-                match line_runs::pieces(&d.events, delivery, kind) {
-                    Ok(pieces) => line_runs::queue(&mut self.out, pieces),
+                match self
+                    .rendered
+                    .pieces(&d.events, delivery, kind, self.ring_batches)
+                {
+                    Ok(pieces) => self.queue_pieces(pieces),
                     // Nothing of this pull is sent; the bus stops.
                     Err(e) => return self.hub.store_failed(e.to_string()),
                 }
@@ -170,10 +174,11 @@ impl Connection {
     fn send_lines(&mut self, subscription_id: &str, events: &[(Arc<LoggedEvent>, bool, u32)]) {
         const FRAME_BUDGET: usize = 1 << 20;
         let mut seqs = Vec::with_capacity(events.len());
+        let counted = self.rendered.counted();
         let mut buf = std::mem::take(&mut self.line_buf);
         buf.clear();
         for (event, redelivered, delivery) in events {
-            let (head, tail) = match event.line_parts() {
+            let (head, tail) = match event.line_parts(&counted) {
                 Ok(parts) => parts,
                 Err(e) => {
                     self.hub.store_failed(e.to_string());

@@ -9,9 +9,11 @@
 //! - `replies`: replies that wait for the store (`Awaited`);
 //! - `delivery`: the outbound buffer — events pulled from the hub, NDJSON
 //!   line batches, source-state changes, `Error` and `Bye`;
-//! - `line_runs`: NDJSON lines rendered once for every consumer that takes
-//!   the same first deliveries (`LineBatch`); `outbox`: the outbound
-//!   buffer, which queues those shared bytes without copying them.
+//! - `line_frames`: the frames of lines rendered once for every consumer
+//!   (`crate::lines`): `LineBatch` bytes, or `RingBatch` for a consumer
+//!   that reads the line ring, and the ring handed to one that asks;
+//!   `outbox`: the outbound buffer, which queues shared bytes without
+//!   copying them.
 //!
 //! Each connection owns an outbound buffer. Frames are appended to it and the
 //! buffer is written with one `write` per wake-up, so a burst of events costs
@@ -35,7 +37,7 @@
 //! [`FRAME_DEADLINE`].
 
 mod delivery;
-mod line_runs;
+mod line_frames;
 mod outbox;
 mod replies;
 mod requests;
@@ -52,6 +54,7 @@ use tokio_util::codec::Decoder;
 use crate::{
     cluster::Link,
     hub::{ConnId, Durable, Hub, RefusedKind},
+    lines::Lines,
     ratelimit::LogLimit,
     shutdown::Shutdown,
     warn_limited,
@@ -78,9 +81,6 @@ pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a closing connection waits for its peer's EOF (reading and
 /// discarding), so its last frames are not lost to a reset.
 const CLOSE_LINGER: Duration = Duration::from_millis(200);
-
-/// One `bus.log` line per interval for clients refused or dropped.
-static CLIENT_WARNINGS: LogLimit = LogLimit::new(Duration::from_secs(10));
 
 enum Phase {
     AwaitHello,
@@ -109,15 +109,36 @@ pub struct Connection {
     /// The consumer takes NDJSON lines rendered here (`EventLines`).
     lines: bool,
     /// It also takes lines rendered once for every consumer (`LineBatch`).
-    line_batches: Option<line_runs::LineKind>,
+    line_batches: Option<crate::lines::LineKind>,
     /// Reused buffer for a batch of lines.
     line_buf: Vec<u8>,
     /// The consumer takes `WhereNotice` frames.
     where_notices: bool,
+    /// The bus's renderings (shared by every connection).
+    rendered: Lines,
+    /// The consumer reads the line ring: first deliveries go as `RingBatch`.
+    ring_batches: bool,
+    /// The ring batches it was told of and has not said it read: their
+    /// frame number and chunk, oldest first.
+    ring_holds: VecDeque<(u64, u32)>,
+    /// The number of the next `RingBatch` frame.
+    next_ring_id: u64,
+    /// A descriptor to pass with the next write (the ring, to a consumer
+    /// that asked for it).
+    pass_fd: Option<std::os::fd::OwnedFd>,
+    /// The limit of every connection's warnings together.
+    warnings: Arc<LogLimit>,
 }
 
 /// Serves one accepted connection until it closes. Errors stay here.
-pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut shutdown: Shutdown) {
+pub async fn serve(
+    stream: UnixStream,
+    hub: Hub,
+    link: Option<Arc<Link>>,
+    rendered: Lines,
+    warnings: Arc<LogLimit>,
+    mut shutdown: Shutdown,
+) {
     let (id, handle) = hub.register_conn();
     let mut conn = Connection {
         hub: hub.clone(),
@@ -135,6 +156,12 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         line_batches: None,
         line_buf: Vec::new(),
         where_notices: false,
+        rendered,
+        ring_batches: false,
+        ring_holds: VecDeque::new(),
+        next_ring_id: 1,
+        pass_fd: None,
+        warnings,
     };
     let peer_ok = stream
         .peer_cred()
@@ -220,10 +247,14 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         let deadline = drain_deadline.into_iter().chain(client_deadline).min();
         tokio::select! {
             reason = shutdown.recv(), if !conn.closing => conn.bye(reason),
-            res = conn.out.write_to(&mut wr), if !conn.out.is_empty() => {
-                if let Err(e) = res {
-                    tracing::debug!(conn = id, cause = %e, "write failed");
-                    break;
+            res = conn.out.write_to(&mut wr, conn.pass_fd.as_ref()), if !conn.out.is_empty() => {
+                match res {
+                    // The descriptor went with the first byte written.
+                    Ok(_) => conn.pass_fd = None,
+                    Err(e) => {
+                        tracing::debug!(conn = id, cause = %e, "write failed");
+                        break;
+                    }
                 }
             }
             res = rd.read_buf(&mut input), if can_read => match res {
@@ -250,7 +281,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
                         .await;
                     let over = input.capacity().saturating_sub(READ_CAPACITY);
                     if !hub.charge_input(&mut charged, over) {
-                        warn_limited!(CLIENT_WARNINGS, conn = id, "input bound reached; client refused");
+                        warn_limited!(conn.warnings, conn = id, "input bound reached; client refused");
                         hub.count_refused(RefusedKind::InputBudget);
                         conn.error(
                             0,
@@ -274,7 +305,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
             _ = sleep_until_opt(conn.redeliver_at.map(Instant::from_std)), if !conn.closing => {}
             _ = sleep_until_opt(deadline) => {
                 if conn.closing {
-                    warn_limited!(CLIENT_WARNINGS, conn = id, "drain timed out; dropping connection");
+                    warn_limited!(conn.warnings, conn = id, "drain timed out; dropping connection");
                     break;
                 }
                 hub.count_refused(RefusedKind::SlowClient);
@@ -286,7 +317,7 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
                         FRAME_DEADLINE.as_secs()
                     )
                 };
-                warn_limited!(CLIENT_WARNINGS, conn = id, "slow client: {message}");
+                warn_limited!(conn.warnings, conn = id, "slow client: {message}");
                 conn.error(0, ErrorCode::BadRequest, message);
                 conn.closing = true;
             }
@@ -297,6 +328,9 @@ pub async fn serve(stream: UnixStream, hub: Hub, link: Option<Arc<Link>>, mut sh
         hub.reader_paused(false);
     }
     drop(wr);
+    // What its consumer was told of in the ring is free again.
+    conn.rendered
+        .release(conn.ring_holds.drain(..).map(|(_, chunk)| chunk));
     hub.unregister_conn(id);
 }
 

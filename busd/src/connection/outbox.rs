@@ -1,6 +1,6 @@
 //! [`Outbox`]: a connection's outbound bytes, in order — small frames
 //! encoded into one growing buffer, and shared buffers (a `LineBatch` body
-//! rendered once for every consumer, see `line_runs`) queued by reference,
+//! rendered once for every consumer, see `crate::lines`) queued by reference,
 //! never copied. Written with one vectored write per wake-up.
 
 use std::{collections::VecDeque, io::IoSlice};
@@ -57,15 +57,20 @@ impl Outbox {
     }
 
     /// One vectored write of what is queued; drops what was written.
-    /// Cancel-safe: nothing is dropped unless the write happened.
-    pub(super) async fn write_to(&mut self, wr: &mut Writer) -> std::io::Result<usize> {
+    /// `fd` goes with it (SCM_RIGHTS), when given. Cancel-safe: nothing is
+    /// dropped unless the write happened.
+    pub(super) async fn write_to(
+        &mut self,
+        wr: &mut Writer,
+        fd: Option<&std::os::fd::OwnedFd>,
+    ) -> std::io::Result<usize> {
         let n = {
             let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV.min(self.queued.len() + 1));
             iov.extend(self.queued.iter().take(MAX_IOV).map(|b| IoSlice::new(b)));
             if iov.len() < MAX_IOV && !self.tail.is_empty() {
                 iov.push(IoSlice::new(&self.tail));
             }
-            wr.write_vectored(&iov).await?
+            wr.write_vectored(&iov, fd).await?
         };
         self.consume(n);
         Ok(n)

@@ -15,7 +15,7 @@ use proto::{
     CodecError,
 };
 
-use super::{replies::Until, Connection, Phase, CLIENT_WARNINGS};
+use super::{replies::Until, Connection, Phase};
 use crate::{
     hub::{NewEvent, RefusedKind},
     pattern::Pattern,
@@ -26,7 +26,7 @@ impl Connection {
     /// Answers a frame that could not be decoded with an `Error` (where the
     /// socket still allows it) and closes the connection.
     pub(super) fn bad_frame(&mut self, e: &CodecError) {
-        warn_limited!(CLIENT_WARNINGS, conn = self.id, cause = %e, "bad frame; closing connection");
+        warn_limited!(self.warnings, conn = self.id, cause = %e, "bad frame; closing connection");
         self.hub.count_refused(RefusedKind::BadFrame);
         match e {
             CodecError::TooLarge => self.error(0, ErrorCode::FrameTooLarge, e.to_string()),
@@ -65,7 +65,13 @@ impl Connection {
                 });
                 self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
             }
-            C::Ack(ack) => self.hub.ack(self.id, &ack),
+            C::Ack(ack) => {
+                if ack.ring_read > 0 {
+                    self.ring_read(ack.ring_read);
+                }
+                self.hub.ack(self.id, &ack)
+            }
+            C::RingRequest(req) => self.ring_offer(req.request_id),
             C::SubscriptionControl(req) => match self.hub.control(&req) {
                 Ok((doc, save)) => {
                     let reply = S::SubscriptionState(v1::SubscriptionState {
@@ -181,11 +187,14 @@ impl Connection {
             Ok((reply, save)) => {
                 self.lines = req.attach && req.ndjson_lines;
                 self.where_notices = req.attach && req.where_notices;
+                // Only a consumer that took the ring on a connection of its
+                // own asks; a consumer of an older dws never does.
+                self.ring_batches = req.attach && req.ring_batches;
                 self.line_batches =
                     match (req.attach, req.raw_lines, self.lines && req.line_batches) {
                         (false, _, _) => None,
-                        (true, true, _) => Some(super::line_runs::LineKind::Raw),
-                        (true, false, true) => Some(super::line_runs::LineKind::Ndjson),
+                        (true, true, _) => Some(crate::lines::LineKind::Raw),
+                        (true, false, true) => Some(crate::lines::LineKind::Ndjson),
                         (true, false, false) => None,
                     };
                 self.reply_after(
@@ -258,7 +267,9 @@ impl Connection {
     fn status_that_fits(&self) -> String {
         let mut listed = usize::MAX;
         loop {
-            let json = self.hub.status_json(listed).to_string();
+            let mut doc = self.hub.status_json(listed);
+            doc["lines"] = serde_json::to_value(self.rendered.stats()).unwrap_or_default();
+            let json = doc.to_string();
             if json.len() + 64 <= proto::MAX_FRAME_LEN || listed == 0 {
                 return json;
             }

@@ -13,7 +13,10 @@
 use std::{
     io::{self, IoSlice, Write},
     net::Shutdown,
-    os::{fd::AsRawFd, unix::net::UnixStream},
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::net::UnixStream,
+    },
 };
 
 use bytes::{BufMut, BytesMut};
@@ -72,6 +75,20 @@ impl Reader {
     }
 }
 
+/// One `sendmsg` of `iov` with `fd` passed along (SCM_RIGHTS).
+fn send_with_fd(s: &UnixStream, iov: &[IoSlice<'_>], fd: &OwnedFd) -> io::Result<usize> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let fds = [fd.as_raw_fd()];
+    sendmsg::<()>(
+        s.as_raw_fd(),
+        iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(io::Error::from)
+}
+
 /// One `recv` into the spare capacity of `buf`.
 fn recv_into(s: &UnixStream, buf: &mut BytesMut) -> io::Result<usize> {
     let spare = buf.chunk_mut();
@@ -91,15 +108,24 @@ fn recv_into(s: &UnixStream, buf: &mut BytesMut) -> io::Result<usize> {
 }
 
 impl Writer {
-    /// One vectored write; waits for room when the socket has none.
-    /// Cancel-safe: nothing is written unless it returns `Ok`.
-    pub(super) async fn write_vectored(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    /// One vectored write; waits for room when the socket has none. `fd`
+    /// goes with it (SCM_RIGHTS), when given. Cancel-safe: nothing is
+    /// written unless it returns `Ok`.
+    pub(super) async fn write_vectored(
+        &mut self,
+        iov: &[IoSlice<'_>],
+        fd: Option<&OwnedFd>,
+    ) -> io::Result<usize> {
         let total: usize = iov.iter().map(|b| b.len()).sum();
         loop {
-            let res = match (&self.stream, &self.waiting) {
-                (Some(s), _) => (&*s).write_vectored(iov),
-                (None, Some(w)) => w.get_ref().write_vectored(iov),
+            let s = match (&self.stream, &self.waiting) {
+                (Some(s), _) => s,
+                (None, Some(w)) => w.get_ref(),
                 (None, None) => return Err(io::ErrorKind::NotConnected.into()),
+            };
+            let res = match fd {
+                None => (&*s).write_vectored(iov),
+                Some(fd) => send_with_fd(s, iov, fd),
             };
             match res {
                 Ok(n) => {

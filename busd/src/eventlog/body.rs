@@ -5,9 +5,10 @@
 //! shared by every event in it, and an offset).
 //!
 //! A read of a cold body can fail (an I/O error, a record that no longer
-//! checks out): that is a store failure, reported through
-//! [`note_read_failure`] and [`take_read_failure`] so that the bus stops
-//! with the store-failed contract, as when an append fails.
+//! checks out): that is a store failure, told to the store's reader
+//! ([`ColdSource::failed`]), which the committer asks through its store
+//! (`Store::take_read_failure`) so that the bus stops with the
+//! store-failed contract, as when an append fails.
 
 use std::{
     fmt,
@@ -24,54 +25,31 @@ pub trait ColdSource: Send + Sync + fmt::Debug {
     /// The last `len` bytes of the payload of the record at offset `at` of
     /// `segment`, checked against the record's checksum.
     fn read(&self, segment: &Arc<PathBuf>, at: u64, len: usize) -> std::io::Result<Bytes>;
+
+    /// A read failed (`why`): the store failed. Kept until its store is
+    /// asked (`Store::take_read_failure`); the first one wins.
+    fn failed(&self, why: &str);
+
+    /// The failure kept since the last call, if any.
+    fn take_failure(&self) -> Option<String>;
 }
 
-/// Where a store put an event's record (what the store hands the log).
-#[derive(Debug, Clone)]
-pub struct ColdRef {
-    pub source: Arc<dyn ColdSource>,
-    pub segment: Arc<PathBuf>,
-    /// Byte offset of the record (its header) in the segment; the reader
-    /// takes the payload's length from the record's header.
-    pub at: u64,
-}
-
-/// A segment and its reader, shared by every cold event in it.
+/// A segment and its reader, shared by every cold event in it (the store
+/// makes one per segment).
 #[derive(Debug)]
 pub struct ColdSegment {
     pub source: Arc<dyn ColdSource>,
     pub path: Arc<PathBuf>,
 }
 
-/// A cold event's place: 16 bytes per event.
+/// A cold event's place: 16 bytes per event. What a store hands the log
+/// once an event's record is durable.
 #[derive(Debug, Clone)]
 pub struct Place {
     pub segment: Arc<ColdSegment>,
+    /// Byte offset of the record (its header) in the segment; the reader
+    /// takes the payload's length from the record's header.
     pub at: u64,
-}
-
-/// The segment handle last made: consecutive events of one segment share it.
-static LAST_SEGMENT: Mutex<Option<Arc<ColdSegment>>> = Mutex::new(None);
-
-fn place_of(r: ColdRef) -> Place {
-    let mut last = lock(&LAST_SEGMENT);
-    let segment = match last.as_ref() {
-        Some(s)
-            if Arc::ptr_eq(&s.path, &r.segment)
-                && std::ptr::addr_eq(Arc::as_ptr(&s.source), Arc::as_ptr(&r.source)) =>
-        {
-            s.clone()
-        }
-        _ => {
-            let s = Arc::new(ColdSegment {
-                source: r.source,
-                path: r.segment,
-            });
-            *last = Some(s.clone());
-            s
-        }
-    };
-    Place { segment, at: r.at }
 }
 
 /// Why a cold body could not be read: the store failed.
@@ -86,25 +64,8 @@ impl fmt::Display for ReadError {
 
 impl std::error::Error for ReadError {}
 
-/// The first cold read that failed in this process, until the committer
-/// takes it.
-static READ_FAILURE: Mutex<Option<String>> = Mutex::new(None);
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Records that a read of the store failed (the committer stops the bus).
-pub fn note_read_failure(why: &str) {
-    let mut f = lock(&READ_FAILURE);
-    if f.is_none() {
-        *f = Some(why.to_owned());
-    }
-}
-
-/// The read failure noted since the last call, if any.
-pub fn take_read_failure() -> Option<String> {
-    lock(&READ_FAILURE).take()
 }
 
 fn failed(p: &Place, e: std::io::Error) -> ReadError {
@@ -113,7 +74,7 @@ fn failed(p: &Place, e: std::io::Error) -> ReadError {
         p.segment.path.display(),
         p.at
     );
-    note_read_failure(&why);
+    p.segment.source.failed(&why);
     ReadError(why)
 }
 
@@ -123,7 +84,6 @@ struct Hot {
     bytes: Bytes,
     cold: Option<Place>,
     line_parts: Option<Arc<LineParts>>,
-    where_input: Option<Arc<proto::where_expr::Input>>,
 }
 
 #[derive(Debug, Default)]
@@ -165,10 +125,10 @@ impl From<Vec<u8>> for Body {
 
 impl Body {
     /// A body that is on disk only.
-    pub fn cold(len: usize, r: ColdRef) -> Body {
+    pub fn cold(len: usize, place: Place) -> Body {
         Body {
             len: len as u32,
-            state: Mutex::new(State::Cold(place_of(r))),
+            state: Mutex::new(State::Cold(place)),
         }
     }
 
@@ -205,8 +165,7 @@ impl Body {
     }
 
     /// Where the bytes are on disk (set by the store once they are durable).
-    pub fn set_cold(&self, r: ColdRef) {
-        let place = place_of(r);
+    pub fn set_cold(&self, place: Place) {
         let mut s = lock(&self.state);
         match &mut *s {
             State::Hot(h) => h.cold = Some(place),
@@ -268,14 +227,6 @@ impl Body {
         }
     }
 
-    /// The cached `--where` input, if any.
-    pub fn peek_where_input(&self) -> Option<Arc<proto::where_expr::Input>> {
-        match &*lock(&self.state) {
-            State::Hot(h) => h.where_input.clone(),
-            _ => None,
-        }
-    }
-
     /// The line parts: cached, or made from the bytes (and kept while hot).
     pub fn line_parts(
         &self,
@@ -289,21 +240,5 @@ impl Body {
             return Ok(h.line_parts.get_or_insert(made).clone());
         }
         Ok(made)
-    }
-
-    /// The `--where` input: cached, or made from the bytes (kept while
-    /// hot); `None` bytes when they cannot be read back.
-    pub fn where_input(
-        &self,
-        make: impl FnOnce(Option<Bytes>) -> Arc<proto::where_expr::Input>,
-    ) -> Arc<proto::where_expr::Input> {
-        if let Some(hit) = self.peek_where_input() {
-            return hit;
-        }
-        let made = make(self.get().ok());
-        if let State::Hot(h) = &mut *lock(&self.state) {
-            return h.where_input.get_or_insert(made).clone();
-        }
-        made
     }
 }

@@ -1,63 +1,66 @@
 //! The short strings a logged event carries, held compactly: [`Name`] is
-//! an interned, shared string (event types, routes and dedup scopes repeat
-//! across events: one copy each, 16 bytes per event), [`Text`] an own
-//! string that costs 16 bytes and no allocation when empty (event ids).
+//! a shared string (event types, routes and dedup scopes repeat across
+//! events: an [`Interner`] gives every equal one the same copy, 16 bytes
+//! per event), [`Text`] an own string that costs 16 bytes and no
+//! allocation when empty (event ids). An interner is owned by whoever
+//! makes events in numbers (the hub's ingest, a store's recovery), never
+//! shared by the whole process.
 
-use std::{
-    collections::HashSet,
-    fmt,
-    ops::Deref,
-    sync::{Arc, Mutex},
-};
+use std::{collections::HashSet, fmt, ops::Deref, sync::Arc};
 
-#[derive(Default)]
-struct Interner {
+/// Gives equal names one copy.
+#[derive(Debug, Default)]
+pub struct Interner {
     names: HashSet<Arc<str>>,
     /// Prune names no event holds once the set grows past this.
     prune_at: usize,
 }
 
-static INTERNER: Mutex<Option<Interner>> = Mutex::new(None);
+impl Interner {
+    /// `s` as a name, shared with every equal name this interner gave.
+    pub fn name(&mut self, s: &str) -> Name {
+        if s.is_empty() {
+            return Name::default();
+        }
+        if let Some(hit) = self.names.get(s) {
+            return Name(Some(hit.clone()));
+        }
+        if self.names.len() >= self.prune_at {
+            self.names.retain(|n| Arc::strong_count(n) > 1);
+            self.prune_at = (self.names.len() * 2).max(1024);
+        }
+        let n: Arc<str> = Arc::from(s);
+        self.names.insert(n.clone());
+        Name(Some(n))
+    }
 
-fn intern(s: &str) -> Arc<str> {
-    let mut g = INTERNER.lock().unwrap_or_else(|p| p.into_inner());
-    let i = g.get_or_insert_with(Interner::default);
-    if let Some(hit) = i.names.get(s) {
-        return hit.clone();
+    /// Names kept (tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.names.len()
     }
-    if i.names.len() >= i.prune_at {
-        i.names.retain(|n| Arc::strong_count(n) > 1);
-        i.prune_at = (i.names.len() * 2).max(1024);
-    }
-    let n: Arc<str> = Arc::from(s);
-    i.names.insert(n.clone());
-    n
 }
 
-/// An interned string: equal names share one allocation.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Name(Arc<str>);
+/// An interned string: equal names share one allocation; the empty name
+/// (no route, no scope) none, and no look-up.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(Option<Arc<str>>);
 
 impl Name {
+    /// A name of its own (not shared with equal ones: see [`Interner`]).
     pub fn new(s: &str) -> Name {
-        Name(intern(s))
+        Name((!s.is_empty()).then(|| Arc::from(s)))
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Default for Name {
-    fn default() -> Name {
-        Name::new("")
+        self.0.as_deref().unwrap_or("")
     }
 }
 
 impl Deref for Name {
     type Target = str;
     fn deref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
@@ -81,13 +84,13 @@ impl From<&String> for Name {
 
 impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -170,16 +173,27 @@ mod tests {
 
     #[test]
     fn equal_names_share_one_copy_and_unused_ones_are_pruned() {
-        let a = Name::from("x.interned");
-        let b = Name::from(String::from("x.interned"));
-        assert!(Arc::ptr_eq(&a.0, &b.0));
+        let mut i = Interner::default();
+        let a = i.name("x.interned");
+        let b = i.name(&String::from("x.interned"));
+        assert!(Arc::ptr_eq(a.0.as_ref().unwrap(), b.0.as_ref().unwrap()));
+        assert_eq!(a, Name::from("x.interned"), "equal by content");
+        assert!(!Arc::ptr_eq(
+            a.0.as_ref().unwrap(),
+            Name::from("x.interned").0.as_ref().unwrap()
+        ));
+        assert_eq!(Name::new(""), Name::default());
+        assert_eq!(i.name(""), Name::default());
+        assert_eq!(std::mem::size_of::<Name>(), 16);
         assert_eq!(a, "x.interned");
-        for i in 0..3000 {
-            drop(Name::from(format!("x.gone.{i}")));
+        for n in 0..3000 {
+            drop(i.name(&format!("x.gone.{n}")));
         }
-        let n = INTERNER.lock().unwrap().as_ref().unwrap().names.len();
-        assert!(n < 2500, "{n} names kept");
-        assert!(Arc::ptr_eq(&a.0, &Name::new("x.interned").0));
+        assert!(i.len() < 2500, "{} names kept", i.len());
+        assert!(Arc::ptr_eq(
+            a.0.as_ref().unwrap(),
+            i.name("x.interned").0.as_ref().unwrap()
+        ));
         assert_eq!(Text::from(""), Text::default());
         assert_eq!(Text::from("id-1"), "id-1");
         assert_eq!(std::mem::size_of::<Text>(), 16);

@@ -138,7 +138,7 @@ impl Hub {
             return Ok((doc, None));
         }
         tracing::info!(subscription = %sub.id, verb = %req.verb, "subscription changed by an operator");
-        let wake = st.registry.handle(sub.consumer());
+        let wake = st.registry.handles_of(&sub);
         let named = !sub.owned;
         let id = sub.id.clone();
         st.registry.insert(sub);
@@ -150,7 +150,7 @@ impl Hub {
         if gen.is_some() {
             self.shared.commit_wake.notify_one();
         }
-        if let Some(w) = wake {
+        for w in wake {
             w.wake.notify_one();
         }
         Ok((doc, gen))

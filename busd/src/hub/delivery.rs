@@ -112,7 +112,7 @@ impl Hub {
             let (subs, conns) = st.registry.split_mut();
             for sub in subs {
                 if sub.missed(head + 1, first - 1) > 0 {
-                    told.extend(conns.of(sub.consumer()));
+                    told.extend(conns.all_of(sub));
                 }
             }
         }
@@ -132,6 +132,12 @@ impl Hub {
     /// interval. Costs one wake-up per save interval at most.
     fn wake_committer(&self) {
         self.shared.commit_wake.notify_one();
+    }
+
+    /// The count of the log's rendered line parts (they count against
+    /// retention's bytes), for those who render them (`crate::lines`).
+    pub fn line_bytes(&self) -> crate::eventlog::LineBytes {
+        self.state().log.line_bytes()
     }
 
     /// The oldest seq still in this host's log.
@@ -161,8 +167,12 @@ impl Hub {
         let Some((c, sub)) = registry.attached_mut(conn) else {
             return (None, None);
         };
+        if !sub.act_as(conn) {
+            return (None, None);
+        }
         let pulled = sub.pull_within(max_events, max_bytes, head, Instant::now());
-        c.count_delivered(pulled.events.len() as u64);
+        let again = pulled.events.iter().filter(|(_, r, _)| *r).count() as u64;
+        c.count_delivered(pulled.events.len() as u64, again);
         let mut newly_dirty = false;
         let damaged = pulled.damaged_at.map(|seq| {
             let at = persist
@@ -205,6 +215,9 @@ impl Hub {
         {
             return (None, next_due);
         }
+        // A shared subscription that halted: its other consumers are told
+        // at their next pull, which this wakes.
+        let others_told = halted.is_some() && sub.shared;
         let d = Delivery {
             subscription_id: sub.id.clone(),
             gap: pulled.gap,
@@ -213,6 +226,13 @@ impl Hub {
             halted,
             where_notice,
         };
+        if others_told {
+            if let Some(s) = registry.get(&d.subscription_id) {
+                for h in registry.handles_of(s) {
+                    h.wake.notify_one();
+                }
+            }
+        }
         (Some(d), next_due)
     }
 
@@ -229,6 +249,9 @@ impl Hub {
         let Some((c, sub)) = registry.attached_mut(conn) else {
             return;
         };
+        if !sub.act_as(conn) {
+            return;
+        }
         // A cumulative ack settles what was delivered up to that seq's
         // delivery (delivery order); `seqs` name events one by one.
         let mut shared_acked = if ack.seq > 0 {
@@ -237,13 +260,14 @@ impl Hub {
             Vec::new()
         };
         let mut n = shared_acked.len() as u64;
-        if !sub.shared {
+        // The claims of a cluster host learn what was acked here.
+        if !sub.claimed {
             shared_acked.clear();
         }
         for &seq in &ack.seqs {
             let acked = sub.ack_one(seq);
             n += u64::from(acked);
-            if acked && sub.shared {
+            if acked && sub.claimed {
                 shared_acked.push(seq);
             }
         }
@@ -261,7 +285,7 @@ impl Hub {
             let parked = sub.term(term.seq, &term.reason);
             if parked {
                 tracing::info!(subscription = %sub.id, seq = term.seq, "event parked by its consumer (term)");
-                if sub.shared {
+                if sub.claimed {
                     // Done for the cluster: no other host delivers it again.
                     shared_acked.push(term.seq);
                 }
@@ -275,12 +299,26 @@ impl Hub {
         let more = sub.has_unsent() || freed;
         let named = !sub.owned;
         let handle = c.handle().clone();
+        // An event given back (a nack, a term) may go to any consumer of a
+        // shared subscription.
+        let others = if freed && sub.shared {
+            let sub_id = sub.id.clone();
+            st.registry
+                .get(&sub_id)
+                .map(|s| st.registry.handles_of(s))
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         if named && (n > 0 || freed) && st.persist.mark_dirty() {
             self.wake_committer();
         }
         drop(st);
         if more {
             handle.wake.notify_one();
+        }
+        for h in others {
+            h.wake.notify_one();
         }
     }
 }
@@ -322,7 +360,7 @@ fn fan_out_locked(
             }
         }
         if took {
-            wake.extend(conns.of(sub.consumer()));
+            wake.extend(conns.all_of(sub));
         }
         if to_filter {
             filter_queue.want(&sub.id);

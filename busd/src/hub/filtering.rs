@@ -131,9 +131,11 @@ impl FilterHandle {
             wake |= sub.judged(e.seq, *v);
         }
         wake |= sub.where_notice_due();
-        let consumer = sub.consumer();
         let named = !sub.owned;
-        let handle = registry.handle(consumer);
+        let handles = registry
+            .get(&batch.subscription)
+            .map(|s| registry.handles_of(s))
+            .unwrap_or_default();
         // Counters and the cursor moved: a named subscription is saved.
         let newly_dirty = named && persist.mark_dirty();
         drop(st);
@@ -141,7 +143,7 @@ impl FilterHandle {
             self.hub.shared.commit_wake.notify_one();
         }
         if wake {
-            if let Some(h) = handle {
+            for h in handles {
                 h.wake.notify_one();
             }
         }

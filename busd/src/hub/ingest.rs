@@ -18,7 +18,7 @@ use proto::{
 use super::dedup::Dedup;
 use crate::{
     clock::now_ms,
-    eventlog::{LoggedEvent, NewEvent},
+    eventlog::{Interner, LoggedEvent, NewEvent},
     upstream::Refusal,
 };
 
@@ -68,6 +68,8 @@ pub(super) struct Ingest {
     staged: Vec<Arc<LoggedEvent>>,
     dedup: Dedup,
     types: BTreeMap<String, TypeCounters>,
+    /// The staged events' names: one copy of each.
+    names: Interner,
 }
 
 impl Ingest {
@@ -77,6 +79,7 @@ impl Ingest {
             staged: vec![],
             dedup,
             types: BTreeMap::new(),
+            names: Interner::default(),
         }
     }
 
@@ -145,12 +148,12 @@ impl Ingest {
         let (scope, key_id) = dedup_key.clone().unwrap_or_default();
         self.staged.push(Arc::new(LoggedEvent {
             seq,
-            event_type: ev.event_type.into(),
+            event_type: self.names.name(&ev.event_type),
             received_at_unix_ms,
             encoded: Bytes::from(encoded).into(),
-            scope: scope.into(),
+            scope: self.names.name(&scope),
             event_id: key_id.into(),
-            route: ev.upstream_subscription.into(),
+            route: self.names.name(&ev.upstream_subscription),
             ..LoggedEvent::default()
         }));
         if let Some(key) = dedup_key {

@@ -266,7 +266,7 @@ impl Hub {
         let now = (Instant::now(), now_ms());
         let mut subs = BTreeMap::new();
         for rec in recovered.snapshot.iter().flat_map(|s| &s.subscriptions) {
-            match Selector::new(&rec.patterns, &rec.filter)
+            match Selector::stored(&rec.patterns, &rec.filter)
                 .and_then(|s| s.with_where(&rec.where_exprs))
             {
                 Ok(sel) => {
@@ -278,6 +278,7 @@ impl Hub {
                         now,
                         config.default_window as usize,
                     );
+                    sub.set_claimed(config.clustered);
                     report_lost(&mut sub, rec, &recovered.lost, floor);
                     subs.insert(rec.id.clone(), sub);
                 }

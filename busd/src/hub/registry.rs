@@ -82,12 +82,14 @@ impl Expired {
 /// One connection as the hub knows it.
 #[derive(Debug)]
 pub(super) struct Conn {
+    id: ConnId,
     pid: u32,
     name: String,
     handle: Arc<ConnHandle>,
     attached: Option<String>,
     connected_at_ms: i64,
     delivered: u64,
+    redelivered: u64,
     acked: u64,
 }
 
@@ -105,8 +107,10 @@ impl Conn {
         self.attached.as_deref()
     }
 
-    pub(super) fn count_delivered(&mut self, n: u64) {
+    /// `n` deliveries, `again` of them redeliveries.
+    pub(super) fn count_delivered(&mut self, n: u64, again: u64) {
         self.delivered += n;
+        self.redelivered += again;
     }
 
     pub(super) fn count_acked(&mut self, n: u64) {
@@ -114,8 +118,11 @@ impl Conn {
     }
 
     /// The status row of a consumer (`None` when it consumes nothing);
-    /// `in_flight` of the subscription it consumes.
-    pub(super) fn consumer_doc(&self, in_flight: impl Fn(&str) -> usize) -> Option<ConsumerDoc> {
+    /// `in_flight(subscription, connection)`: what it has in flight.
+    pub(super) fn consumer_doc(
+        &self,
+        in_flight: impl Fn(&str, ConnId) -> usize,
+    ) -> Option<ConsumerDoc> {
         let sub = self.attached.as_ref()?;
         Some(ConsumerDoc {
             pid: self.pid,
@@ -123,8 +130,9 @@ impl Conn {
             subscription_id: sub.clone(),
             connected_at_unix_ms: self.connected_at_ms,
             delivered: self.delivered,
+            redelivered: self.redelivered,
             acked: self.acked,
-            in_flight: in_flight(sub) as u64,
+            in_flight: in_flight(sub, self.id) as u64,
         })
     }
 }
@@ -146,6 +154,15 @@ impl Handles<'_> {
     /// The handle of `conn` (a subscription's consumer), if it is connected.
     pub(super) fn of(&self, conn: Option<ConnId>) -> Option<Arc<ConnHandle>> {
         conn.and_then(|c| self.0.get(&c)).map(|c| c.handle.clone())
+    }
+
+    /// The handles of every consumer of `sub` (several with shared delivery).
+    pub(super) fn all_of<'a>(
+        &'a self,
+        sub: &'a Subscription,
+    ) -> impl Iterator<Item = Arc<ConnHandle>> + 'a {
+        sub.consumers()
+            .filter_map(|c| self.0.get(&c).map(|c| c.handle.clone()))
     }
 }
 
@@ -198,12 +215,14 @@ impl Registry {
         self.conns.insert(
             id,
             Conn {
+                id,
                 pid: 0,
                 name: String::new(),
                 handle: handle.clone(),
                 attached: None,
                 connected_at_ms: now_ms(),
                 delivered: 0,
+                redelivered: 0,
                 acked: 0,
             },
         );
@@ -232,9 +251,9 @@ impl Registry {
             return out;
         };
         if let Some(sub) = self.subs.get_mut(&id) {
-            if sub.consumer() == Some(conn) {
-                sub.detach((Instant::now(), now_ms()));
-                if sub.shared {
+            if sub.detach_conn(conn, (Instant::now(), now_ms())) {
+                // A cluster host with no consumer left gives its claims back.
+                if sub.claimed && sub.consumer().is_none() {
                     out.given_back = Some((id, sub.release_all()));
                 }
                 out.named = !sub.owned;
@@ -338,25 +357,30 @@ impl Registry {
         }
     }
 
-    /// Removes subscription `id`; its consumer consumes nothing any more.
-    /// Returns it with that consumer's handle when the consumer is not
-    /// `requester` (it is told to leave).
+    /// Removes subscription `id`; its consumers consume nothing any more.
+    /// Returns it with the handles of those consumers that are not
+    /// `requester` (they are told to leave).
     pub(super) fn remove(
         &mut self,
         id: &str,
         requester: ConnId,
-    ) -> Option<(Subscription, Option<Arc<ConnHandle>>)> {
+    ) -> Option<(Subscription, Vec<Arc<ConnHandle>>)> {
         let sub = self.subs.remove(id)?;
-        let mut kick = None;
-        if let Some(c) = sub.consumer() {
+        let mut kicks = Vec::new();
+        for c in sub.consumers() {
             if let Some(conn) = self.conns.get_mut(&c) {
                 conn.attached = None;
                 if c != requester {
-                    kick = Some(conn.handle.clone());
+                    kicks.push(conn.handle.clone());
                 }
             }
         }
-        Some((sub, kick))
+        Some((sub, kicks))
+    }
+
+    /// The handles of every consumer of `sub`.
+    pub(super) fn handles_of(&self, sub: &Subscription) -> Vec<Arc<ConnHandle>> {
+        Handles(&self.conns).all_of(sub).collect()
     }
 
     /// Removes the subscriptions whose TTL ran out by `now`, recording each

@@ -74,7 +74,7 @@ impl Hub {
         let st = self.state();
         let mut wants = Vec::new();
         for sub in st.registry.subs().values() {
-            if !sub.shared || sub.consumer().is_none() {
+            if !sub.claimed || sub.consumer().is_none() {
                 continue;
             }
             let room = sub.claim_room();
@@ -113,7 +113,7 @@ impl Hub {
         let Some(sub) = st.registry.get_mut(subscription) else {
             return taken;
         };
-        if !sub.shared || sub.consumer().is_none() {
+        if !sub.claimed || sub.consumer().is_none() {
             return taken;
         }
         for (event, n) in events {
@@ -122,10 +122,14 @@ impl Hub {
                 taken.push(seq);
             }
         }
-        let consumer = sub.consumer();
-        let wake = st.registry.handle(consumer);
+        let sub_id = sub.id.clone();
+        let wake = st
+            .registry
+            .get(&sub_id)
+            .map(|s| st.registry.handles_of(s))
+            .unwrap_or_default();
         drop(st);
-        if let Some(h) = wake {
+        for h in wake {
             h.wake.notify_one();
         }
         taken
@@ -137,7 +141,7 @@ impl Hub {
             .registry
             .subs()
             .values()
-            .filter(|s| s.shared)
+            .filter(|s| s.claimed)
             .map(|s| (s.id.clone(), s.held_seqs()))
             .filter(|(_, seqs)| !seqs.is_empty())
             .collect()
@@ -149,7 +153,7 @@ impl Hub {
             .registry
             .subs()
             .values()
-            .filter(|s| s.shared)
+            .filter(|s| s.claimed)
             .map(|s| s.id.clone())
             .collect()
     }
@@ -160,7 +164,7 @@ impl Hub {
             .registry
             .subs()
             .values()
-            .filter(|s| s.shared && s.consumer().is_some())
+            .filter(|s| s.claimed && s.consumer().is_some())
             .map(|s| s.id.clone())
             .collect()
     }
@@ -176,11 +180,14 @@ impl Hub {
             return;
         };
         sub.lost_shared(n);
-        let consumer = sub.consumer();
-        let wake = st.registry.handle(consumer);
+        let wake = st
+            .registry
+            .get(subscription)
+            .map(|s| st.registry.handles_of(s))
+            .unwrap_or_default();
         st.persist.mark_dirty();
         drop(st);
-        if let Some(h) = wake {
+        for h in wake {
             h.wake.notify_one();
         }
     }

@@ -9,7 +9,7 @@
 use proto::{
     status::{
         BusDoc, DamageDoc, EventTypeDoc, HaltedDoc, LogDoc, RefusedDoc, SourceDoc, StatusDoc,
-        StoreDoc, SubscriptionStatus, TruncatedDoc,
+        StoreDoc, SubscriptionStatus, SubscriptionTotalsDoc, TruncatedDoc,
     },
     v1,
 };
@@ -147,7 +147,7 @@ impl Hub {
         let source = st.source.info();
         let source_status = v1::SourceStatus::try_from(source.state.state).unwrap_or_default();
         let subs = st.registry.subs();
-        let in_flight = |id: &str| subs.get(id).map_or(0, Subscription::in_flight);
+        let in_flight = |id: &str, conn| subs.get(id).map_or(0, |s| s.in_flight_of(conn));
         let consumers: Vec<_> = st
             .registry
             .conns()
@@ -162,7 +162,15 @@ impl Hub {
         // The subscription with the oldest unacked event is the one whose
         // cursor the log's retention is protecting (or would evict first).
         let mut holder: Option<(u64, &str)> = None;
+        // Over every subscription, however many are listed.
+        let mut totals = SubscriptionTotalsDoc::default();
         for s in subs.values() {
+            totals.add(
+                s.consumer().is_some(),
+                s.state.name(),
+                s.pending_len() as u64,
+                s.parked_len() as u64,
+            );
             if let Some((o, _)) = s.oldest_pending() {
                 if holder.is_none_or(|(seq, _)| o.seq < seq) {
                     holder = Some((o.seq, &s.id));
@@ -182,6 +190,8 @@ impl Hub {
                     filter: non_empty(s.selector.filter_str()),
                     owned: s.owned,
                     upstream_subscription_id: s.upstream_id.clone(),
+                    delivery: if s.shared { "shared" } else { "single" }.into(),
+                    consumers: s.consumers().count() as u64,
                     attached_pid: s
                         .consumer()
                         .and_then(|c| st.registry.conn(c))
@@ -234,7 +244,11 @@ impl Hub {
         let exe = executable();
         let store = st.persist.info();
         let doc = StatusDoc {
-            cluster: st.cluster.clone(),
+            // As of now: a read a while ago has aged (its lease may have run out).
+            cluster: st.cluster.as_ref().map(|c| {
+                let age = crate::clock::now_ms().saturating_sub(c.read_at_unix_ms);
+                c.aged(u64::try_from(age).unwrap_or(0))
+            }),
             running: true,
             bus: BusDoc {
                 pid: std::process::id(),
@@ -273,6 +287,7 @@ impl Hub {
             truncated,
             consumers,
             subscriptions,
+            subscription_totals: Some(totals),
             event_types: st
                 .ingest
                 .types()

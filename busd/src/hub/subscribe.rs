@@ -23,7 +23,13 @@ use crate::{
 
 /// Shared delivery claims events by scanning the log on every round; with
 /// `--where` each round would evaluate every retained event again.
-const WHERE_NOT_SHARED: &str = "--where cannot be combined with --delivery shared (yet)";
+const WHERE_NOT_SHARED: &str =
+    "--where cannot be combined with --delivery shared on a cluster (yet); on one host it can";
+
+/// The credit window of a shared subscription's consumer that names none
+/// (`consume --max-in-flight`): small, so that a slow worker holds few
+/// events and the others take the rest.
+pub const SHARED_WINDOW: u32 = 16;
 
 impl Hub {
     /// The upstream control plane, when a Subscribe for `req` must first
@@ -56,12 +62,14 @@ impl Hub {
             if st.registry.contains(&rec.id) || st.registry.len() >= MAX_SUBSCRIPTIONS {
                 continue;
             }
-            let Ok(sel) = Selector::new(&rec.patterns, &rec.filter)
+            let Ok(sel) = Selector::stored(&rec.patterns, &rec.filter)
                 .and_then(|s| s.with_where(&rec.where_exprs))
             else {
                 continue;
             };
-            let sub = Subscription::restore(&rec, sel, &events, (floor, head, true), now, window);
+            let mut sub =
+                Subscription::restore(&rec, sel, &events, (floor, head, true), now, window);
+            sub.set_claimed(self.shared.config.clustered);
             tracing::info!(subscription = %rec.id, cursor = rec.cursor, "subscription created on another cluster host");
             st.registry.insert(sub);
             added += 1;
@@ -205,22 +213,17 @@ impl Hub {
             sub.ack_wait = (req.default_ack_wait_ms > 0)
                 .then(|| Duration::from_millis(req.default_ack_wait_ms));
             if req.shared {
-                if !cfg.clustered {
-                    return Err(Refusal::new(
-                        ErrorCode::BadRequest,
-                        "--delivery shared needs store = \"postgres\" (a cluster of hosts)",
-                    ));
-                }
                 if req.owned {
                     return Err(Refusal::new(
                         ErrorCode::BadRequest,
                         "shared delivery is for named subscriptions (dws event subscribe --id)",
                     ));
                 }
-                if !req.where_exprs.is_empty() {
+                if cfg.clustered && !req.where_exprs.is_empty() {
                     return Err(Refusal::new(ErrorCode::BadRequest, WHERE_NOT_SHARED));
                 }
                 sub.shared = true;
+                sub.set_claimed(cfg.clustered);
             }
             for e in st.log.since(start_from) {
                 sub.offer(e);
@@ -248,7 +251,22 @@ impl Hub {
                     ),
                 ));
             }
-            let holder = sub.consumer().filter(|c| *c != conn);
+            // Shared delivery: every consumer joins the others (up to a
+            // bound; `--takeover` means nothing there); otherwise one at a
+            // time.
+            let joins = sub.shared;
+            if joins && !sub.has_room_for_a_worker() && !sub.has_consumer(conn) {
+                return Err(Refusal::new(
+                    ErrorCode::ResourceExhausted,
+                    format!(
+                        "subscription {id} already has {} consumers, the most one shared \
+                         subscription takes",
+                        subscription::MAX_WORKERS
+                    ),
+                ));
+            }
+            let holder = sub.consumer().filter(|c| *c != conn && !joins);
+            let shared = sub.shared;
             if let Some(holder) = holder {
                 if !req.takeover {
                     let pid = st.registry.conn(holder).map_or(0, |c| c.pid());
@@ -267,10 +285,13 @@ impl Hub {
             if st.registry.conn(conn).and_then(|c| c.attached()) != Some(id.as_str()) {
                 st.detach(conn);
             }
-            let window = if req.window == 0 {
-                cfg.default_window
-            } else {
-                req.window
+            // A shared subscription's consumers take a small window unless
+            // they name one: a slow one then holds few events, and the
+            // others take the rest.
+            let window = match (req.window, shared) {
+                (0, true) => SHARED_WINDOW.min(cfg.default_window),
+                (0, false) => cfg.default_window,
+                (w, _) => w.min(proto::limits::MAX_WINDOW),
             };
             let sub = st
                 .registry

@@ -308,6 +308,11 @@ pub trait Store: Send {
     fn retained_from(&self) -> Option<u64> {
         None
     }
+    /// A read of an event's body back from this store failed since the
+    /// last call (the store failed: the committer stops the bus).
+    fn take_read_failure(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// Opens the configured store at `dir` (not touched for `memory` and

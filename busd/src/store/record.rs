@@ -27,7 +27,7 @@
 //! spent on failed records is budgeted: time is linear in the segment size
 //! whatever its bytes.
 
-use crate::eventlog::{Body, ColdRef, ColdSource, LoggedEvent};
+use crate::eventlog::{self, Body, ColdSegment, Interner, LoggedEvent};
 
 /// Bytes of a record header: length and checksum.
 pub const HEADER: usize = 8;
@@ -64,41 +64,41 @@ pub struct Place {
 impl EventRecord {
     /// The event as the log holds it in memory.
     pub fn into_logged(self) -> LoggedEvent {
-        LoggedEvent {
-            seq: self.seq,
-            event_type: self.event_type.into(),
-            received_at_unix_ms: self.received_at_unix_ms,
-            encoded: bytes::Bytes::from(self.encoded).into(),
-            scope: self.scope.into(),
-            event_id: self.event_id.into(),
-            route: self.route.into(),
-            ..LoggedEvent::default()
-        }
+        self.into_logged_with(&mut Interner::default())
     }
 
-    /// The event as the log holds it, its bytes left on disk at `place` in
-    /// `segment` (read back through `source`).
+    /// [`EventRecord::into_logged`], its names shared through `names`.
+    pub fn into_logged_with(mut self, names: &mut Interner) -> LoggedEvent {
+        let encoded = bytes::Bytes::from(std::mem::take(&mut self.encoded)).into();
+        self.named(encoded, names)
+    }
+
+    /// The event as the log holds it, its bytes left on disk in `segment`
+    /// (read back through its reader), its names shared through `names`.
     pub fn into_cold(
         self,
-        source: std::sync::Arc<dyn ColdSource>,
-        segment: std::sync::Arc<std::path::PathBuf>,
+        segment: std::sync::Arc<ColdSegment>,
+        names: &mut Interner,
     ) -> LoggedEvent {
         let body = Body::cold(
             self.encoded.len(),
-            ColdRef {
-                source,
+            eventlog::Place {
                 segment,
                 at: self.place.at,
             },
         );
+        self.named(body, names)
+    }
+
+    fn named(self, encoded: Body, names: &mut Interner) -> LoggedEvent {
         LoggedEvent {
             seq: self.seq,
-            event_type: self.event_type.into(),
+            event_type: names.name(&self.event_type),
             received_at_unix_ms: self.received_at_unix_ms,
-            encoded: body,
-            scope: self.scope.into(),
+            encoded,
+            scope: names.name(&self.scope),
             event_id: self.event_id.into(),
-            route: self.route.into(),
+            route: names.name(&self.route),
             ..LoggedEvent::default()
         }
     }

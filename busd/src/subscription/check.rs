@@ -94,7 +94,7 @@ pub fn check_snapshot(snap: &Snapshot) -> Result<(), SnapshotError> {
 
 /// One subscription against the snapshot's head.
 fn check_record(rec: &SubRecord, head: u64) -> Result<(), String> {
-    Selector::new(&rec.patterns, &rec.filter)
+    Selector::stored(&rec.patterns, &rec.filter)
         .and_then(|sel| sel.with_where(&rec.where_exprs))
         .map_err(|e| format!("this busd refuses its patterns, filter or --where: {e}"))?;
     let beyond = |what: &str, seq: u64| -> Result<(), String> {
@@ -278,7 +278,7 @@ mod tests {
     fn restore_all(snap: &Snapshot) {
         let now = (Instant::now(), crate::clock::now_ms());
         for rec in &snap.subscriptions {
-            let sel = Selector::new(&rec.patterns, &rec.filter).expect("checked");
+            let sel = Selector::stored(&rec.patterns, &rec.filter).expect("checked");
             let sub = Subscription::restore(
                 rec,
                 sel,

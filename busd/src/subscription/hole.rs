@@ -10,10 +10,11 @@ impl Subscription {
     /// The seqs `from..=to` were deleted before this host read them: counts
     /// the ones above what this subscription acked as lost (their types are
     /// unknown, so each could have matched). Returns how many it counted. A
-    /// shared subscription counts nothing: its events come through claims.
+    /// subscription fed by a cluster's claims counts nothing: its events
+    /// come through claims.
     pub fn missed(&mut self, from: u64, to: u64) -> u64 {
         let start = from.max(self.acked_through.saturating_add(1));
-        if self.shared || start > to {
+        if self.claimed || start > to {
             return 0;
         }
         let n = to - start + 1;

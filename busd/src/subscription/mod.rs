@@ -53,11 +53,15 @@ mod tests;
 mod tests_shared;
 #[cfg(test)]
 mod tests_where;
+#[cfg(test)]
+mod tests_workers;
 mod verbs;
+mod workers;
 
 pub use check::{check_snapshot, SnapshotError};
 pub use selecting::Offered;
 pub use slow::{wall_ms, MAX_DELAYED_PINNED};
+pub use workers::MAX_WORKERS;
 
 use std::{
     collections::VecDeque,
@@ -91,6 +95,8 @@ struct Entry {
     /// orders deliveries, which seqs do not (a replayed or nacked event
     /// goes out behind higher seqs).
     sent: u64,
+    /// While in flight: the worker it went to (`workers`); else 0.
+    owner: u32,
 }
 
 /// An event on the parked (dead-letter) list.
@@ -142,9 +148,13 @@ pub struct Subscription {
     /// The ack wait of an explicit-ack consumer that names none.
     pub ack_wait: Option<Duration>,
     pub state: State,
-    /// Shared delivery (cluster): events enter `pending` only when this
-    /// host claimed them ([`Subscription::push_claimed`]), never by `offer`.
+    /// Shared delivery (`--delivery shared`): several consumers, each
+    /// event to one of them.
     pub shared: bool,
+    /// Shared delivery on a cluster host: events enter `pending` only when
+    /// this host claimed them ([`Subscription::push_claimed`]), never by
+    /// `offer` ([`Subscription::set_claimed`]).
+    pub claimed: bool,
     /// Shared delivery: the subscription starts after this seq, on every
     /// host (the head when it was created, for `--from latest`).
     shared_from: u64,
@@ -164,8 +174,6 @@ pub struct Subscription {
     filter_handed: u64,
     /// The first `--where` failure past a limit not yet told to a consumer.
     where_notice: Option<(u64, crate::where_filter::WhereFailure)>,
-    /// The attached consumer was told of a `--where` failure.
-    where_told: bool,
     /// The last `--where` failure past a limit (for status).
     where_last: Option<(u64, crate::where_filter::WhereFailure)>,
     /// Verdicts on events at or below it were counted before a restart
@@ -178,11 +186,10 @@ pub struct Subscription {
     max_sent_seq: u64,
     /// Every matching event at or below it was acked or reported lost.
     acked_through: u64,
-    consumer: Option<ConnId>,
+    /// The consumers attached (several only with shared delivery).
+    workers: workers::Workers,
+    /// The credit window of a consumer that names none.
     window: usize,
-    /// The consumer acks event by event; unacked events in flight longer
-    /// than `ack_wait` are delivered again.
-    explicit: Option<Duration>,
     /// When it was last left without a consumer (for the TTL; wall clock for
     /// status and the store).
     detached_at: Option<(Instant, i64)>,
@@ -190,8 +197,6 @@ pub struct Subscription {
     gaps: Gaps,
     /// Deliveries so far (numbers [`Entry::sent`]).
     sends: u64,
-    /// The attached consumer was told that the subscription is halted.
-    halt_told: bool,
     pub counters: SubCounters,
 }
 
@@ -221,7 +226,8 @@ pub struct Pulled {
 pub type VerbError = String;
 
 impl Subscription {
-    /// A new subscription, detached, whose backlog starts after `start_after`.
+    /// A new subscription, detached, whose backlog starts after `start_after`
+    /// (its consumers' credit window `window` unless they name one).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: String,
@@ -246,6 +252,7 @@ impl Subscription {
             ack_wait: None,
             state: State::Active,
             shared: false,
+            claimed: false,
             shared_from: start_after,
             pending: VecDeque::new(),
             scan_from: 0,
@@ -253,20 +260,17 @@ impl Subscription {
             filtering: 0,
             filter_handed: 0,
             where_notice: None,
-            where_told: false,
             where_last: None,
             counted_through: 0,
             in_flight: 0,
             parked: VecDeque::new(),
             max_sent_seq: 0,
             acked_through: start_after,
-            consumer: None,
+            workers: Default::default(),
             window: window.max(1),
-            explicit: None,
             detached_at: Some(now),
             gaps: Gaps::default(),
             sends: 0,
-            halt_told: false,
             counters: SubCounters::default(),
         }
     }
@@ -291,7 +295,7 @@ impl Subscription {
     /// `--where` must judge waits in `pending` for the verdict (delivery
     /// stops at it), which the filter gives off the hub lock.
     pub fn offer(&mut self, e: &Arc<LoggedEvent>) -> Offered {
-        if self.shared || e.seq <= self.acked_through || !self.selects(e) {
+        if self.claimed || e.seq <= self.acked_through || !self.selects(e) {
             return Offered::No;
         }
         let judged = self.selector.has_where() && !e.damaged;
@@ -305,6 +309,7 @@ impl Subscription {
             .into(),
             deliveries: 0,
             sent: 0,
+            owner: 0,
         });
         if judged {
             self.filtering += 1;
@@ -336,49 +341,6 @@ impl Subscription {
                 }
                 Slot::InFlight { .. } | Slot::Acked => {}
             }
-        }
-    }
-
-    pub fn consumer(&self) -> Option<ConnId> {
-        self.consumer
-    }
-
-    /// `explicit`: the consumer acks one by one, and what it leaves unacked
-    /// for that long is delivered again.
-    pub fn attach(&mut self, conn: ConnId, window: usize, explicit: Option<Duration>) {
-        self.consumer = Some(conn);
-        self.detached_at = None;
-        self.window = window.max(1);
-        self.explicit = explicit;
-        self.halt_told = false;
-        self.where_told = false;
-        self.gaps.retell();
-        self.unsend_in_flight(|_| true);
-    }
-
-    /// The consumer left: what was in flight is pending again, and stays
-    /// pinned until it is acked or the subscription ends.
-    pub fn detach(&mut self, now: (Instant, i64)) {
-        self.consumer = None;
-        self.explicit = None;
-        self.unsend_in_flight(|_| true);
-        self.gaps.retell();
-        self.detached_at = Some(now);
-    }
-
-    fn unsend_in_flight(&mut self, mut which: impl FnMut(Instant) -> bool) {
-        let mut first = None;
-        for (i, e) in self.pending.iter_mut().enumerate() {
-            if let Slot::InFlight { since } = e.slot.get() {
-                if which(since) {
-                    e.slot.set(Slot::Unsent);
-                    self.in_flight -= 1;
-                    first.get_or_insert(i);
-                }
-            }
-        }
-        if let Some(i) = first {
-            self.reopen(i);
         }
     }
 
@@ -419,28 +381,34 @@ impl Subscription {
         }
         // A consumer attaching to a halted subscription is told so (and ends
         // with reason `halted`) instead of waiting for nothing.
-        if let State::Halted(h) = &self.state {
-            if self.consumer.is_some() && !self.halt_told {
-                out.halted = Some(h.clone());
+        let halted = match &self.state {
+            State::Halted(h) => Some(h.clone()),
+            _ => None,
+        };
+        let notice = self.where_notice;
+        if let Some(w) = self.workers.acting_mut() {
+            if !w.halt_told {
+                out.halted = halted;
+            }
+            w.halt_told |= out.halted.is_some();
+            if !w.where_told && notice.is_some() {
+                out.where_failed = notice;
+                w.where_told = true;
             }
         }
-        if out.halted.is_some() {
-            self.halt_told = true;
-        }
-        if self.consumer.is_some() && !self.where_told {
-            if let Some(n) = self.where_notice.take() {
-                out.where_failed = Some(n);
-                self.where_told = true;
-            }
+        if out.where_failed.is_some() {
+            self.where_notice = None;
         }
         // Explicit acks: what waited too long goes out again (after its
         // backoff step).
-        if let Some(wait) = self.explicit {
+        let explicit = self.explicit_wait();
+        let me = self.workers.acting_id();
+        if let Some(wait) = explicit {
             out.expired = self.expire_in_flight(wait, now);
         }
         // With explicit acks every in-flight event's wait counts for
         // `next_due`: look at all of them.
-        let mut i = if self.explicit.is_some() {
+        let mut i = if explicit.is_some() {
             0
         } else {
             self.scan_from.min(self.pending.len())
@@ -458,7 +426,7 @@ impl Subscription {
                     false
                 }
                 Slot::InFlight { since } => {
-                    if let Some(wait) = self.explicit {
+                    if let Some(wait) = explicit.filter(|_| entry.owner == me) {
                         let at = since + wait;
                         out.next_due = Some(out.next_due.map_or(at, |d| d.min(at)));
                     }
@@ -473,7 +441,7 @@ impl Subscription {
                 continue;
             }
             if self.state != State::Active
-                || self.in_flight >= self.window
+                || !self.has_credit()
                 || out.events.len() >= max
                 || bytes >= max_bytes
             {
@@ -499,7 +467,9 @@ impl Subscription {
                     continue;
                 }
                 self.state = State::Halted(halt.clone());
-                self.halt_told = true;
+                if let Some(w) = self.workers.acting_mut() {
+                    w.halt_told = true;
+                }
                 out.halted = Some(halt);
                 break;
             }
@@ -516,7 +486,7 @@ impl Subscription {
             bytes = bytes.saturating_add(entry.event.encoded.len());
             out.events
                 .push((entry.event.clone(), redelivered, entry.deliveries));
-            self.in_flight += 1;
+            self.took_flight(i);
             i += 1;
         }
         // Everything before `i` is now in flight or acked, but for a delayed
@@ -544,9 +514,9 @@ impl Subscription {
     }
 
     fn ack_entry(&mut self, i: usize) -> bool {
-        if let Slot::InFlight { .. } = self.pending[i].slot.get() {
+        if self.in_flight_here(i) {
             self.pending[i].slot.set(Slot::Acked);
-            self.in_flight -= 1;
+            self.left_flight(i);
             self.acked_in_queue += 1;
             self.gaps.read_past(self.pending[i].sent);
             true
@@ -566,9 +536,9 @@ impl Subscription {
         let Ok(i) = self.position(seq) else {
             return acked;
         };
-        let Slot::InFlight { .. } = self.pending[i].slot.get() else {
+        if !self.in_flight_here(i) {
             return acked;
-        };
+        }
         let upto = self.pending[i].sent;
         // In-flight events are at most a window: stop after the last one.
         let mut left = self.in_flight;
@@ -601,9 +571,9 @@ impl Subscription {
         let Ok(i) = self.position(seq) else {
             return false;
         };
-        if let Slot::InFlight { .. } = self.pending[i].slot.get() {
+        if self.in_flight_here(i) {
             self.pending[i].slot.set(Slot::Delayed { until });
-            self.in_flight -= 1;
+            self.left_flight(i);
             self.gaps.read_past(self.pending[i].sent);
             self.reopen(i);
             true
@@ -616,7 +586,7 @@ impl Subscription {
     pub fn has_unsent(&self) -> bool {
         self.gaps.is_due()
             || (self.state == State::Active
-                && self.in_flight < self.window
+                && self.has_credit()
                 && self
                     .pending
                     .range(self.scan_from.min(self.pending.len())..)

@@ -9,7 +9,7 @@ use crate::eventlog::LoggedEvent;
 
 impl Subscription {
     pub fn expires_at(&self) -> Option<Instant> {
-        match (self.consumer, self.detached_at) {
+        match (self.consumer(), self.detached_at) {
             // A TTL of `never` (Duration::MAX) overflows: no expiry.
             (None, Some((at, _))) => at.checked_add(self.ttl),
             _ => None,
@@ -19,7 +19,7 @@ impl Subscription {
     /// Wall-clock time it was left without a consumer, while it is.
     pub fn detached_since_ms(&self) -> Option<i64> {
         self.detached_at
-            .filter(|_| self.consumer.is_none())
+            .filter(|_| self.consumer().is_none())
             .map(|(_, ms)| ms)
     }
 
@@ -60,6 +60,6 @@ impl Subscription {
     }
 
     pub fn explicit_ack(&self) -> bool {
-        self.explicit.is_some()
+        self.explicit_wait().is_some()
     }
 }

@@ -126,6 +126,7 @@ impl Subscription {
                     slot: slot.into(),
                     deliveries,
                     sent: 0,
+                    owner: 0,
                 });
                 if e.seq > snap_head && slot != Slot::Filtering {
                     sub.counters.matched += 1;
@@ -135,12 +136,6 @@ impl Subscription {
         if !clean {
             let last = events.last().map_or(0, |e| e.seq);
             sub.max_sent_seq = sub.max_sent_seq.max(last);
-        }
-        if sub.shared {
-            // What this host held is claimed again (its claims expired or
-            // are taken back), not restored.
-            sub.pending.clear();
-            sub.rescan();
         }
         sub
     }
@@ -165,7 +160,7 @@ impl Subscription {
                 .collect(),
             max_sent_seq: self.max_sent_seq,
             gap_lost: self.gaps.unreported(),
-            detached_since_unix_ms: if self.consumer.is_some() {
+            detached_since_unix_ms: if self.consumer().is_some() {
                 None
             } else {
                 self.detached_at.map(|(_, ms)| ms)

@@ -95,7 +95,10 @@ impl Subscription {
             self.counters.where_errors += u64::from(count);
             if why.past_a_limit() {
                 self.where_last = Some((seq, why));
-                if self.where_notice.is_none() && !self.where_told {
+                // For the consumers not told yet (or, none attached, for
+                // the next one).
+                let untold = self.workers.is_empty() || self.workers.iter().any(|w| !w.where_told);
+                if self.where_notice.is_none() && untold {
                     self.where_notice = Some((seq, why));
                 }
             }
@@ -113,7 +116,7 @@ impl Subscription {
 
     /// A failure past a limit waits to be told to the attached consumer.
     pub fn where_notice_due(&self) -> bool {
-        self.consumer.is_some() && !self.where_told && self.where_notice.is_some()
+        self.where_notice.is_some() && self.workers.iter().any(|w| !w.where_told)
     }
 
     /// The filter must start again from the first waiting event (a seek

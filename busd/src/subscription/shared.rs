@@ -1,9 +1,11 @@
-//! The shared-delivery side of a [`Subscription`] (a cluster's
-//! `--delivery shared`): events enter `pending` only when this host claimed
-//! them; what it holds is renewed, acked ones are done, a leaving consumer
-//! gives everything back; the seq the subscription starts after on every
-//! host; and events no host delivered before retention took them, counted
-//! lost here when this host reports them.
+//! The cluster's side of a shared [`Subscription`] (`--delivery shared`
+//! on a cluster host, [`Subscription::set_claimed`]): events enter
+//! `pending` only when this host claimed them; what it holds is renewed,
+//! acked ones are done, the last consumer leaving gives everything back;
+//! the seq the subscription starts after on every host; and events no host
+//! delivered before retention took them, counted lost here when this host
+//! reports them. (On one host a shared subscription is fed like any other;
+//! its consumers share it: `workers`.)
 
 use std::sync::Arc;
 
@@ -11,6 +13,19 @@ use super::{Entry, Slot, Subscription};
 use crate::eventlog::LoggedEvent;
 
 impl Subscription {
+    /// A shared subscription on a cluster host (`clustered`) is fed by this
+    /// host's claims: what a restore put in `pending` is claimed again (its
+    /// claims expired or are taken back), not kept.
+    pub fn set_claimed(&mut self, clustered: bool) {
+        self.claimed = self.shared && clustered;
+        if self.claimed {
+            self.pending.clear();
+            self.filtering = 0;
+            self.none_in_flight();
+            self.rescan();
+        }
+    }
+
     /// Shared delivery: an event this host claimed, delivered for the
     /// `deliveries`-th time (a claim taken over from a host that died counts
     /// again, so the delivery is marked redelivered). Kept in seq order.
@@ -28,6 +43,7 @@ impl Subscription {
                 slot: Slot::Unsent.into(),
                 deliveries: deliveries.saturating_sub(1),
                 sent: 0,
+                owner: 0,
             },
         );
         self.counters.matched += 1;
@@ -52,7 +68,7 @@ impl Subscription {
             .map(|e| e.event.seq)
             .collect();
         self.pending.clear();
-        self.in_flight = 0;
+        self.none_in_flight();
         self.acked_in_queue = 0;
         self.rescan();
         seqs
@@ -60,7 +76,7 @@ impl Subscription {
 
     /// Shared delivery: room for more claims (within the window).
     pub fn claim_room(&self) -> usize {
-        self.window.saturating_sub(self.pending_len())
+        self.windows().saturating_sub(self.pending_len())
     }
 
     /// Shared delivery: the seqs this host holds a claim for (pending here,
@@ -90,7 +106,7 @@ impl Subscription {
     /// start, that this host does not hold): the cluster decides whether
     /// any host delivered it.
     pub fn may_lose_shared(&self, e: &LoggedEvent) -> bool {
-        self.shared
+        self.claimed
             && !e.damaged
             && e.seq > self.shared_from
             && self.selects(e)

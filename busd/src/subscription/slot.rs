@@ -29,6 +29,7 @@ pub(super) enum Slot {
 /// The origin of packed instants: far enough back that no instant of
 /// this process is before it (about 68 years, where the platform allows).
 fn origin() -> Instant {
+    // process-wide: a constant, set once (what packed instants count from).
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
     *ORIGIN.get_or_init(|| {
         let now = Instant::now();

@@ -38,7 +38,8 @@ impl Subscription {
             let Slot::InFlight { since } = self.pending[i].slot.get() else {
                 continue;
             };
-            if since + wait > now {
+            // Only the acting worker's (each worker has its own wait).
+            if since + wait > now || !self.in_flight_here(i) {
                 continue;
             }
             let step = self.backoff_step(self.pending[i].deliveries);
@@ -49,7 +50,7 @@ impl Subscription {
                     until: since + wait + step,
                 }
             });
-            self.in_flight -= 1;
+            self.left_flight(i);
             first.get_or_insert(i);
         }
         if let Some(i) = first {
@@ -80,14 +81,12 @@ impl Subscription {
             return false;
         };
         let sent = self.pending[i].sent;
-        match self.pending[i].slot.get() {
-            Slot::InFlight { .. } => {
-                self.pending[i].slot.set(Slot::InFlight { since: now });
-                self.gaps.read_past(sent);
-                true
-            }
-            _ => false,
+        if !self.in_flight_here(i) {
+            return false;
         }
+        self.pending[i].slot.set(Slot::InFlight { since: now });
+        self.gaps.read_past(sent);
+        true
     }
 
     /// `term`: the event `seq` will never succeed; it goes to the parked
@@ -99,7 +98,9 @@ impl Subscription {
             return false;
         };
         let e = &self.pending[i];
-        if e.slot.get() == Slot::Acked || e.deliveries == 0 {
+        // Not another worker's event in flight (shared delivery).
+        let elsewhere = matches!(e.slot.get(), Slot::InFlight { .. }) && !self.in_flight_here(i);
+        if e.slot.get() == Slot::Acked || e.deliveries == 0 || elsewhere {
             return false;
         }
         self.gaps.read_past(e.sent);

@@ -443,6 +443,7 @@ fn a_hole_counts_only_past_where_the_subscription_starts() {
     );
     assert_eq!(s.missed(50, 120), 20);
     s.shared = true;
+    s.set_claimed(true);
     assert_eq!(
         s.missed(121, 130),
         0,

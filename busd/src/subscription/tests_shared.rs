@@ -27,6 +27,7 @@ fn shared(start_after: u64) -> Subscription {
         10,
     );
     s.shared = true;
+    s.set_claimed(true);
     s
 }
 
@@ -61,6 +62,7 @@ fn evictions_after_the_start_not_held_here_may_be_losses() {
     assert!(!s.may_lose_shared(&ev(7, "a.x")), "held here");
     assert!(s.may_lose_shared(&ev(8, "a.x")));
     s.shared = false;
+    s.set_claimed(false);
     assert!(!s.may_lose_shared(&ev(8, "a.x")), "per-host: its own rule");
 }
 

@@ -8,13 +8,16 @@ use super::{Entry, Parked, Slot, State, Subscription, VerbError, MAX_PARKED};
 impl Subscription {
     /// Moves `pending[i]` to the parked list (`reason`: the consumer's).
     pub(super) fn park_at(&mut self, i: usize, reason: Option<String>) {
+        if i >= self.pending.len() {
+            return;
+        }
+        if let Slot::InFlight { .. } = self.pending[i].slot.get() {
+            self.left_flight(i);
+        }
         let Some(entry) = self.pending.remove(i) else {
             return;
         };
         self.removed_at(i);
-        if let Slot::InFlight { .. } = entry.slot.get() {
-            self.in_flight -= 1;
-        }
         self.acked_through = self.acked_through.max(entry.event.seq);
         self.counters.parked += 1;
         if self.parked.len() >= MAX_PARKED {
@@ -96,7 +99,7 @@ impl Subscription {
         self.pending.clear();
         self.rescan();
         self.refilter();
-        self.in_flight = 0;
+        self.none_in_flight();
         self.acked_in_queue = 0;
         self.gaps.clear();
         self.acked_through = start_after;
@@ -132,6 +135,7 @@ impl Subscription {
                     slot: Slot::Unsent.into(),
                     deliveries: 0,
                     sent: 0,
+                    owner: 0,
                 },
             );
             self.reopen(at);

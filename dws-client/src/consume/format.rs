@@ -33,11 +33,22 @@ pub(super) struct Formatter<'a> {
     seqs: Vec<u64>,
     /// What goes into each line of a `LineBatch` (`proto::lines`).
     fragment: Vec<u8>,
+    /// The bus's line ring, when this run reads it (`RingBatch`).
+    ring: Option<crate::ring::RingView>,
+    /// The last `RingBatch` read out of the ring (what `Ack.ring_read`
+    /// tells the bus).
+    pub(super) ring_read: u64,
 }
 
 impl<'a> Formatter<'a> {
-    pub(super) fn new(plan: &'a Plan, subscription_id: &str) -> Formatter<'a> {
+    pub(super) fn new(
+        plan: &'a Plan,
+        subscription_id: &str,
+        ring: Option<crate::ring::RingView>,
+    ) -> Formatter<'a> {
         Formatter {
+            ring,
+            ring_read: 0,
             plan,
             writer: EventWriter::new(plan.format, plan.data),
             chunk: Chunk::default(),
@@ -98,20 +109,53 @@ impl<'a> Formatter<'a> {
     /// Lines the bus rendered once for every subscription: this one's id
     /// inserted in each, cut at `--max-events`.
     fn line_batch(&mut self, b: &v1::LineBatch) -> Result<Option<Reason>> {
+        self.expand(b.first_seq, b.count, &b.cuts, &b.body)
+    }
+
+    /// The same lines, read out of the bus's line ring.
+    fn ring_batch(&mut self, b: &v1::RingBatch) -> Result<Option<Reason>> {
+        let Some(ring) = self.ring.take() else {
+            return Err(CliError::runtime(
+                "the bus sent a ring batch to a consumer that does not read its ring",
+            ));
+        };
+        let read = ring
+            .batch(b)
+            .map_err(|e| CliError::runtime(format!("the bus sent {e}")))
+            .and_then(|(h, cuts, body)| {
+                let raw = self.plan.format == crate::cli::Format::Raw;
+                if (h.kind == proto::ring::Kind::Raw) != raw {
+                    return Err(CliError::runtime(
+                        "the bus sent a ring batch of lines of another format",
+                    ));
+                }
+                self.expand(b.first_seq, b.count, cuts, body)
+            });
+        self.ring = Some(ring);
+        self.ring_read = b.id;
+        read
+    }
+
+    fn expand(
+        &mut self,
+        first_seq: u64,
+        count: u32,
+        cuts: &[u8],
+        body: &[u8],
+    ) -> Result<Option<Reason>> {
         let room = self
             .plan
             .max_events
             .map_or(u64::MAX, |max| max.saturating_sub(self.received));
-        let take = u64::from(b.count).min(room);
-        let seqs = b
-            .first_seq
+        let take = u64::from(count).min(room);
+        let seqs = first_seq
             .checked_add(take)
-            .map(|end| b.first_seq..end)
+            .map(|end| first_seq..end)
             .ok_or_else(|| CliError::runtime("the bus sent a line batch past the last seq"))?;
         proto::lines::expand(
-            b.count,
-            &b.cuts,
-            &b.body,
+            count,
+            cuts,
+            body,
             take as usize,
             &self.fragment,
             &mut self.chunk.bytes,
@@ -154,6 +198,7 @@ impl<'a> Formatter<'a> {
             }
             S::EventLines(b) => return Ok(self.lines(&b)),
             S::LineBatch(b) => return self.line_batch(&b),
+            S::RingBatch(b) => return self.ring_batch(&b),
             S::Gap(g) => stderr_line(
                 self.plan.quiet,
                 &format!(
@@ -226,7 +271,7 @@ mod tests {
     #[test]
     fn rendered_lines_pass_through_cut_at_max_events() {
         let plan = plan(&["--max-events", "3", "--ack", "explicit"]);
-        let mut f = Formatter::new(&plan, "s1");
+        let mut f = Formatter::new(&plan, "s1", None);
         assert_eq!(f.handle(Some(lines(&[4, 5]))), Ok(None));
         assert_eq!(f.handle(Some(lines(&[6, 7, 8]))), Ok(Some(Reason::Limit)));
         assert_eq!(f.chunk.bytes, b"{\"seq\":4}\n{\"seq\":5}\n{\"seq\":6}\n");
@@ -252,7 +297,7 @@ mod tests {
     #[test]
     fn a_line_batch_gets_this_subscriptions_id_and_is_cut_at_max_events() {
         let plan = plan(&["--max-events", "3", "--ack", "explicit"]);
-        let mut f = Formatter::new(&plan, "s1");
+        let mut f = Formatter::new(&plan, "s1", None);
         assert_eq!(f.handle(Some(batch(4, 2))), Ok(None));
         assert_eq!(f.handle(Some(batch(6, 3))), Ok(Some(Reason::Limit)));
         let line = |s| {
@@ -270,7 +315,7 @@ mod tests {
             unreachable!()
         };
         bad.count = 3;
-        let mut f = Formatter::new(&plan, "s1");
+        let mut f = Formatter::new(&plan, "s1", None);
         assert!(f.handle(Some(S::LineBatch(bad))).is_err());
         assert!(f.chunk.bytes.is_empty() && f.take_seqs().is_empty());
     }
@@ -278,7 +323,7 @@ mod tests {
     #[test]
     fn bye_and_a_vanished_bus_end_the_run() {
         let plan = plan(&["--quiet"]);
-        let mut f = Formatter::new(&plan, "s1");
+        let mut f = Formatter::new(&plan, "s1", None);
         let bye = |reason: ByeReason| {
             Some(S::Bye(v1::Bye {
                 reason: reason as i32,

@@ -10,7 +10,7 @@
 //! ([`crate::pump`]), which writes it with one `write`. While a chunk waits
 //! for that thread the socket is not read, so a stalled stdout reader only
 //! fills the bus's credit window; signals, the `--duration` deadline, the end
-//! of stdin (when armed) and a vanished stdout reader (`watch`) still end
+//! of stdin (when armed, in every mode) and a vanished stdout reader (`watch`) still end
 //! the run at once. With `--ack write` the Ack names exactly the events the
 //! writer reports written (`written`), so only what reached stdout is ever
 //! acked, whatever the order of their seqs; with `--ack

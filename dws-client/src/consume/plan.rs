@@ -1,6 +1,6 @@
 //! Validation of `dws event consume`'s flags into a [`Plan`]: every check,
 //! no I/O, every failure a usage error (exit 2). Also what the plan implies
-//! that is not a flag: whether stdin's end ends the run
+//! that is not a flag: whether stdin's end ends the run, in every mode
 //! ([`stdin_eof_armed`]) and the `--dry-run` document ([`Plan::describe`]).
 
 use std::{
@@ -41,6 +41,8 @@ pub struct Plan {
     pub explicit_ack: Option<Duration>,
     /// `--ack-wait` was given (else the subscription's default, or 30 s).
     pub ack_wait_named: bool,
+    /// `--max-in-flight`: the credit window (0: the bus's default).
+    pub window: u32,
     pub max_deliver: u32,
     pub on_poison: v1::PoisonPolicy,
     /// `--backoff`, in ms (empty: redeliver at once).
@@ -148,6 +150,18 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
         upstream,
         explicit_ack,
         ack_wait_named: args.ack_wait.is_some(),
+        window: match args.max_in_flight {
+            None => 0,
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|&n| n <= proto::limits::MAX_WINDOW)
+                .ok_or_else(|| {
+                    CliError::usage(format!(
+                        "--max-in-flight {n}: the most is {}",
+                        proto::limits::MAX_WINDOW
+                    ))
+                })?,
+        },
         max_deliver,
         on_poison,
         backoff_ms,
@@ -157,10 +171,6 @@ pub fn plan(args: ConsumeArgs) -> Result<Plan> {
 impl Plan {
     pub(super) fn owned(&self) -> bool {
         self.subscribe_id.is_none() || self.ephemeral
-    }
-
-    fn bounded(&self) -> bool {
-        self.max_events.is_some() || self.duration.is_some()
     }
 
     /// The resolved configuration, printed by `--dry-run`.
@@ -205,23 +215,22 @@ impl Plan {
     }
 }
 
-/// EOF on stdin ends an unbounded run only when stdin is a pipe, socket or
-/// regular file: a terminal or `/dev/null` (a character device) never arms it.
-pub fn stdin_eof_armed(plan: &Plan) -> bool {
-    if plan.bounded() {
-        return false;
-    }
+/// EOF on stdin ends a run (bounded or not) when stdin is a pipe, socket
+/// or regular file: a terminal or `/dev/null` (a character device) never
+/// arms it.
+pub fn stdin_eof_armed() -> bool {
     let stdin = io::stdin();
-    if stdin.is_terminal() {
-        return false;
-    }
-    match nix::sys::stat::fstat(stdin.as_fd().as_raw_fd()) {
-        Ok(st) => {
-            let kind = st.st_mode & nix::libc::S_IFMT;
-            kind == nix::libc::S_IFIFO || kind == nix::libc::S_IFREG || kind == nix::libc::S_IFSOCK
-        }
-        Err(_) => false,
-    }
+    let kind = nix::sys::stat::fstat(stdin.as_fd().as_raw_fd())
+        .map(|st| st.st_mode & nix::libc::S_IFMT)
+        .ok();
+    eof_arms(stdin.is_terminal(), kind)
+}
+
+/// The rule of [`stdin_eof_armed`]: a stdin of this file type (`S_IFMT`
+/// bits; `None` when it cannot be told) arms the end of stdin.
+fn eof_arms(terminal: bool, kind: Option<nix::libc::mode_t>) -> bool {
+    use nix::libc::{S_IFIFO, S_IFREG, S_IFSOCK};
+    !terminal && kind.is_some_and(|k| k == S_IFIFO || k == S_IFREG || k == S_IFSOCK)
 }
 
 #[cfg(test)]
@@ -324,7 +333,7 @@ mod tests {
         assert!(p.filter.is_empty());
         assert_eq!(p.from, From::Latest);
         assert!(p.owned());
-        assert!(!p.bounded());
+        assert_eq!((p.max_events, p.duration), (None, None));
         assert_eq!(p.explicit_ack, None);
         assert_eq!(
             (p.max_deliver, p.on_poison),
@@ -365,12 +374,14 @@ mod tests {
     }
 
     #[test]
-    fn a_bounded_run_never_arms_stdin_eof() {
-        let p = plan(args(&["a.b", "--max-events", "1"])).unwrap();
-        assert!(p.bounded());
-        assert!(!stdin_eof_armed(&p));
-        let p = plan(args(&["a.b", "--format", "json", "--duration", "1s"])).unwrap();
-        assert!(!stdin_eof_armed(&p));
+    fn pipes_sockets_and_files_arm_the_end_of_stdin_terminals_and_devices_do_not() {
+        use nix::libc::{S_IFCHR, S_IFIFO, S_IFREG, S_IFSOCK};
+        for kind in [S_IFIFO, S_IFREG, S_IFSOCK] {
+            assert!(eof_arms(false, Some(kind)));
+            assert!(!eof_arms(true, Some(kind)));
+        }
+        assert!(!eof_arms(false, Some(S_IFCHR)), "/dev/null");
+        assert!(!eof_arms(false, None));
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::{
     cli::{DataMode, Format},
     exit::{CliError, Result},
     pump::{Chunk, Direct, Progress, ProgressWatch, StdoutPump, WriteFailure},
+    ring::RingView,
     validate,
 };
 
@@ -54,8 +55,17 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let started = Instant::now();
     let mut signals = Signals::watch()?;
 
-    let (mut bus, reply) =
-        BusConn::open_and_request(endpoint, |request_id| subscribe(&plan, request_id)).await?;
+    // The line ring is asked for on the bus the Subscribe goes to (a retry
+    // after a bus went away asks its successor), before subscribing:
+    // Subscribe.ring_batches says whether this run reads it.
+    let mut ring = None;
+    let (mut bus, reply) = BusConn::open_and_request(endpoint, |request_id| {
+        ring = wants_ring(&plan)
+            .then(|| RingView::ask(&endpoint.socket_path))
+            .flatten();
+        subscribe(&plan, request_id, ring.is_some())
+    })
+    .await?;
     let S::Subscribed(sub) = reply else {
         return Err(CliError::runtime(
             "the bus answered Subscribe with an unexpected frame",
@@ -85,7 +95,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     let deadline = plan.duration.map(|d| started + d);
     let mut pump = StdoutPump::start();
     let mut progress = pump.watch();
-    let mut out = Formatter::new(&plan, &sub.subscription_id);
+    let mut out = Formatter::new(&plan, &sub.subscription_id, ring);
     out.begin();
     // A chunk the pump could not take yet: while one waits, the socket is
     // not read (the bus's credit window bounds what is in flight).
@@ -99,6 +109,9 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     // ACK_EAGER events are waiting. A stream of events costs the bus one
     // ack wake-up per 10 ms per consumer, and the consumer no timer wake-up.
     let mut ack_due: Option<Instant> = None;
+    // Ring batches read (the formatter copies their lines out at once):
+    // told to the bus with the next ack, within ACK_DELAY.
+    let mut ring_read = RingRead::default();
     let reason: Result<Reason> = loop {
         if waiting.is_none() && !out.chunk.bytes.is_empty() {
             if pump.can_write_direct() {
@@ -111,7 +124,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         schedule_ack(&p, &write_acks, &mut ack_due);
                         if piggyback(ack_due, Instant::now()) {
                             ack_due = None;
-                            send_acks(&mut bus, &mut write_acks, p.written).await;
+                            send_acks(&mut bus, &mut write_acks, p.written, &mut ring_read).await;
                         }
                     }
                     Direct::Rest(rest) => waiting = Some(rest),
@@ -140,6 +153,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         Err(why) => complaints.complain(plan.quiet, n, &why),
                     }
                 }
+                Some(Input::Refused(n, why)) => complaints.complain(plan.quiet, n, &why),
                 Some(Input::Eof) | None => {
                     ack_lines = None;
                     if stdin_armed {
@@ -149,7 +163,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
             },
             _ = sleep_until_opt(ack_due) => {
                 ack_due = None;
-                send_acks(&mut bus, &mut write_acks, pump.progress().written).await;
+                send_acks(&mut bus, &mut write_acks, pump.progress().written, &mut ring_read).await;
             }
             _ = progress.changed() => {
                 let p = pump.progress();
@@ -179,6 +193,12 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         Err(e) => ended = Some(Err(e)),
                     }
                 }
+                // Ring batches read out: the bus may write over them soon.
+                if out.ring_read > ring_read.read {
+                    ring_read.read = out.ring_read;
+                    let soon = Instant::now() + ACK_DELAY;
+                    ack_due = Some(ack_due.map_or(soon, |d| d.min(soon)));
+                }
                 // Explicit acks settle against what this run delivered;
                 // write acks name what the writer wrote.
                 if plan.explicit_ack.is_some() {
@@ -203,7 +223,7 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     }
     let progress = drain(rest, &mut pump, &mut progress, &mut signals, reason).await;
     if !reason.bus_ended() {
-        send_acks(&mut bus, &mut write_acks, progress.written).await;
+        send_acks(&mut bus, &mut write_acks, progress.written, &mut ring_read).await;
         if plan.owned() {
             unsubscribe(&mut bus, &plan, &sub.subscription_id).await;
         }
@@ -224,8 +244,18 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
     Ok(())
 }
 
-/// The Subscribe request of a run: create (or resume) and attach.
-fn subscribe(plan: &Plan, request_id: u64) -> C {
+/// Whether a run could read the bus's line ring: the formats whose lines
+/// the bus renders once for every consumer.
+/// `DWS_LINE_RING=off` says no: every line is sent (the same bytes).
+fn wants_ring(plan: &Plan) -> bool {
+    let off = std::env::var_os("DWS_LINE_RING").is_some_and(|v| v == "off");
+    !off && (plan.format == Format::Raw
+        || (plan.format == Format::Ndjson && plan.data == DataMode::String))
+}
+
+/// The Subscribe request of a run: create (or resume) and attach; `ring`:
+/// this run holds the bus's line ring.
+fn subscribe(plan: &Plan, request_id: u64, ring: bool) -> C {
     let (start, start_seq, start_unix_ms) = validate::start(Some(plan.from));
     C::Subscribe(v1::Subscribe {
         request_id,
@@ -241,7 +271,7 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         takeover: plan.takeover,
         must_exist: plan.subscribe_id.is_some(),
         owned: plan.subscribe_id.is_none(),
-        window: 0,
+        window: plan.window,
         upstream: plan.upstream.clone(),
         max_deliver: plan.max_deliver,
         on_poison: plan.on_poison as i32,
@@ -265,6 +295,7 @@ fn subscribe(plan: &Plan, request_id: u64) -> C {
         shared: false,
         // Told on stderr when the subscription's --where passes a limit.
         where_notices: true,
+        ring_batches: ring,
     })
 }
 
@@ -304,10 +335,34 @@ async fn drain(
 
 /// Acks what reached stdout (`written` events) and was not acked yet;
 /// best effort: a bus gone by now redelivers them to the next consumer.
-async fn send_acks(bus: &mut BusConn, write_acks: &mut WriteAcks, written: u64) {
-    for ack in write_acks.take(written) {
+async fn send_acks(
+    bus: &mut BusConn,
+    write_acks: &mut WriteAcks,
+    written: u64,
+    ring: &mut RingRead,
+) {
+    let mut acks = write_acks.take(written);
+    // The ring batches read out go with the first ack, or alone.
+    if ring.read > ring.told {
+        match acks.first_mut() {
+            Some(a) => a.ring_read = ring.read,
+            None => acks.push(v1::Ack {
+                ring_read: ring.read,
+                ..v1::Ack::default()
+            }),
+        }
+        ring.told = ring.read;
+    }
+    for ack in acks {
         let _ = bus.send(C::Ack(ack)).await;
     }
+}
+
+/// The ring batches read out of the line ring, and what the bus was told.
+#[derive(Debug, Default)]
+struct RingRead {
+    read: u64,
+    told: u64,
 }
 
 /// Removes the subscription this run owns; warns (the TTL then removes it)

@@ -1,7 +1,8 @@
 //! What `status` shows of a cluster beyond the log: its hosts (`dws_host`:
 //! [`register`] at start, with the incarnation of this run, [`heartbeat`]
 //! while running, [`unregister`] at a clean exit, [`list`]) and every
-//! host's cursor of the named subscriptions ([`cursors`]). The definitions
+//! host's cursor of the named subscriptions ([`cursors`]), and the lease
+//! and the head as the database has them ([`lease`]). The definitions
 //! themselves are the store's (`store::postgres::definitions`).
 
 use tokio_postgres::{types::Type, GenericClient};
@@ -28,6 +29,20 @@ pub struct CursorRow {
     pub host: String,
     pub cursor: u64,
     pub saved_at_unix_ms: i64,
+}
+
+/// The cluster's row as `status` shows it, from one snapshot on the
+/// database's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub head_seq: u64,
+    pub epoch: i64,
+    /// The host the lease row names, expired or not.
+    pub holder: Option<String>,
+    pub since_unix_ms: Option<i64>,
+    pub expires_at_unix_ms: Option<i64>,
+    /// Negative once it has expired.
+    pub expires_in_ms: Option<i64>,
 }
 
 fn q(e: tokio_postgres::Error) -> PgError {
@@ -133,6 +148,37 @@ pub async fn list(client: &impl GenericClient, cluster: &str) -> Result<Vec<Host
             .collect()
     })
     .await
+}
+
+/// A plain `SELECT`: it never waits for a lock (an owner stopped in the
+/// middle of an append holds the row's until its session ends).
+const LEASE_SQL: &str = "SELECT head_seq, epoch, owner_host,
+            (extract(epoch FROM owner_since) * 1000)::bigint,
+            (extract(epoch FROM lease_expires_at) * 1000)::bigint,
+            (extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000)::bigint
+     FROM dws_cluster WHERE cluster = $1";
+
+/// The head, the epoch and the lease (holder, since when, expiry) as the
+/// database has them; `None` before the cluster's row exists.
+pub async fn lease(
+    client: &impl GenericClient,
+    cluster: &str,
+) -> Result<Option<LeaseRow>, PgError> {
+    let Some(r) = client
+        .query_typed_opt(LEASE_SQL, &[(&cluster, Type::TEXT)])
+        .await
+        .map_err(q)?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(LeaseRow {
+        head_seq: crate::store::postgres::log::from_db(r.try_get(0).map_err(q)?)?,
+        epoch: r.try_get(1).map_err(q)?,
+        holder: r.try_get(2).map_err(q)?,
+        since_unix_ms: r.try_get(3).map_err(q)?,
+        expires_at_unix_ms: r.try_get(4).map_err(q)?,
+        expires_in_ms: r.try_get(5).map_err(q)?,
+    }))
 }
 
 const CURSORS_SQL: &str = "SELECT c.subscription, s.delivery, c.host, c.record->>'cursor',

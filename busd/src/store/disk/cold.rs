@@ -37,6 +37,8 @@ struct Window {
 #[derive(Debug, Default)]
 pub struct SegmentReader {
     window: Mutex<Window>,
+    /// The first read that failed since the committer last asked.
+    failure: Mutex<Option<String>>,
 }
 
 fn open(path: &PathBuf) -> io::Result<File> {
@@ -134,6 +136,18 @@ impl ColdSource for SegmentReader {
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
         w.record(segment, at, len)
     }
+
+    fn failed(&self, why: &str) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        f.get_or_insert_with(|| why.to_owned());
+    }
+
+    fn take_failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
 }
 
 #[cfg(test)]
@@ -143,7 +157,7 @@ mod tests {
     use bytes::Bytes;
 
     use crate::{
-        eventlog::{take_read_failure, LoggedEvent},
+        eventlog::LoggedEvent,
         store::{disk::DiskStore, Durability, Store},
     };
 
@@ -195,7 +209,10 @@ mod tests {
         let newest = r.events.last().unwrap();
         let err = newest.encoded().unwrap_err();
         assert!(err.0.contains("checksum"), "{err}");
-        assert!(take_read_failure().is_some_and(|w| w.contains("checksum")));
+        assert!(s
+            .take_read_failure()
+            .is_some_and(|w| w.contains("checksum")));
+        assert_eq!(s.take_read_failure(), None, "taken once");
         for e in &r.events[..50] {
             assert!(!e.encoded.is_resident());
             assert_eq!(e.encoded().unwrap(), body(e.seq), "seq {}", e.seq);

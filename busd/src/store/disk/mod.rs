@@ -22,7 +22,7 @@ use super::{
     fileops::{DirError, FileOps, RealFs},
     record, Damage, Durability, Recovered, Snapshot, Store, StoreError, StoreInfo, SNAPSHOT_FORMAT,
 };
-use crate::eventlog::{ColdRef, ColdSource, LoggedEvent};
+use crate::eventlog::{ColdSegment, ColdSource, LoggedEvent, Place};
 
 pub mod cold;
 mod recover;
@@ -59,6 +59,9 @@ pub struct DiskStore<F: FileOps = RealFs> {
     /// Reads the bodies of appended events back, so that the log need not
     /// keep them (`None` on a file system that cannot).
     cold: Option<Arc<dyn ColdSource>>,
+    /// The segment appended to last, as cold events name it (one handle
+    /// per segment, shared by its events).
+    cold_segment: Option<Arc<ColdSegment>>,
     /// Seq ranges recovery found missing and reported: marked in the log
     /// (a commit record with no events) by the next save, after the
     /// snapshot that carries their gaps is durable.
@@ -88,6 +91,7 @@ impl<F: FileOps> DiskStore<F> {
     pub fn with_fs(fs: F, dir: PathBuf, durability: Durability) -> DiskStore<F> {
         DiskStore {
             cold: fs.cold_source(),
+            cold_segment: None,
             fs,
             dir,
             durability,
@@ -322,6 +326,10 @@ impl<F: FileOps> Store for DiskStore<F> {
         recover::recover(self)
     }
 
+    fn take_read_failure(&mut self) -> Option<String> {
+        self.cold.as_ref().and_then(|c| c.take_failure())
+    }
+
     fn append(&mut self, events: &[Arc<LoggedEvent>]) -> Result<(), StoreError> {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
             return Ok(());
@@ -351,10 +359,20 @@ impl<F: FileOps> Store for DiskStore<F> {
         let (segment, base) = self.write_buf(first.seq, last.seq)?;
         // Durable: from now on the log may drop the bytes and read them back.
         if let Some(source) = &self.cold {
+            let seg = match &self.cold_segment {
+                Some(s) if Arc::ptr_eq(&s.path, &segment) => s.clone(),
+                _ => {
+                    let s = Arc::new(ColdSegment {
+                        source: source.clone(),
+                        path: segment.clone(),
+                    });
+                    self.cold_segment = Some(s.clone());
+                    s
+                }
+            };
             for (e, &at) in events.iter().zip(&places) {
-                e.encoded.set_cold(ColdRef {
-                    source: source.clone(),
-                    segment: segment.clone(),
+                e.encoded.set_cold(Place {
+                    segment: seg.clone(),
                     at: base + at,
                 });
             }

@@ -131,6 +131,8 @@ pub(super) fn recover<F: FileOps>(s: &mut DiskStore<F>) -> Result<Recovered, Sto
     let listed = s.list_segments()?;
     let count = listed.len();
     let mut scans = Vec::with_capacity(count);
+    // The recovered events' names, one copy each.
+    let mut names = crate::eventlog::Interner::default();
     for (i, (first_seq, path)) in listed.into_iter().enumerate() {
         let bytes = s.read(&path).map_err(|e| io("cannot read", &path, e))?;
         let mut scanned = record::scan(&bytes, i + 1 == count);
@@ -139,11 +141,18 @@ pub(super) fn recover<F: FileOps>(s: &mut DiskStore<F>) -> Result<Recovered, Sto
         // The bodies stay on disk when the store can read them back: the
         // whole log is never in memory at once, not even here.
         let path = Arc::new(path);
+        // One handle per segment, shared by every event in it.
+        let segment = s.cold.as_ref().map(|source| {
+            Arc::new(crate::eventlog::ColdSegment {
+                source: source.clone(),
+                path: path.clone(),
+            })
+        });
         let events: Vec<crate::eventlog::LoggedEvent> = std::mem::take(&mut scanned.events)
             .into_iter()
-            .map(|e| match &s.cold {
-                Some(source) => e.into_cold(source.clone(), path.clone()),
-                None => e.into_logged(),
+            .map(|e| match &segment {
+                Some(seg) => e.into_cold(seg.clone(), &mut names),
+                None => e.into_logged_with(&mut names),
             })
             .collect();
         scans.push((first_seq, path, file_len, scanned, events));

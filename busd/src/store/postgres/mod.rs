@@ -509,6 +509,7 @@ async fn open(
 ) -> Result<(Client, Driver), PgError> {
     let (config, mode) = config_and_mode(settings, purpose)?;
     let target = target(&config);
+    // process-wide: the transport is logged once per process, not per session.
     static NOTED: std::sync::Once = std::sync::Once::new();
     NOTED.call_once(|| note_transport(&config, mode, settings.ca.as_ref(), &target));
     let (client, driver) = match mode {

@@ -147,13 +147,19 @@ pub fn median_of<T>(runs: usize, key: impl Fn(&T) -> f64, f: impl Fn() -> Res<T>
     Ok(rs.swap_remove(rs.len() / 2))
 }
 
-/// Durable-publish throughput (durability × payload × publishers) and the
-/// publish→ack latency at a fixed rate.
+/// Durable-publish throughput (durability × payload × publishers), the
+/// `dws event publish --lines` row, and the publish→ack latency at a fixed
+/// rate.
 pub fn run_durable_sections(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
-    if !opts.only_latency {
+    if !opts.only_latency && !opts.only_lines {
         run_floods(opts, failures, table);
     }
-    run_ack_latency(opts, failures, table);
+    if !opts.only_latency && !interrupted() {
+        crate::lines::run_lines_row(opts, failures);
+    }
+    if !opts.only_lines {
+        run_ack_latency(opts, failures, table);
+    }
 }
 
 /// The durable floods: durability × payload × publishers.

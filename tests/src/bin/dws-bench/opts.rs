@@ -103,6 +103,14 @@ struct Cli {
         help_heading = "Durable publish (disk store, no consumers; fsync and none)"
     )]
     only_durable: bool,
+    /// Lines of the `dws event publish --lines` run (256 B each, fsync).
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = at_least_1,
+          help_heading = "Durable publish (disk store, no consumers; fsync and none)")]
+    lines_events: u64,
+    /// Run only the `dws event publish --lines` row.
+    #[arg(long, conflicts_with_all = ["only_durable", "only_store_compare", "only_where", "only_latency", "skip_durable"],
+          help_heading = "Durable publish (disk store, no consumers; fsync and none)")]
+    only_lines: bool,
 
     /// Consumers of the disk vs memory store comparison.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = at_least_1,
@@ -235,6 +243,10 @@ pub struct Opts {
     pub durable_publishers: Vec<usize>,
     pub durable_runs: usize,
     pub durable_rate: u64,
+    /// `--lines-events`: lines of the `publish --lines` run.
+    pub lines_events: u64,
+    /// `--only-lines`: that run alone.
+    pub only_lines: bool,
     pub compare_consumers: usize,
     /// `--peers`: the peers through `dws-peers`, and the peer comparison table.
     pub peers: bool,
@@ -292,6 +304,8 @@ impl Opts {
             durable_publishers: c.durable_publishers.0,
             durable_runs: c.durable_runs as usize,
             durable_rate: c.durable_rate,
+            lines_events: c.lines_events,
+            only_lines: c.only_lines,
             compare_consumers: c.compare_consumers as usize,
             peers: c.peers,
             peers_bin: c.peers_bin,
@@ -309,6 +323,10 @@ impl Opts {
             o.only = true;
             o.skip_durable = !c.only_durable;
             o.skip_store_compare = !c.only_store_compare;
+        }
+        if c.only_lines {
+            o.only = true;
+            o.skip_store_compare = true;
         }
         Ok(o)
     }

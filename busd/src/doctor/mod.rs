@@ -2,8 +2,13 @@
 //! `dws event doctor` to render. Every profile of `config.toml` is loaded on
 //! its own (so one bad section is one failed check, never a stop), which
 //! also reads the secret files it names; a DingTalk source's endpoints get a
-//! TCP connect with a short timeout (reported, never fatal). One JSON object
-//! per line on stdout: `{"check","profile","status","message","hint"}`.
+//! TCP connect with a short timeout (reported, never fatal); a
+//! `store = "postgres"` profile gets what its start would try against the
+//! database ([`database`]: connect, TLS, authenticate, schema, lease row),
+//! a failure there being a failed check. Every check is time-bounded. One
+//! JSON object per line on stdout: `{"check","profile","status","message","hint"}`.
+
+mod database;
 
 use std::{
     net::{TcpStream, ToSocketAddrs},
@@ -17,6 +22,8 @@ use crate::profile::{self, ConfigError, EnvOverrides, SourceConfig};
 
 /// How long one endpoint's TCP connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one endpoint's check may take in all (the name's lookup too).
+const REACH_BOUND: Duration = Duration::from_secs(8);
 
 /// One check's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -92,7 +99,10 @@ pub fn checks(config_root: &Path, current: &str, env: &EnvOverrides, network: bo
                 });
                 if network {
                     for url in endpoints(&p.source) {
-                        out.push(reach(&name, &url));
+                        out.push(reach_bounded(&name, &url));
+                    }
+                    if let Some(pg) = &p.store.postgres {
+                        out.push(database::check(&name, pg));
                     }
                 }
             }
@@ -143,6 +153,26 @@ fn endpoints(s: &SourceConfig) -> Vec<String> {
 pub fn host_port(url: &str) -> Option<(String, u16)> {
     let u = url::Url::parse(url).ok()?;
     Some((u.host_str()?.to_owned(), u.port_or_known_default()?))
+}
+
+/// [`reach`] within [`REACH_BOUND`] (a name lookup has no timeout of its
+/// own): past it, a warning, and the lookup is left behind.
+fn reach_bounded(profile: &str, url: &str) -> Check {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (p, u) = (profile.to_owned(), url.to_owned());
+    std::thread::spawn(move || {
+        let _ = tx.send(reach(&p, &u));
+    });
+    rx.recv_timeout(REACH_BOUND).unwrap_or_else(|_| Check {
+        check: "upstream",
+        profile: profile.to_owned(),
+        status: Status::Warn,
+        message: format!(
+            "{url}: no answer within {}s (the name's lookup or the connect)",
+            REACH_BOUND.as_secs()
+        ),
+        hint: "check DNS and the network; the bus retries with backoff".into(),
+    })
 }
 
 /// A TCP connect to the URL's host with [`CONNECT_TIMEOUT`]; a failure is a

@@ -1,0 +1,167 @@
+//! Unit tests of shared delivery on one host (a work queue): several
+//! consumers attached at once, each event to one of them within each one's
+//! own window, an ack settling only the acker's events, a consumer leaving
+//! giving its events back (marked redelivered for whoever takes them), ack
+//! waits per consumer, and poison handled per event.
+
+use super::*;
+use bytes::Bytes;
+
+fn ev(seq: u64) -> Arc<LoggedEvent> {
+    Arc::new(LoggedEvent {
+        seq,
+        event_type: "job.x".into(),
+        encoded: Bytes::from_static(b"x").into(),
+        ..LoggedEvent::default()
+    })
+}
+
+fn now() -> (Instant, i64) {
+    (Instant::now(), 1_000)
+}
+
+fn queue(events: u64) -> Subscription {
+    let sel = Selector::new(&["job.*".into()], "").unwrap();
+    let mut s = Subscription::new(
+        "work".into(),
+        sel,
+        false,
+        Duration::from_secs(60),
+        None,
+        0,
+        now(),
+        16,
+    );
+    s.shared = true;
+    s.set_claimed(false);
+    for i in 1..=events {
+        assert!(
+            s.offer(&ev(i)).taken(),
+            "a local shared subscription is fed"
+        );
+    }
+    s
+}
+
+fn pull_as(s: &mut Subscription, conn: ConnId, at: Instant) -> Vec<(u64, bool)> {
+    assert!(s.act_as(conn));
+    s.pull(100, 100, at)
+        .events
+        .iter()
+        .map(|(e, r, _)| (e.seq, *r))
+        .collect()
+}
+
+fn seqs(v: &[(u64, bool)]) -> Vec<u64> {
+    v.iter().map(|(s, _)| *s).collect()
+}
+
+#[test]
+fn consumers_split_the_events_each_within_its_own_window() {
+    let mut s = queue(10);
+    s.attach(1, 2, None);
+    s.attach(2, 3, None);
+    s.attach(3, 10, None);
+    assert_eq!(s.consumers().collect::<Vec<_>>(), [1, 2, 3]);
+    let t = Instant::now();
+    assert_eq!(seqs(&pull_as(&mut s, 1, t)), [1, 2]);
+    assert_eq!(seqs(&pull_as(&mut s, 2, t)), [3, 4, 5]);
+    assert_eq!(seqs(&pull_as(&mut s, 3, t)), [6, 7, 8, 9, 10]);
+    assert_eq!(
+        (s.in_flight_of(1), s.in_flight_of(2), s.in_flight_of(3)),
+        (2, 3, 5)
+    );
+    // An ack settles only the acker's events.
+    assert!(s.act_as(2));
+    assert!(!s.ack_one(1), "consumer 1's event");
+    assert_eq!(s.ack(5), [3, 4, 5], "cumulative, its own deliveries only");
+    assert!(s.act_as(1));
+    assert!(s.ack_one(2));
+    assert!(!s.nack(6, t), "consumer 3's event");
+    assert!(!s.progress(6, t));
+    assert!(!s.term(6, "not mine"));
+    assert!(s.ack_one(1));
+    assert_eq!(s.cursor(10), 5);
+    assert_eq!(s.in_flight(), 5);
+}
+
+#[test]
+fn a_consumer_that_leaves_gives_its_events_to_the_others_marked_redelivered() {
+    let mut s = queue(6);
+    s.attach(1, 3, None);
+    s.attach(2, 3, None);
+    let t = Instant::now();
+    assert_eq!(seqs(&pull_as(&mut s, 1, t)), [1, 2, 3]);
+    assert_eq!(seqs(&pull_as(&mut s, 2, t)), [4, 5, 6]);
+    assert!(s.detach_conn(1, now()));
+    assert!(!s.detach_conn(1, now()), "gone already");
+    assert_eq!(s.consumer(), Some(2));
+    assert!(s.act_as(2));
+    assert_eq!(s.ack(6), [4, 5, 6]);
+    assert_eq!(
+        pull_as(&mut s, 2, t),
+        [(1, true), (2, true), (3, true)],
+        "given back, delivered again marked"
+    );
+    assert!(s.detach_conn(2, now()));
+    assert!(s.detached_since_ms().is_some(), "nobody left");
+    // What the last one had waits for the next consumer.
+    s.attach(3, 10, None);
+    assert_eq!(seqs(&pull_as(&mut s, 3, t)), [1, 2, 3]);
+}
+
+#[test]
+fn each_consumer_has_its_own_ack_wait() {
+    let mut s = queue(4);
+    let t = Instant::now();
+    s.attach(1, 2, Some(Duration::from_secs(1)));
+    s.attach(2, 2, Some(Duration::from_secs(60)));
+    assert_eq!(seqs(&pull_as(&mut s, 1, t)), [1, 2]);
+    assert_eq!(seqs(&pull_as(&mut s, 2, t)), [3, 4]);
+    let later = t + Duration::from_secs(5);
+    // Consumer 2's pull expires only its own (none are due), not 1's.
+    assert!(pull_as(&mut s, 2, later).is_empty());
+    assert_eq!(s.in_flight_of(1), 2);
+    // Consumer 1's expire and come to it again.
+    assert_eq!(pull_as(&mut s, 1, later), [(1, true), (2, true)]);
+}
+
+#[test]
+fn poison_is_parked_per_event_and_a_halt_told_to_each_consumer() {
+    let mut s = queue(2);
+    s.max_deliver = 1;
+    s.on_poison = PoisonPolicy::PoisonPark;
+    s.attach(1, 1, None);
+    s.attach(2, 1, None);
+    let t = Instant::now();
+    assert_eq!(seqs(&pull_as(&mut s, 1, t)), [1]);
+    assert!(s.detach_conn(1, now()));
+    // Seq 1 was delivered once: poison now, parked; seq 2 goes on.
+    assert_eq!(seqs(&pull_as(&mut s, 2, t)), [2]);
+    assert_eq!(s.parked_len(), 1);
+    let mut h = queue(1);
+    h.max_deliver = 1;
+    h.attach(1, 1, None);
+    h.attach(2, 1, None);
+    pull_as(&mut h, 1, t);
+    assert!(h.detach_conn(1, now()));
+    h.attach(3, 1, None);
+    assert!(h.act_as(2));
+    assert!(
+        h.pull(10, 1, t).halted.is_some(),
+        "the consumer that met it"
+    );
+    assert!(h.act_as(3));
+    assert!(h.pull(10, 1, t).halted.is_some(), "and every other one");
+    assert!(h.pull(10, 1, t).halted.is_none(), "once each");
+}
+
+#[test]
+fn a_consumer_that_attaches_again_on_its_connection_is_one_consumer() {
+    let mut s = queue(2);
+    s.attach(1, 5, None);
+    pull_as(&mut s, 1, Instant::now());
+    s.attach(1, 5, None);
+    assert_eq!(s.consumers().count(), 1);
+    assert_eq!(s.in_flight(), 0, "its events came back");
+}

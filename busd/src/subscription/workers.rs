@@ -1,0 +1,241 @@
+//! The consumers attached to a [`Subscription`]: one, or with shared
+//! delivery (`--delivery shared`, a work queue) several, each with its own
+//! credit window, ack mode and in-flight count ([`Worker`]). An entry in
+//! flight names the worker it went to (`Entry::owner`); pulls, acks, nacks,
+//! progress, terms and ack-wait expiries act for one worker at a time
+//! ([`Subscription::act_as`]) and touch only that worker's entries, so one
+//! worker never settles another's event. A worker that leaves gives back
+//! what it had in flight: the others take it, marked redelivered.
+
+use std::time::{Duration, Instant};
+
+use super::{ConnId, Slot, Subscription};
+
+/// Most consumers one shared subscription takes at once.
+pub const MAX_WORKERS: usize = 256;
+
+/// One attached consumer.
+#[derive(Debug, Clone)]
+pub(super) struct Worker {
+    pub(super) conn: ConnId,
+    /// Names its entries in flight (`Entry::owner`); never 0, never reused
+    /// in this subscription.
+    pub(super) id: u32,
+    pub(super) window: usize,
+    /// It acks event by event; what it leaves unacked that long comes again.
+    pub(super) explicit: Option<Duration>,
+    pub(super) in_flight: usize,
+    /// Told that the subscription is halted.
+    pub(super) halt_told: bool,
+    /// Told of a `--where` failure past a limit.
+    pub(super) where_told: bool,
+}
+
+/// The attached consumers, and which one a call acts for.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Workers {
+    list: Vec<Worker>,
+    acting: usize,
+    next_id: u32,
+}
+
+impl Workers {
+    pub(super) fn acting(&self) -> Option<&Worker> {
+        self.list.get(self.acting)
+    }
+
+    pub(super) fn acting_mut(&mut self) -> Option<&mut Worker> {
+        self.list.get_mut(self.acting)
+    }
+
+    /// The acting worker's id (0: nobody attached).
+    pub(super) fn acting_id(&self) -> u32 {
+        self.acting().map_or(0, |w| w.id)
+    }
+
+    pub(super) fn by_id_mut(&mut self, id: u32) -> Option<&mut Worker> {
+        self.list.iter_mut().find(|w| w.id == id)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Worker> {
+        self.list.iter()
+    }
+
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Worker> {
+        self.list.iter_mut()
+    }
+}
+
+impl Subscription {
+    /// The consumer attached, or with shared delivery the first of them.
+    pub fn consumer(&self) -> Option<ConnId> {
+        self.workers.iter().next().map(|w| w.conn)
+    }
+
+    /// Every consumer attached.
+    pub fn consumers(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.workers.iter().map(|w| w.conn)
+    }
+
+    /// Whether `conn` consumes this subscription.
+    pub fn has_consumer(&self, conn: ConnId) -> bool {
+        self.workers.iter().any(|w| w.conn == conn)
+    }
+
+    /// Whether another consumer may attach beside those attached (shared
+    /// delivery, below [`MAX_WORKERS`]).
+    pub fn has_room_for_a_worker(&self) -> bool {
+        self.shared && self.workers.iter().count() < MAX_WORKERS
+    }
+
+    /// What follows (a pull, an ack, a nack…) acts for `conn`'s worker;
+    /// `false` when `conn` is not attached.
+    pub fn act_as(&mut self, conn: ConnId) -> bool {
+        match self.workers.list.iter().position(|w| w.conn == conn) {
+            Some(i) => {
+                self.workers.acting = i;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Attaches `conn` with its credit `window`; `explicit`: it acks one
+    /// by one, and what it leaves unacked for that long is delivered
+    /// again. Without shared delivery it replaces whoever was attached
+    /// (the hub detached them first); with it, it joins the others.
+    pub fn attach(&mut self, conn: ConnId, window: usize, explicit: Option<Duration>) {
+        if !self.shared {
+            self.workers.list.clear();
+            self.unsend_in_flight(|_, _| true);
+        } else if self.has_consumer(conn) {
+            // The same connection attaching again: as if it came anew.
+            self.detach_conn(conn, (Instant::now(), crate::clock::now_ms()));
+        }
+        self.workers.next_id += 1;
+        self.workers.list.push(Worker {
+            conn,
+            id: self.workers.next_id,
+            window: window.max(1),
+            explicit,
+            in_flight: 0,
+            halt_told: false,
+            where_told: false,
+        });
+        self.workers.acting = self.workers.list.len() - 1;
+        self.detached_at = None;
+        self.gaps.retell();
+    }
+
+    /// The consumer left (with shared delivery, the one acted for): what
+    /// it had in flight is pending again, and stays pinned until it is
+    /// acked or the subscription ends.
+    pub fn detach(&mut self, now: (Instant, i64)) {
+        if let Some(conn) = self.workers.acting().map(|w| w.conn) {
+            self.detach_conn(conn, now);
+        }
+    }
+
+    /// `conn` left; `false` when it was not attached. What it had in
+    /// flight goes back to the others (or waits for the next consumer).
+    pub fn detach_conn(&mut self, conn: ConnId, now: (Instant, i64)) -> bool {
+        let Some(i) = self.workers.list.iter().position(|w| w.conn == conn) else {
+            return false;
+        };
+        let gone = self.workers.list.remove(i);
+        self.unsend_in_flight(|_, owner| owner == gone.id);
+        self.workers.acting = 0;
+        self.gaps.retell();
+        if self.workers.is_empty() {
+            self.detached_at = Some(now);
+        }
+        true
+    }
+
+    /// Makes entries in flight that `which(since, owner)` says sendable
+    /// again; their owners' counts follow.
+    pub(super) fn unsend_in_flight(&mut self, mut which: impl FnMut(Instant, u32) -> bool) {
+        let mut first = None;
+        for i in 0..self.pending.len() {
+            let e = &self.pending[i];
+            if let Slot::InFlight { since } = e.slot.get() {
+                if which(since, e.owner) {
+                    self.pending[i].slot.set(Slot::Unsent);
+                    self.left_flight(i);
+                    first.get_or_insert(i);
+                }
+            }
+        }
+        if let Some(i) = first {
+            self.reopen(i);
+        }
+    }
+
+    /// `pending[i]` is in flight to the worker acted for.
+    pub(super) fn in_flight_here(&self, i: usize) -> bool {
+        let e = &self.pending[i];
+        matches!(e.slot.get(), Slot::InFlight { .. }) && e.owner == self.workers.acting_id()
+    }
+
+    /// `pending[i]` is no longer in flight (its slot is being changed by
+    /// the caller): the counts of the subscription and of its owner.
+    pub(super) fn left_flight(&mut self, i: usize) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let owner = std::mem::take(&mut self.pending[i].owner);
+        if let Some(w) = self.workers.by_id_mut(owner) {
+            w.in_flight = w.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// `pending[i]` goes out now to the worker acted for.
+    pub(super) fn took_flight(&mut self, i: usize) {
+        self.in_flight += 1;
+        let id = self.workers.acting_id();
+        self.pending[i].owner = id;
+        if let Some(w) = self.workers.acting_mut() {
+            w.in_flight += 1;
+        }
+    }
+
+    /// Nothing is in flight any more (a seek, a shared subscription giving
+    /// back what it held).
+    pub(super) fn none_in_flight(&mut self) {
+        self.in_flight = 0;
+        for w in self.workers.iter_mut() {
+            w.in_flight = 0;
+        }
+    }
+
+    /// The worker acted for has room in its window.
+    pub(super) fn has_credit(&self) -> bool {
+        self.workers
+            .acting()
+            .is_some_and(|w| w.in_flight < w.window)
+    }
+
+    /// The ack wait of the worker acted for, when it acks one by one.
+    pub(super) fn explicit_wait(&self) -> Option<Duration> {
+        self.workers.acting().and_then(|w| w.explicit)
+    }
+
+    /// The credit windows of every worker together (what a shared
+    /// subscription on a cluster host may claim), or the default one.
+    pub(super) fn windows(&self) -> usize {
+        if self.workers.is_empty() {
+            return self.window;
+        }
+        self.workers.iter().map(|w| w.window).sum()
+    }
+
+    /// `conn`'s events in flight.
+    pub fn in_flight_of(&self, conn: ConnId) -> usize {
+        self.workers
+            .iter()
+            .find(|w| w.conn == conn)
+            .map_or(0, |w| w.in_flight)
+    }
+}
