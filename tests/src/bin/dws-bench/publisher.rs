@@ -184,6 +184,13 @@ impl Publisher {
         })
     }
 
+    /// Publishes events of this type from now on (default `bench.x`).
+    pub fn set_event_type(&mut self, event_type: &str) {
+        if let Some(client_frame::Kind::Publish(p)) = &mut self.frame.kind {
+            p.event_type = event_type.to_owned();
+        }
+    }
+
     /// From now on, record for every publish the time between writing its
     /// frame and reading its PublishAck ([`Publisher::take_latencies`]).
     pub fn track_latency(&mut self) {
