@@ -12,8 +12,27 @@
 # nats-server on PATH (docs/benchmark.md, "Comparing with the peers"):
 #   apt-get install redis-server nats-server
 #   scripts/bench.sh --peers --runs 3
-# Usage: scripts/bench.sh [dws-bench options]   (scripts/bench.sh --help)
+# One section alone:
+#   --only-durable, --only-store-compare, --only-latency, --only-lines,
+#   --only-where (with --where EXPR), and --only-queue: the work-queue row
+#   (a --delivery shared subscription, 4 workers acking every job; with
+#   --peers also Redis Streams and JetStream as work queues; --skip-queue
+#   leaves it out of a --peers run).
+# Usage: scripts/bench.sh [dws-bench options]   (scripts/bench.sh --help:
+# this text, then every flag of dws-bench once it is built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+    -h|--help)
+        awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
+        if [ -x target/release/dws-bench ]; then
+            echo
+            exec target/release/dws-bench --help
+        fi
+        echo
+        echo "(dws-bench is not built yet: scripts/bench.sh builds it first; its flags: target/release/dws-bench --help)"
+        exit 0
+        ;;
+esac
 cargo build --release --workspace --bins --features dws-tests/peers --quiet
 exec target/release/dws-bench --bin-dir "$PWD/target/release" "$@"

@@ -127,6 +127,13 @@ impl Child {
         }
     }
 
+    /// Takes the stdin pipe (see [`crate::Cmd::stdin_pipe`]), for a caller
+    /// that writes it from a thread of its own (the benchmark's work-queue
+    /// workers answer each line with an ack); dropping it closes stdin.
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.stdin.take()
+    }
+
     /// The exit status, once the process has exited (reaps it).
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         let _ = self.is_running();

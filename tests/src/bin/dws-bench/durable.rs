@@ -9,9 +9,12 @@ use serde_json::Value;
 use crate::{
     fanout::Mode,
     opts::{Opts, StoreSel},
-    procs::{bus_info, guarded, interrupted, BusEnv, CMD_TIMEOUT},
+    procs::{
+        bus_info, clock_ticks_per_sec, guarded, interrupted, proc_cpu_ticks, thread_cpu_us, BusEnv,
+        CMD_TIMEOUT,
+    },
     publisher::Publisher,
-    report::{percentile, size_name},
+    report::{fmt_opt, percentile, size_name},
     table::{Col, Row, Table},
     unix_nanos, Res, EVENT_TYPE,
 };
@@ -23,6 +26,14 @@ pub struct DurableResult {
     pub ack_p99_us: f64,
     pub ack_max_us: f64,
     pub acks: usize,
+    /// busd's CPU µs per publish over the run (its whole process, from just
+    /// before the first publish until the last ack).
+    pub busd_cpu_us: Option<f64>,
+    /// This benchmark's CPU µs per publish: the publishing threads and
+    /// their ack readers. Printed next to busd's so a harness that costs
+    /// more than it should shows (a 256 KiB buffer zeroed per ack once took
+    /// 4–5 µs per publish and halved these rows).
+    pub bench_cpu_us: Option<f64>,
 }
 
 /// Starts the bus of `env` without a consumer (by publishing one event of
@@ -49,6 +60,10 @@ pub fn start_bus(env: &BusEnv, store: StoreSel) -> Res<PathBuf> {
     Ok(bus_info(&status)?.0)
 }
 
+/// What one publisher thread of [`run_durable`] did: its first send and
+/// last ack (unix ns), its write-to-ack latencies (ns) and its CPU µs.
+type Published = (u64, u64, Vec<u64>, f64);
+
 /// `publishers` connections to a fresh bus on `store` with no consumers
 /// publish `events` events of `size` bytes between them (the first ones
 /// take one more when it does not divide), each from its own thread: in
@@ -65,6 +80,7 @@ pub fn run_durable(
 ) -> Res<DurableResult> {
     let mut env = BusEnv::new(&store.env());
     let socket = start_bus(&env, store)?;
+    let bus_pid = bus_info(&env.status()?)?.1;
     let head_before = env.status()?["log"]["head_seq"].as_u64().unwrap_or(0);
     let mut pubs = Vec::with_capacity(publishers);
     for _ in 0..publishers {
@@ -75,7 +91,8 @@ pub fn run_durable(
     let per = events / publishers as u64;
     let extra = events % publishers as u64;
     let start = Barrier::new(publishers);
-    let outcomes: Vec<Res<(u64, u64, Vec<u64>)>> = thread::scope(|s| {
+    let busd_cpu0 = proc_cpu_ticks(bus_pid);
+    let outcomes: Vec<Res<Published>> = thread::scope(|s| {
         let handles: Vec<_> = pubs
             .into_iter()
             .enumerate()
@@ -84,14 +101,16 @@ pub fn run_durable(
                 let start = &start;
                 s.spawn(move || {
                     start.wait();
+                    let cpu0 = thread_cpu_us();
                     let first = match mode {
                         Mode::Flood => p.flood(n, size, inflight, None)?,
                         Mode::Rate(rate) => p.paced(n, size, rate, inflight)?,
                     };
                     let last = unix_nanos();
                     let lat = p.take_latencies();
-                    p.close();
-                    Ok((first, last, lat))
+                    let cpu = thread_cpu_us() - cpu0;
+                    let reader = p.close().unwrap_or(f64::NAN);
+                    Ok((first, last, lat, cpu + reader))
                 })
             })
             .collect();
@@ -103,15 +122,20 @@ pub fn run_durable(
             })
             .collect()
     });
+    let busd_ticks = busd_cpu0
+        .zip(proc_cpu_ticks(bus_pid))
+        .map(|(a, b)| b.saturating_sub(a));
     let mut first = u64::MAX;
     let mut last = 0;
     let mut lat = Vec::with_capacity(events as usize);
+    let mut bench_cpu = 0.0;
     for (i, o) in outcomes.into_iter().enumerate() {
-        let (f, l, mut v) =
+        let (f, l, mut v, cpu) =
             o.map_err(|e| format!("publisher {}: {e}\n{}", i + 1, env.log_tail()))?;
         first = first.min(f);
         last = last.max(l);
         lat.append(&mut v);
+        bench_cpu += cpu;
     }
     let status = env.status()?;
     let head = status["log"]["head_seq"].as_u64().unwrap_or(0);
@@ -137,6 +161,8 @@ pub fn run_durable(
         ack_p99_us: percentile(&lat, 0.99),
         ack_max_us: lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
         acks: lat.len(),
+        busd_cpu_us: busd_ticks.map(|t| t as f64 / clock_ticks_per_sec() * 1e6 / events as f64),
+        bench_cpu_us: Some(bench_cpu / events as f64).filter(|c| c.is_finite()),
     })
 }
 
@@ -171,12 +197,13 @@ fn run_floods(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
     );
     println!(
         "(publishes/s = events / (last PublishAck − first send); ack µs = frame written → its PublishAck read, \
-         under saturation; median of {} run(s) by publishes/s, each on a fresh bus)",
+         under saturation; median of {} run(s) by publishes/s, each on a fresh bus; CPU µs per publish of busd \
+         and of this benchmark's publishers, its own threads and ack readers, so the harness's share shows)",
         opts.durable_runs
     );
     println!();
     println!(
-        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}",
+        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}  {:>11}  {:>12}",
         "durability",
         "payload",
         "publishers",
@@ -185,7 +212,9 @@ fn run_floods(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
         "MiB/s",
         "ack p50 µs",
         "ack p99 µs",
-        "ack max µs"
+        "ack max µs",
+        "busd µs/pub",
+        "bench µs/pub"
     );
     for store in durable_stores(opts) {
         for &size in &[256usize, 4096] {
@@ -208,7 +237,7 @@ fn run_floods(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
                 }
                 match result {
                     Ok(r) => println!(
-                        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12.0}  {:>8.1}  {:>10.0}  {:>10.0}  {:>10.0}",
+                        "{:>10}  {:>7}  {:>10}  {:>7}  {:>12.0}  {:>8.1}  {:>10.0}  {:>10.0}  {:>10.0}  {:>11}  {:>12}",
                         store.durability,
                         size_name(size),
                         p,
@@ -217,7 +246,9 @@ fn run_floods(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
                         r.rate * size as f64 / (1024.0 * 1024.0),
                         r.ack_p50_us,
                         r.ack_p99_us,
-                        r.ack_max_us
+                        r.ack_max_us,
+                        fmt_opt(r.busd_cpu_us, 2),
+                        fmt_opt(r.bench_cpu_us, 2)
                     ),
                     Err(e) => {
                         println!(

@@ -28,11 +28,14 @@
 //!   publish→ack latency, then publish→ack at a fixed rate; and events/s of
 //!   one `dws event publish --lines` fed 100k lines of 256 B ([`lines`]).
 //! - **Disk store vs memory store**, and **the cost of `--where`** ([`compare`]).
+//! - **The work queue** ([`queue`], with `--peers` or `--only-queue`): a
+//!   `--delivery shared` subscription and 4 `dws event consume --ack
+//!   explicit` workers acking every job; jobs/s and publish→ack latency.
 //! - **The peers** (`--peers`, [`peer_table`]): Redis pub/sub, NATS core, Redis
 //!   Streams (`appendfsync always`) and JetStream (file store) through the
 //!   repository's `dws-peers` ([`peers`]), with the bus cells the other
-//!   sections did not measure, then the peer comparison table and every goal's ratio,
-//!   met or missed ([`table`]).
+//!   sections did not measure, then the peer comparison table ([`table`])
+//!   and every goal's ratio, met or missed ([`goals`]).
 //!
 //! The fan-out table runs on the store chosen with `--store` /
 //! `--durability` (default: disk, fsync, the bus's own default).
@@ -49,6 +52,7 @@ mod compare;
 mod durable;
 mod fanout;
 mod fsync_floor;
+mod goals;
 mod lines;
 mod memory;
 mod opts;
@@ -56,6 +60,7 @@ mod peer_table;
 mod peers;
 mod procs;
 mod publisher;
+mod queue;
 mod reader;
 mod report;
 mod table;
@@ -149,6 +154,9 @@ fn main() {
         if !interrupted() {
             compare::run_where_compare(&opts, expr, &mut failures);
         }
+    }
+    if (opts.only_queue || (opts.peers && !opts.skip_queue)) && !interrupted() {
+        queue::run_queue_section(&opts, &mut failures, &mut table);
     }
     if opts.peers && !interrupted() {
         peer_table::run_peer_section(&opts, &mut failures, &mut table);

@@ -112,6 +112,31 @@ struct Cli {
           help_heading = "Durable publish (disk store, no consumers; fsync and none)")]
     only_lines: bool,
 
+    /// Jobs of each work-queue flood (256 B).
+    #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = at_least_1,
+          help_heading = "The work queue (with --peers, or --only-queue; docs/benchmark.md)")]
+    queue_jobs: u64,
+    /// Workers of the work queue (`dws event consume --subscribe-id work --ack
+    /// explicit` each; the peers' as many).
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = at_least_1,
+          help_heading = "The work queue (with --peers, or --only-queue; docs/benchmark.md)")]
+    queue_workers: u64,
+    /// Jobs/s of the work queue's latency run, for --rate-secs.
+    #[arg(long, value_name = "R", default_value_t = 1000, value_parser = at_least_1,
+          help_heading = "The work queue (with --peers, or --only-queue; docs/benchmark.md)")]
+    queue_rate: u64,
+    /// Run only the work-queue row: the bus on both stores and, with
+    /// --peers, Redis Streams and JetStream as work queues.
+    #[arg(long, conflicts_with_all = ["only_durable", "only_store_compare", "only_where", "only_latency", "only_lines", "skip_queue"],
+          help_heading = "The work queue (with --peers, or --only-queue; docs/benchmark.md)")]
+    only_queue: bool,
+    /// Leave the work-queue row out of a --peers run.
+    #[arg(
+        long,
+        help_heading = "The work queue (with --peers, or --only-queue; docs/benchmark.md)"
+    )]
+    skip_queue: bool,
+
     /// Consumers of the disk vs memory store comparison.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = at_least_1,
           help_heading = "Fan-out on the disk store vs the memory store (256 B, flood, --runs each)")]
@@ -248,6 +273,14 @@ pub struct Opts {
     /// `--only-lines`: that run alone.
     pub only_lines: bool,
     pub compare_consumers: usize,
+    /// The work queue: jobs per flood, workers, jobs/s of the latency run.
+    pub queue_jobs: u64,
+    pub queue_workers: usize,
+    pub queue_rate: u64,
+    /// `--only-queue`: the work-queue row alone (and its peers with --peers).
+    pub only_queue: bool,
+    /// `--skip-queue`: no work-queue row in a --peers run.
+    pub skip_queue: bool,
     /// `--peers`: the peers through `dws-peers`, and the peer comparison table.
     pub peers: bool,
     pub peers_bin: Option<PathBuf>,
@@ -307,6 +340,11 @@ impl Opts {
             lines_events: c.lines_events,
             only_lines: c.only_lines,
             compare_consumers: c.compare_consumers as usize,
+            queue_jobs: c.queue_jobs,
+            queue_workers: c.queue_workers as usize,
+            queue_rate: c.queue_rate,
+            only_queue: c.only_queue,
+            skip_queue: c.skip_queue,
             peers: c.peers,
             peers_bin: c.peers_bin,
             peers_msgs_small: c.peers_msgs_small,
@@ -326,6 +364,11 @@ impl Opts {
         }
         if c.only_lines {
             o.only = true;
+            o.skip_store_compare = true;
+        }
+        if c.only_queue {
+            o.only = true;
+            o.skip_durable = true;
             o.skip_store_compare = true;
         }
         Ok(o)
@@ -423,6 +466,26 @@ mod tests {
         assert_eq!((o.durable_runs, o.durable_rate), (3, 1000));
         assert_eq!((o.peers_msgs_small, o.peers_msgs_large), (200_000, 20_000));
         assert!(!o.only && !o.peers && o.where_expr.is_none());
+        assert_eq!(
+            (o.queue_jobs, o.queue_workers, o.queue_rate),
+            (20_000, 4, 1000)
+        );
+        assert!(!o.only_queue && !o.skip_queue);
+    }
+
+    #[test]
+    fn only_queue_runs_the_work_queue_alone() {
+        let o = opts(&["--only-queue", "--peers", "--queue-jobs", "500"]).expect("parses");
+        assert!(o.only_queue && o.only && o.skip_durable && o.skip_store_compare);
+        assert!(o.peers && o.queue_jobs == 500);
+        for bad in [
+            &["--only-queue", "--only-lines"][..],
+            &["--only-queue", "--skip-queue"],
+            &["--only-queue", "--only-durable"],
+            &["--queue-workers", "0"],
+        ] {
+            assert!(opts(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! `--peers`: the rest of the peer comparison table. The bus cells the other sections
 //! did not measure (both stores, the table's scenarios), then every peer
 //! workload through `dws-peers`, then the table and every goal's ratio.
+//! With `--only-queue`, only the work queue's peers (the bus's side is
+//! [`crate::queue`]).
 
 use std::time::Duration;
 
@@ -10,12 +12,13 @@ use crate::{
     opts::{Opts, StoreSel},
     peers,
     procs::{guarded, interrupted},
-    report::size_name,
-    table::{Col, Row, Table},
+    report::{fmt_cpu, size_name},
+    table::{Col, Fig, Labels, Row, Table},
 };
 
-/// The (N, payload) fan-out scenarios of the table.
-const FANOUT_SCENARIOS: [(usize, usize); 3] = [(4, 256), (16, 256), (4, 4096)];
+/// The (N, payload) fan-out scenarios of the table (N=1 only for the
+/// broker's own CPU, N=1 against N=16).
+const FANOUT_SCENARIOS: [(usize, usize); 4] = [(1, 256), (4, 256), (16, 256), (4, 4096)];
 /// Some of [`FANOUT_SCENARIOS`].
 type Scenarios = &'static [(usize, usize)];
 /// The longest a peer workload may take per run it makes.
@@ -42,14 +45,21 @@ pub fn run_peer_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Tab
             None
         }
     };
-    fill_bus_cells(opts, failures, table);
+    if !opts.only_queue {
+        fill_bus_cells(opts, failures, table);
+    }
     if let Some(bin) = bin {
         println!();
         println!(
             "The peers (`{}`, each starting its own server in a temp dir):",
             bin.display()
         );
-        for job in peer_jobs(opts) {
+        let jobs = if opts.only_queue {
+            queue_jobs(opts)
+        } else {
+            peer_jobs(opts)
+        };
+        for job in jobs {
             if interrupted() {
                 return;
             }
@@ -57,19 +67,53 @@ pub fn run_peer_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Tab
         }
     }
     println!();
-    println!(
-        "{}",
-        table.render(opts.rate, opts.rate_consumers, opts.durable_rate)
-    );
-    println!(
-        "(deliveries/s: medians of {} run(s); CPU: the bus with its publisher, as the peers count theirs; \
-         fixed rate: {} consumers, 256 B; durable: 256 B, {} run(s); fdatasync alone: a 256 B append \
-         fdatasync'ed at the row's rate ({}/s for the fixed rate, {}/s for the durable reply) in a temp \
-         dir of the same file system)",
-        opts.runs, opts.rate_consumers, opts.durable_runs, opts.rate, opts.durable_rate
-    );
+    let labels = Labels {
+        rate: opts.rate,
+        consumers: opts.rate_consumers,
+        durable_rate: opts.durable_rate,
+        queue_workers: opts.queue_workers,
+        queue_rate: opts.queue_rate,
+    };
+    println!("{}", table.render(&labels));
+    if opts.only_queue {
+        println!(
+            "(work queue: {} workers, {} jobs per flood (median of {} run(s)), latency from the publish of a job to \
+             its worker's ack, at {}/s for {:.1} s)",
+            opts.queue_workers, opts.queue_jobs, opts.durable_runs, opts.queue_rate, opts.rate_secs
+        );
+    } else {
+        print_table_notes(opts);
+    }
     println!();
-    print!("{}", table.render_judgement());
+    if opts.only_queue {
+        // No goal is about the work queue: its ratios only.
+        print!("{}", table.render_ratios());
+    } else {
+        print!("{}", table.render_judgement());
+    }
+}
+
+/// What the table's figures are, under it.
+fn print_table_notes(opts: &Opts) {
+    println!(
+        "(deliveries/s: medians of {} run(s); CPU µs per delivery from /proc: broker + consumers is busd and every \
+         `dws event consume` against redis-server (nats-server) and its subscriber processes, the publisher left out \
+         on both sides; with the publisher adds this benchmark's publishing threads against the peer's publisher \
+         process; broker alone is busd against redis-server; fixed rate: {} consumers, 256 B; durable: 256 B, {} \
+         run(s); fdatasync alone: a 256 B append fdatasync'ed at the row's rate ({}/s for the fixed rate, {}/s for \
+         the durable reply) in a temp dir of the same file system; work queue: {} workers, {} jobs per flood \
+         (median of {} run(s)), latency from the publish of a job to its worker's ack, at {}/s for {:.1} s)",
+        opts.runs,
+        opts.rate_consumers,
+        opts.durable_runs,
+        opts.rate,
+        opts.durable_rate,
+        opts.queue_workers,
+        opts.queue_jobs,
+        opts.durable_runs,
+        opts.queue_rate,
+        opts.rate_secs
+    );
 }
 
 /// The bus cells of the table that no earlier section measured.
@@ -79,10 +123,10 @@ fn fill_bus_cells(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
             continue;
         };
         for (n, size) in FANOUT_SCENARIOS {
-            let Some((rate_row, _)) = Row::of_fanout(n, size) else {
+            let Some(&(first_row, _)) = Row::of_fanout(n, size).first() else {
                 continue;
             };
-            if interrupted() || table.get(rate_row, col).is_some() {
+            if interrupted() || table.get(first_row, col).is_some() {
                 continue;
             }
             let events = if size == 256 {
@@ -97,7 +141,12 @@ fn fill_bus_cells(opts: &Opts, failures: &mut Vec<String>, table: &mut Table) {
             );
             match run_fanout_median(opts.runs, n, size, events, opts.inflight, store) {
                 Ok(r) => {
-                    println!("  {what}: {:.0} deliveries/s", r.aggregate);
+                    println!(
+                        "  {what}: {:.0} deliveries/s, CPU µs/delivery busd + consumers {}, busd {}",
+                        r.aggregate,
+                        fmt_cpu(r.cpu_us_per_delivery, &r),
+                        fmt_cpu(r.busd_cpu_us_per_delivery, &r)
+                    );
                     table.record_fanout(store, n, size, &r);
                 }
                 Err(e) => fail(failures, &what, e),
@@ -181,27 +230,30 @@ fn peer_jobs(opts: &Opts) -> Vec<PeerJob> {
     let mut jobs = Vec::new();
     let fanouts: [(&str, Col, Scenarios); 4] = [
         ("redis-fanout", Col::RedisPubsub, &FANOUT_SCENARIOS),
-        ("nats-fanout", Col::NatsCore, &FANOUT_SCENARIOS),
+        ("nats-fanout", Col::NatsCore, &FANOUT_SCENARIOS[1..]),
         (
             "redis-streams-fanout",
             Col::RedisStreams,
-            &FANOUT_SCENARIOS[..2],
+            &FANOUT_SCENARIOS[1..3],
         ),
-        ("jetstream-fanout", Col::JetStream, &FANOUT_SCENARIOS[..2]),
+        ("jetstream-fanout", Col::JetStream, &FANOUT_SCENARIOS[1..3]),
     ];
     for (workload, col, scenarios) in fanouts {
         for &(n, size) in scenarios {
-            let Some((rate, cpu)) = Row::of_fanout(n, size) else {
-                continue;
-            };
             let msgs = if size == 256 {
                 opts.peers_msgs_small
             } else {
                 opts.peers_msgs_large
             };
-            let mut cells = vec![("total_rate", rate, col)];
-            if let Some(cpu) = cpu {
-                cells.push(("cpu_us_per_delivery", cpu, col));
+            // The broker alone is compared with Redis pub/sub's (the goal
+            // is busd's own N=16 against its N=1; Redis shows the scale).
+            let cells: Vec<(&'static str, Row, Col)> = Row::of_fanout(n, size)
+                .iter()
+                .filter(|(_, fig)| *fig != Fig::Broker || col == Col::RedisPubsub)
+                .map(|&(row, fig)| (fig.peer_key(), row, col))
+                .collect();
+            if cells.is_empty() {
+                continue;
             }
             jobs.push(PeerJob {
                 workload,
@@ -279,6 +331,9 @@ fn peer_jobs(opts: &Opts) -> Vec<PeerJob> {
             ("p99_us", Row::AckP99, Col::RedisStreams),
         ],
     });
+    if !opts.skip_queue {
+        jobs.extend(queue_jobs(opts));
+    }
     jobs.push(PeerJob {
         workload: "fdatasync-latency",
         args: at_rate,
@@ -289,6 +344,60 @@ fn peer_jobs(opts: &Opts) -> Vec<PeerJob> {
             ("p99_us", Row::AckP99, Col::Fsync),
         ],
     });
+    jobs
+}
+
+/// The work queue's peers: Redis Streams and JetStream with
+/// `--queue-workers` workers, a flood of `--queue-jobs` (jobs/s, median of
+/// `--durable-runs`) and a run at `--queue-rate` for `--rate-secs`
+/// (latency).
+fn queue_jobs(opts: &Opts) -> Vec<PeerJob> {
+    let s = |v: &dyn ToString| v.to_string();
+    let mut jobs = Vec::new();
+    for (workload, col) in [
+        ("redis-streams-queue", Col::RedisStreams),
+        ("jetstream-queue", Col::JetStream),
+    ] {
+        let common = vec![
+            "--subs".into(),
+            s(&opts.queue_workers),
+            "--size".into(),
+            "256".into(),
+        ];
+        let mut flood = common.clone();
+        flood.extend([
+            "--msgs".into(),
+            s(&opts.queue_jobs),
+            "--runs".into(),
+            s(&opts.durable_runs),
+        ]);
+        jobs.push(PeerJob {
+            workload,
+            args: flood,
+            with_dir: false,
+            runs: opts.durable_runs,
+            cells: vec![("jobs_rate", Row::QueueRate, col)],
+        });
+        let mut rated = common;
+        rated.extend([
+            "--rate".into(),
+            s(&opts.queue_rate),
+            "--duration".into(),
+            s(&opts.rate_secs),
+            "--runs".into(),
+            "1".into(),
+        ]);
+        jobs.push(PeerJob {
+            workload,
+            args: rated,
+            with_dir: false,
+            runs: 1,
+            cells: vec![
+                ("p50_us", Row::QueueP50, col),
+                ("p99_us", Row::QueueP99, col),
+            ],
+        });
+    }
     jobs
 }
 

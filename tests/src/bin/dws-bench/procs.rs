@@ -256,6 +256,24 @@ impl Consumer {
         })
     }
 
+    /// `dws <args>` with its stdin a pipe this benchmark writes
+    /// ([`Consumer::take_stdin`]) and its stdout left for it to read: a
+    /// work-queue worker.
+    pub fn spawn_worker(env: &BusEnv, args: &[&str]) -> Res<Consumer> {
+        let child = guarded(|| Ok(env.env.dws(args).stdin_pipe().spawn_stdout_unread()))?;
+        Ok(Consumer {
+            child,
+            status: None,
+            final_cpu_ticks: None,
+        })
+    }
+
+    pub fn take_stdin(&mut self) -> Res<std::process::ChildStdin> {
+        self.child
+            .take_stdin()
+            .ok_or_else(|| "worker stdin already taken".to_string())
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.pid()
     }

@@ -121,6 +121,11 @@ pub struct Publisher {
     pending: u64,
     /// Record write-to-ack latencies (see [`Publisher::track_latency`]).
     track: bool,
+    /// The one Publish frame, rewritten in place for every event: its event
+    /// type is set once and its data string keeps its allocation, so a
+    /// publish allocates nothing (a fresh frame cost three allocations and
+    /// as many frees per event, a quarter of the publisher's CPU).
+    frame: ClientFrame,
 }
 
 impl Publisher {
@@ -167,7 +172,23 @@ impl Publisher {
             buf,
             pending: 0,
             track: false,
+            frame: ClientFrame {
+                kind: Some(client_frame::Kind::Publish(Publish {
+                    request_id: 0,
+                    event_type: EVENT_TYPE.into(),
+                    event_id: String::new(),
+                    data: String::new(),
+                    headers: Default::default(),
+                })),
+            },
         })
+    }
+
+    /// Publishes events of this type from now on (default `bench.x`).
+    pub fn set_event_type(&mut self, event_type: &str) {
+        if let Some(client_frame::Kind::Publish(p)) = &mut self.frame.kind {
+            p.event_type = event_type.to_owned();
+        }
     }
 
     /// From now on, record for every publish the time between writing its
@@ -183,19 +204,12 @@ impl Publisher {
     }
 
     fn encode_publish(&mut self, size: usize) -> Res<()> {
-        let mut data = format!("{} {} ", unix_nanos(), self.sent).into_bytes();
-        data.resize(data.len().max(size), b'x');
-        let data = String::from_utf8(data).map_err(|e| e.to_string())?;
-        let frame = ClientFrame {
-            kind: Some(client_frame::Kind::Publish(Publish {
-                request_id: self.sent + 1,
-                event_type: EVENT_TYPE.into(),
-                event_id: String::new(),
-                data,
-                headers: Default::default(),
-            })),
+        let Some(client_frame::Kind::Publish(p)) = &mut self.frame.kind else {
+            return Err("the publisher's frame is not a Publish".into());
         };
-        proto::encode_frame(&frame, &mut self.buf).map_err(|e| e.to_string())?;
+        p.request_id = self.sent + 1;
+        write_payload(&mut p.data, unix_nanos(), self.sent, size);
+        proto::encode_frame(&self.frame, &mut self.buf).map_err(|e| e.to_string())?;
         self.sent += 1;
         self.pending += 1;
         Ok(())
@@ -345,6 +359,24 @@ impl Publisher {
     }
 }
 
+/// Rewrites `data` as the payload of event `index` sent at `nanos`:
+/// `"<nanos> <index> "` padded with `x` to `size` bytes (longer when the
+/// prefix is), in the allocation `data` already has.
+pub fn write_payload(data: &mut String, nanos: u64, index: u64, size: usize) {
+    use std::fmt::Write as _;
+    data.clear();
+    // Writing into a String cannot fail.
+    let _ = write!(data, "{nanos} {index} ");
+    // Padded a slice at a time (a char at a time cost 5 µs per 4 KiB).
+    const XS: &str = "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+    let mut pad = size.saturating_sub(data.len());
+    while pad > 0 {
+        let n = pad.min(XS.len());
+        data.push_str(&XS[..n]);
+        pad -= n;
+    }
+}
+
 /// Counts the PublishAck frames (checking their order) until the
 /// connection ends; records why it ended. Every frame one read brought is
 /// handled under one lock and one wake-up of the publisher.
@@ -415,5 +447,25 @@ fn on_frame(st: &mut AckState, f: ServerFrame, now: Instant) {
             st.ended = Some(format!("bus said Bye (reason {}): {}", b.reason, b.message));
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_is_the_send_time_and_index_padded_to_its_size() {
+        let mut data = String::new();
+        write_payload(&mut data, 1_700_000_000_123_456_789, 7, 40);
+        assert_eq!(data.len(), 40);
+        assert!(data.starts_with("1700000000123456789 7 x"), "{data}");
+        assert!(data[22..].bytes().all(|b| b == b'x'), "{data}");
+        let cap = data.capacity();
+        write_payload(&mut data, 5, 12, 8);
+        assert_eq!(data, "5 12 xxx");
+        assert_eq!(data.capacity(), cap, "the allocation is reused");
+        write_payload(&mut data, 123_456, 99, 4);
+        assert_eq!(data, "123456 99 ", "never cut below its prefix");
     }
 }

@@ -1,7 +1,8 @@
 //! The peer comparison table (the bus on its memory and disk stores next to Redis
 //! pub/sub, NATS core, Redis Streams with `appendfsync always` and JetStream
-//! on its file store) and every goal's ratio, each met or missed. Pure: the
-//! sections fill the cells, this renders them and judges the goals.
+//! on its file store): its columns, its rows, the cells the sections fill
+//! and how it renders, and every ratio of a bus column to a peer. Pure: the
+//! sections fill the cells, this renders them; [`crate::goals`] judges them.
 
 use std::collections::BTreeMap;
 
@@ -60,51 +61,142 @@ impl Col {
     }
 }
 
-/// A measured figure (one half of a table row where the row shows two).
+/// A measured figure (one part of a table line where the line shows more).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Row {
     Rate256N4,
     Rate256N16,
     Rate4kN4,
+    /// CPU µs per delivery of the broker and the consuming processes (busd
+    /// and every `dws event consume`; redis-server and its subscriber
+    /// processes), the publisher left out on both sides.
+    BrokerCpuN4,
+    BrokerCpuN16,
+    BrokerCpu4kN4,
+    /// The same with the publisher counted too (the bus's is this
+    /// benchmark; the peers' their own publishing process).
     CpuN4,
     CpuN16,
+    /// The broker process alone (busd, redis-server), 256 B.
+    BusdN1,
+    BusdN16,
     LatP50,
     LatP99,
     Pub1,
     Pub8,
     AckP50,
     AckP99,
+    /// The work queue: jobs/s of a flood, and at a fixed rate the latency
+    /// from the publish of a job to its worker's ack.
+    QueueRate,
+    QueueP50,
+    QueueP99,
     /// busd's peak RSS per retained event, bytes (256 B, N=4 flood).
     RssPerEvent,
 }
 
-impl Row {
-    /// The deliveries/s and CPU rows of a fan-out scenario, if in the table.
-    pub fn of_fanout(n: usize, size: usize) -> Option<(Row, Option<Row>)> {
-        match (n, size) {
-            (4, 256) => Some((Row::Rate256N4, Some(Row::CpuN4))),
-            (16, 256) => Some((Row::Rate256N16, Some(Row::CpuN16))),
-            (4, 4096) => Some((Row::Rate4kN4, None)),
-            _ => None,
+/// Which figure of a fan-out run a row takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fig {
+    /// Deliveries/s.
+    Rate,
+    /// CPU µs/delivery, broker + consumers.
+    BrokerConsumers,
+    /// CPU µs/delivery, broker + consumers + publisher.
+    WithPublisher,
+    /// CPU µs/delivery of the broker alone.
+    Broker,
+}
+
+impl Fig {
+    /// The `dws-peers` summary key of this figure.
+    pub fn peer_key(self) -> &'static str {
+        match self {
+            Fig::Rate => "total_rate",
+            Fig::BrokerConsumers => "broker_subs_cpu_us_per_delivery",
+            Fig::WithPublisher => "cpu_us_per_delivery",
+            Fig::Broker => "server_cpu_us_per_delivery",
         }
     }
 
-    fn name(self) -> &'static str {
+    /// This figure of a bus run.
+    pub fn of(self, r: &FanoutResult) -> Option<f64> {
+        match self {
+            Fig::Rate => Some(r.aggregate),
+            Fig::BrokerConsumers => r.cpu_us_per_delivery,
+            Fig::WithPublisher => r.cpu_with_pub_us_per_delivery,
+            Fig::Broker => r.busd_cpu_us_per_delivery,
+        }
+    }
+}
+
+impl Row {
+    /// The rows a fan-out scenario (N consumers, payload bytes) fills, and
+    /// with which figure; the first is the one that says it was measured.
+    pub fn of_fanout(n: usize, size: usize) -> &'static [(Row, Fig)] {
+        use Fig::*;
+        match (n, size) {
+            (1, 256) => &[(Row::BusdN1, Broker)],
+            (4, 256) => &[
+                (Row::Rate256N4, Rate),
+                (Row::BrokerCpuN4, BrokerConsumers),
+                (Row::CpuN4, WithPublisher),
+            ],
+            (16, 256) => &[
+                (Row::Rate256N16, Rate),
+                (Row::BrokerCpuN16, BrokerConsumers),
+                (Row::CpuN16, WithPublisher),
+                (Row::BusdN16, Broker),
+            ],
+            (4, 4096) => &[(Row::Rate4kN4, Rate), (Row::BrokerCpu4kN4, BrokerConsumers)],
+            _ => &[],
+        }
+    }
+
+    pub fn name(self) -> &'static str {
         match self {
             Row::Rate256N4 => "256 B, N=4, deliveries/s",
             Row::Rate256N16 => "256 B, N=16, deliveries/s",
             Row::Rate4kN4 => "4 KiB, N=4, deliveries/s",
-            Row::CpuN4 => "CPU µs/delivery, N=4",
-            Row::CpuN16 => "CPU µs/delivery, N=16",
+            Row::BrokerCpuN4 => "CPU µs/delivery, broker + consumers, N=4",
+            Row::BrokerCpuN16 => "CPU µs/delivery, broker + consumers, N=16",
+            Row::BrokerCpu4kN4 => "CPU µs/delivery, broker + consumers, 4 KiB N=4",
+            Row::CpuN4 => "CPU µs/delivery with the publisher, N=4",
+            Row::CpuN16 => "CPU µs/delivery with the publisher, N=16",
+            Row::BusdN1 => "broker CPU µs/delivery, N=1",
+            Row::BusdN16 => "broker CPU µs/delivery, N=16",
             Row::LatP50 => "fixed rate, p50 µs",
             Row::LatP99 => "fixed rate, p99 µs",
             Row::Pub1 => "durable publishes/s, 1 publisher",
             Row::Pub8 => "durable publishes/s, 8 publishers",
             Row::AckP50 => "publish→durable reply, p50 µs",
             Row::AckP99 => "publish→durable reply, p99 µs",
+            Row::QueueRate => "work queue, jobs/s",
+            Row::QueueP50 => "work queue, publish→ack p50 µs",
+            Row::QueueP99 => "work queue, publish→ack p99 µs",
             Row::RssPerEvent => "busd peak RSS per retained event",
         }
     }
+
+    /// Latency rows, which the `fdatasync alone` column is a floor of.
+    fn is_latency(self) -> bool {
+        matches!(
+            self,
+            Row::LatP50 | Row::LatP99 | Row::AckP50 | Row::AckP99 | Row::QueueP50 | Row::QueueP99
+        )
+    }
+}
+
+/// The parameters a few line labels name.
+pub struct Labels {
+    /// Events/s and consumers of the fixed-rate fan-out.
+    pub rate: u64,
+    pub consumers: usize,
+    /// Publishes/s of the publish→durable reply run.
+    pub durable_rate: u64,
+    /// Workers of the work queue, and jobs/s of its latency run.
+    pub queue_workers: usize,
+    pub queue_rate: u64,
 }
 
 /// A bus column's ratios to the peers in one row: bus / peer.
@@ -118,6 +210,9 @@ pub struct Ratios {
 #[derive(Default)]
 pub struct Table {
     cells: BTreeMap<(Row, Col), f64>,
+    /// Cells that hold a word instead of a figure (the bus refused the
+    /// scenario), keyed by a row of the line they stand for.
+    notes: BTreeMap<(Row, Col), String>,
 }
 
 impl Table {
@@ -132,17 +227,21 @@ impl Table {
         self.cells.get(&(row, col)).copied()
     }
 
-    /// A flood fan-out row's figures, when its store and scenario are in
-    /// the table. CPU counts the publisher too, as the peers count theirs.
+    /// The line of `row` says `text` in column `col` instead of figures.
+    pub fn set_note(&mut self, row: Row, col: Col, text: &str) {
+        self.notes.insert((row, col), text.to_owned());
+    }
+
+    /// A flood fan-out scenario's figures, when its store and scenario are
+    /// in the table.
     pub fn record_fanout(&mut self, store: StoreSel, n: usize, size: usize, r: &FanoutResult) {
-        let (Some(col), Some((rate, cpu))) = (Col::of_store(store), Row::of_fanout(n, size)) else {
+        let Some(col) = Col::of_store(store) else {
             return;
         };
-        self.set(rate, col, Some(r.aggregate));
-        if let Some(cpu) = cpu {
-            self.set(cpu, col, r.cpu_with_pub_us_per_delivery);
+        for &(row, fig) in Row::of_fanout(n, size) {
+            self.set(row, col, fig.of(r));
         }
-        if rate == Row::Rate256N4 {
+        if (n, size) == (4, 256) {
             let per_event = r.busd_hwm_kb.zip(r.retained_events.filter(|n| *n > 0));
             self.set(
                 Row::RssPerEvent,
@@ -169,113 +268,127 @@ impl Table {
         }
     }
 
-    /// The table as Markdown, the issue's rows and columns; "—" where
-    /// nothing was measured.
-    pub fn render(&self, rate: u64, consumers: usize, durable_rate: u64) -> String {
-        let lines: [(String, Row, Option<Row>, Fmt); 8] = [
+    /// The lines of the table: label, rows, format.
+    fn lines(l: &Labels) -> Vec<(String, Vec<Row>, Fmt)> {
+        use Row::*;
+        vec![
             (
                 "256 B, N=4, deliveries/s".into(),
-                Row::Rate256N4,
-                None,
+                vec![Rate256N4],
                 Fmt::Rate,
             ),
-            ("256 B, N=16".into(), Row::Rate256N16, None, Fmt::Rate),
-            ("4 KiB, N=4".into(), Row::Rate4kN4, None, Fmt::Rate),
+            ("256 B, N=16".into(), vec![Rate256N16], Fmt::Rate),
+            ("4 KiB, N=4".into(), vec![Rate4kN4], Fmt::Rate),
             (
-                "CPU µs/delivery, N=4 / N=16".into(),
-                Row::CpuN4,
-                Some(Row::CpuN16),
+                "CPU µs/delivery, broker + consumers, 256 B N=4 / N=16 / 4 KiB N=4".into(),
+                vec![BrokerCpuN4, BrokerCpuN16, BrokerCpu4kN4],
+                Fmt::Cpu,
+            ),
+            (
+                "CPU µs/delivery with the publisher, N=4 / N=16".into(),
+                vec![CpuN4, CpuN16],
+                Fmt::Cpu,
+            ),
+            (
+                "broker alone, CPU µs/delivery, 256 B N=1 / N=16".into(),
+                vec![BusdN1, BusdN16],
                 Fmt::Cpu,
             ),
             (
                 format!(
-                    "{} ev/s, {consumers} consumers, p50 / p99 µs",
-                    thousands(rate as f64)
+                    "{} ev/s, {} consumers, p50 / p99 µs",
+                    thousands(l.rate as f64),
+                    l.consumers
                 ),
-                Row::LatP50,
-                Some(Row::LatP99),
+                vec![LatP50, LatP99],
                 Fmt::Us,
             ),
             (
                 "durable publishes/s, 1 / 8 publishers (256 B)".into(),
-                Row::Pub1,
-                Some(Row::Pub8),
+                vec![Pub1, Pub8],
                 Fmt::Rate,
             ),
             (
                 format!(
                     "publish→durable reply at {}/s, p50 / p99 µs",
-                    thousands(durable_rate as f64)
+                    thousands(l.durable_rate as f64)
                 ),
-                Row::AckP50,
-                Some(Row::AckP99),
+                vec![AckP50, AckP99],
+                Fmt::Us,
+            ),
+            (
+                format!(
+                    "work queue, {} workers acking each 256 B job, jobs/s",
+                    l.queue_workers
+                ),
+                vec![QueueRate],
+                Fmt::Rate,
+            ),
+            (
+                format!(
+                    "work queue at {} jobs/s, publish→ack p50 / p99 µs",
+                    thousands(l.queue_rate as f64)
+                ),
+                vec![QueueP50, QueueP99],
                 Fmt::Us,
             ),
             (
                 "busd peak RSS per retained event (256 B, N=4)".into(),
-                Row::RssPerEvent,
-                None,
+                vec![RssPerEvent],
                 Fmt::Bytes,
             ),
-        ];
+        ]
+    }
+
+    /// The table as Markdown; "—" where nothing was measured. A line with
+    /// nothing in any column is left out.
+    pub fn render(&self, labels: &Labels) -> String {
         let mut out = String::from("| workload |");
         for c in Col::ALL {
             out.push_str(&format!(" {} |", c.name()));
         }
         out.push_str("\n|---|");
         out.push_str(&"---|".repeat(Col::ALL.len()));
-        for (label, a, b, fmt) in lines {
+        for (label, rows, fmt) in Table::lines(labels) {
+            let cells: Vec<Option<String>> = Col::ALL
+                .iter()
+                .map(|&c| {
+                    if let Some(note) = rows.iter().find_map(|&r| self.notes.get(&(r, c))) {
+                        return Some(note.clone());
+                    }
+                    let vals: Vec<Option<f64>> = rows.iter().map(|&r| self.get(r, c)).collect();
+                    vals.iter().any(Option::is_some).then(|| {
+                        vals.iter()
+                            .map(|&v| fmt.cell(v))
+                            .collect::<Vec<_>>()
+                            .join(" / ")
+                    })
+                })
+                .collect();
+            if cells.iter().all(Option::is_none) {
+                continue;
+            }
             out.push_str(&format!("\n| {label} |"));
-            for c in Col::ALL {
-                let cell = match (self.get(a, c), b.map(|b| self.get(b, c))) {
-                    (None, None | Some(None)) => "—".to_string(),
-                    (x, None) => fmt.cell(x),
-                    (x, Some(y)) => format!("{} / {}", fmt.cell(x), fmt.cell(y)),
-                };
-                out.push_str(&format!(" {cell} |"));
+            for cell in cells {
+                out.push_str(&format!(" {} |", cell.as_deref().unwrap_or("—")));
             }
         }
         out
     }
 
-    /// Every performance goal that one run can judge.
-    pub fn goals(&self) -> Vec<Judged> {
-        GOALS
-            .iter()
-            .map(|g| {
-                let ours = self.get(g.ours.0, g.ours.1);
-                let theirs = match g.theirs {
-                    Than::Cell(r, c) => self.get(r, c),
-                    Than::Const(v) => Some(v),
-                };
-                let verdict = ours.zip(theirs).map(|(o, t)| g.rule.judge(o, t));
-                Judged {
-                    what: g.what,
-                    rule: g.rule,
-                    ours,
-                    theirs,
-                    verdict,
-                }
-            })
-            .collect()
-    }
-
     /// Every ratio of a bus column to a peer column in the rows both
-    /// measured.
+    /// measured (and to `fdatasync alone` in the latency rows).
     pub fn ratios(&self) -> Vec<Ratios> {
-        let rows = [
-            Row::Rate256N4,
-            Row::Rate256N16,
-            Row::Rate4kN4,
-            Row::CpuN4,
-            Row::CpuN16,
-            Row::LatP50,
-            Row::LatP99,
-            Row::Pub1,
-            Row::Pub8,
-            Row::AckP50,
-            Row::AckP99,
-        ];
+        let rows = Table::lines(&Labels {
+            rate: 0,
+            consumers: 0,
+            durable_rate: 0,
+            queue_workers: 0,
+            queue_rate: 0,
+        })
+        .into_iter()
+        .flat_map(|(_, rows, _)| rows)
+        .filter(|r| *r != Row::RssPerEvent);
         let mut out = Vec::new();
         for row in rows {
             for bus in [Col::BusMemory, Col::BusDisk] {
@@ -286,7 +399,7 @@ impl Table {
                     .iter()
                     .filter_map(|&p| self.get(row, p).filter(|t| *t > 0.0).map(|t| (p, ours / t)))
                     .collect::<Vec<_>>();
-                if matches!(row, Row::AckP50 | Row::AckP99 | Row::LatP50 | Row::LatP99) {
+                if row.is_latency() {
                     if let Some(t) = self.get(row, Col::Fsync).filter(|t| *t > 0.0) {
                         peers.push((Col::Fsync, ours / t));
                     }
@@ -298,59 +411,11 @@ impl Table {
         }
         out
     }
-
-    /// The goals and the ratios as text, one line each.
-    pub fn render_judgement(&self) -> String {
-        let mut out = String::from("Performance goals (ratios in this run; ours / theirs):\n");
-        for j in self.goals() {
-            let verdict = match j.verdict {
-                Some(Verdict { met: true, .. }) => "met".to_string(),
-                Some(Verdict { met: false, .. }) => "MISSED".to_string(),
-                None => "not measured".to_string(),
-            };
-            let detail = match (j.ours, j.theirs, j.verdict) {
-                (Some(o), Some(t), Some(v)) => match j.rule {
-                    Rule::LePlus(d) => format!("{} vs {} + {}", num(o), num(t), num(d)),
-                    _ => format!("{} vs {} (×{:.2})", num(o), num(t), v.ratio),
-                },
-                _ => "—".to_string(),
-            };
-            out.push_str(&format!("  {:<78} {:<32} {verdict}\n", j.what, detail));
-        }
-        out.push_str(
-            "  retention of 10M × 256 B on the disk store with busd RSS < 100 MiB; a subscription 1M events \
-             behind catching up at ≥ 500k events/s: not measured by dws-bench\n",
-        );
-        out.push_str("\nEvery ratio, bus / peer (throughput: higher is better; CPU, latency: lower is better):\n");
-        for Ratios { row, bus, peers } in self.ratios() {
-            let list: Vec<String> = peers
-                .iter()
-                .map(|(p, r)| format!("×{r:.2} {}", p.name()))
-                .collect();
-            out.push_str(&format!(
-                "  {:<36} {:<26} {}\n",
-                row.name(),
-                bus.name(),
-                list.join(", ")
-            ));
-        }
-        out
-    }
-}
-
-fn num(v: f64) -> String {
-    if v >= 10_000.0 {
-        Fmt::Rate.cell(Some(v))
-    } else if v >= 100.0 {
-        thousands(v)
-    } else {
-        format!("{v:.2}")
-    }
 }
 
 /// How a row's cells print.
 #[derive(Clone, Copy)]
-enum Fmt {
+pub enum Fmt {
     /// 841k, 1.21M.
     Rate,
     /// 1.43.
@@ -362,7 +427,7 @@ enum Fmt {
 }
 
 impl Fmt {
-    fn cell(self, v: Option<f64>) -> String {
+    pub fn cell(self, v: Option<f64>) -> String {
         let Some(v) = v else {
             return "—".into();
         };
@@ -378,7 +443,7 @@ impl Fmt {
 }
 
 /// `v` rounded, with thousands separators: 1,112.
-fn thousands(v: f64) -> String {
+pub fn thousands(v: f64) -> String {
     let digits = format!("{:.0}", v.abs());
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -393,255 +458,18 @@ fn thousands(v: f64) -> String {
     out
 }
 
-/// What a goal compares ours with.
-#[derive(Clone, Copy)]
-enum Than {
-    Cell(Row, Col),
-    Const(f64),
-}
-
-/// How a goal judges ours against theirs.
-#[derive(Clone, Copy, Debug)]
-enum Rule {
-    /// ours ≥ k × theirs.
-    Ge(f64),
-    /// ours ≤ k × theirs.
-    Le(f64),
-    /// ours ≤ theirs + µs.
-    LePlus(f64),
-}
-
-impl Rule {
-    fn judge(self, ours: f64, theirs: f64) -> Verdict {
-        let ratio = if theirs > 0.0 {
-            ours / theirs
-        } else {
-            f64::NAN
-        };
-        let met = match self {
-            Rule::Ge(k) => ours >= k * theirs,
-            Rule::Le(k) => ours <= k * theirs,
-            Rule::LePlus(d) => ours <= theirs + d,
-        };
-        Verdict { ratio, met }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Verdict {
-    /// ours / theirs.
-    pub ratio: f64,
-    pub met: bool,
-}
-
-struct Goal {
-    what: &'static str,
-    ours: (Row, Col),
-    theirs: Than,
-    rule: Rule,
-}
-
-/// A goal with this run's figures.
-#[derive(Debug)]
-pub struct Judged {
-    pub what: &'static str,
-    rule: Rule,
-    pub ours: Option<f64>,
-    pub theirs: Option<f64>,
-    /// `None` when either side was not measured.
-    pub verdict: Option<Verdict>,
-}
-
-const fn goal(what: &'static str, ours: (Row, Col), theirs: Than, rule: Rule) -> Goal {
-    Goal {
-        what,
-        ours,
-        theirs,
-        rule,
-    }
-}
-
-/// The performance goals (docs/benchmark.md), in order.
-const GOALS: [Goal; 20] = {
-    use Col::*;
-    use Row::*;
-    [
-        goal(
-            "memory store ≥ 1.5× Redis pub/sub, 256 B N=4",
-            (Rate256N4, BusMemory),
-            Than::Cell(Rate256N4, RedisPubsub),
-            Rule::Ge(1.5),
-        ),
-        goal(
-            "memory store ≥ 1.5× Redis pub/sub, 256 B N=16",
-            (Rate256N16, BusMemory),
-            Than::Cell(Rate256N16, RedisPubsub),
-            Rule::Ge(1.5),
-        ),
-        goal(
-            "memory store ≥ 1.5× Redis pub/sub, 4 KiB N=4",
-            (Rate4kN4, BusMemory),
-            Than::Cell(Rate4kN4, RedisPubsub),
-            Rule::Ge(1.5),
-        ),
-        goal(
-            "memory store p99 at the fixed rate ≤ Redis pub/sub's",
-            (LatP99, BusMemory),
-            Than::Cell(LatP99, RedisPubsub),
-            Rule::Le(1.0),
-        ),
-        goal(
-            "disk store ≥ 1× Redis pub/sub, 256 B N=4",
-            (Rate256N4, BusDisk),
-            Than::Cell(Rate256N4, RedisPubsub),
-            Rule::Ge(1.0),
-        ),
-        goal(
-            "disk store ≥ 1× Redis pub/sub, 256 B N=16",
-            (Rate256N16, BusDisk),
-            Than::Cell(Rate256N16, RedisPubsub),
-            Rule::Ge(1.0),
-        ),
-        goal(
-            "disk store ≥ 1× Redis pub/sub, 4 KiB N=4",
-            (Rate4kN4, BusDisk),
-            Than::Cell(Rate4kN4, RedisPubsub),
-            Rule::Ge(1.0),
-        ),
-        goal(
-            "disk store ≥ 4× Redis Streams fan-out, 256 B N=4",
-            (Rate256N4, BusDisk),
-            Than::Cell(Rate256N4, RedisStreams),
-            Rule::Ge(4.0),
-        ),
-        goal(
-            "disk store ≥ 4× Redis Streams fan-out, 256 B N=16",
-            (Rate256N16, BusDisk),
-            Than::Cell(Rate256N16, RedisStreams),
-            Rule::Ge(4.0),
-        ),
-        goal(
-            "disk store ≥ 4× JetStream fan-out, 256 B N=4",
-            (Rate256N4, BusDisk),
-            Than::Cell(Rate256N4, JetStream),
-            Rule::Ge(4.0),
-        ),
-        goal(
-            "disk store ≥ 4× JetStream fan-out, 256 B N=16",
-            (Rate256N16, BusDisk),
-            Than::Cell(Rate256N16, JetStream),
-            Rule::Ge(4.0),
-        ),
-        goal(
-            "disk store p99 at the fixed rate ≤ raw fdatasync p99 + 300 µs",
-            (LatP99, BusDisk),
-            Than::Cell(LatP99, Fsync),
-            Rule::LePlus(300.0),
-        ),
-        goal(
-            "durable publishes ≥ 2× Redis Streams, 1 publisher",
-            (Pub1, BusDisk),
-            Than::Cell(Pub1, RedisStreams),
-            Rule::Ge(2.0),
-        ),
-        goal(
-            "durable publishes ≥ 2× Redis Streams, 8 publishers",
-            (Pub8, BusDisk),
-            Than::Cell(Pub8, RedisStreams),
-            Rule::Ge(2.0),
-        ),
-        goal(
-            "publish→durable reply p99 at the fixed rate ≤ Redis Streams's",
-            (AckP99, BusDisk),
-            Than::Cell(AckP99, RedisStreams),
-            Rule::Le(1.0),
-        ),
-        goal(
-            "CPU per delivery ≤ Redis pub/sub's, memory store, N=4",
-            (CpuN4, BusMemory),
-            Than::Cell(CpuN4, RedisPubsub),
-            Rule::Le(1.0),
-        ),
-        goal(
-            "CPU per delivery ≤ Redis pub/sub's, memory store, N=16",
-            (CpuN16, BusMemory),
-            Than::Cell(CpuN16, RedisPubsub),
-            Rule::Le(1.0),
-        ),
-        goal(
-            "CPU per delivery ≤ Redis pub/sub's, disk store, N=4",
-            (CpuN4, BusDisk),
-            Than::Cell(CpuN4, RedisPubsub),
-            Rule::Le(1.0),
-        ),
-        goal(
-            "CPU per delivery ≤ Redis pub/sub's, disk store, N=16",
-            (CpuN16, BusDisk),
-            Than::Cell(CpuN16, RedisPubsub),
-            Rule::Le(1.0),
-        ),
-        goal(
-            "memory store RSS ≤ 1.3× the retained payload (B per 256 B event)",
-            (RssPerEvent, BusMemory),
-            Than::Const(256.0),
-            Rule::Le(1.3),
-        ),
-    ]
-};
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn judged(t: &Table, what: &str) -> Judged {
-        t.goals()
-            .into_iter()
-            .find(|j| j.what == what)
-            .unwrap_or_else(|| panic!("no goal {what:?}"))
-    }
-
-    #[test]
-    fn throughput_goals_are_ratios_at_least_k() {
-        let mut t = Table::default();
-        t.set(Row::Rate256N4, Col::BusMemory, Some(1.6e6));
-        t.set(Row::Rate256N4, Col::RedisPubsub, Some(1.0e6));
-        t.set(Row::Rate256N16, Col::BusMemory, Some(1.4e6));
-        t.set(Row::Rate256N16, Col::RedisPubsub, Some(1.0e6));
-        let j = judged(&t, "memory store ≥ 1.5× Redis pub/sub, 256 B N=4");
-        assert_eq!(j.verdict.map(|v| v.met), Some(true));
-        assert!((j.verdict.map_or(0.0, |v| v.ratio) - 1.6).abs() < 1e-9);
-        let j = judged(&t, "memory store ≥ 1.5× Redis pub/sub, 256 B N=16");
-        assert_eq!(j.verdict.map(|v| v.met), Some(false));
-        let j = judged(&t, "memory store ≥ 1.5× Redis pub/sub, 4 KiB N=4");
-        assert_eq!(j.verdict, None, "unmeasured goals are not judged");
-    }
-
-    #[test]
-    fn latency_cpu_and_memory_goals_are_upper_bounds() {
-        let mut t = Table::default();
-        t.set(Row::LatP99, Col::BusDisk, Some(800.0));
-        t.set(Row::LatP99, Col::Fsync, Some(485.0));
-        let j = judged(
-            &t,
-            "disk store p99 at the fixed rate ≤ raw fdatasync p99 + 300 µs",
-        );
-        assert_eq!(j.verdict.map(|v| v.met), Some(false));
-        t.set(Row::LatP99, Col::BusDisk, Some(785.0));
-        let j = judged(
-            &t,
-            "disk store p99 at the fixed rate ≤ raw fdatasync p99 + 300 µs",
-        );
-        assert_eq!(j.verdict.map(|v| v.met), Some(true));
-        t.set(Row::CpuN4, Col::BusMemory, Some(1.43));
-        t.set(Row::CpuN4, Col::RedisPubsub, Some(1.08));
-        let j = judged(&t, "CPU per delivery ≤ Redis pub/sub's, memory store, N=4");
-        assert_eq!(j.verdict.map(|v| v.met), Some(false));
-        t.set(Row::RssPerEvent, Col::BusMemory, Some(300.0));
-        let j = judged(
-            &t,
-            "memory store RSS ≤ 1.3× the retained payload (B per 256 B event)",
-        );
-        assert_eq!(j.verdict.map(|v| v.met), Some(true));
+    pub fn labels() -> Labels {
+        Labels {
+            rate: 2000,
+            consumers: 4,
+            durable_rate: 1000,
+            queue_workers: 4,
+            queue_rate: 1000,
+        }
     }
 
     #[test]
@@ -652,14 +480,22 @@ mod tests {
         t.set(Row::Rate256N4, Col::JetStream, Some(242_000.0));
         t.set(Row::AckP50, Col::Fsync, Some(284.0));
         t.set(Row::AckP99, Col::Fsync, Some(1485.0));
+        t.set(Row::LatP99, Col::BusMemory, Some(300.0));
         t.set(Row::Pub1, Col::BusDisk, Some(f64::NAN));
-        let text = t.render(2000, 4, 1000);
+        let text = t.render(&labels());
         assert!(
             text.contains("| 256 B, N=4, deliveries/s | — | 641k | — | 1.44M | — | 242k | — |"),
             "{text}"
         );
         assert!(text.contains("284 / 1,485"), "{text}");
-        assert!(text.contains("2,000 ev/s, 4 consumers"), "{text}");
+        assert!(
+            text.contains("| 2,000 ev/s, 4 consumers, p50 / p99 µs | — / 300 |"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("256 B, N=16"),
+            "a line nothing filled is left out: {text}"
+        );
         assert_eq!(t.get(Row::Pub1, Col::BusDisk), None, "NaN is not a figure");
         let ratios = t.ratios();
         assert_eq!(ratios.len(), 1);
@@ -669,7 +505,84 @@ mod tests {
             peers.iter().map(|p| p.0).collect::<Vec<_>>(),
             vec![Col::NatsCore, Col::JetStream]
         );
-        assert!(t.render_judgement().contains("not measured"));
+    }
+
+    #[test]
+    fn a_fanout_scenario_fills_its_rows_with_its_figures() {
+        assert_eq!(Row::of_fanout(1, 256), &[(Row::BusdN1, Fig::Broker)]);
+        assert_eq!(Row::of_fanout(4, 4096)[0], (Row::Rate4kN4, Fig::Rate));
+        assert!(Row::of_fanout(16, 4096).is_empty());
+        let rows: Vec<Row> = Row::of_fanout(16, 256).iter().map(|r| r.0).collect();
+        assert_eq!(
+            rows,
+            vec![
+                Row::Rate256N16,
+                Row::BrokerCpuN16,
+                Row::CpuN16,
+                Row::BusdN16
+            ]
+        );
+        assert_eq!(Fig::Broker.peer_key(), "server_cpu_us_per_delivery");
+        assert_eq!(
+            Fig::BrokerConsumers.peer_key(),
+            "broker_subs_cpu_us_per_delivery"
+        );
+    }
+
+    #[test]
+    fn cpu_lines_show_each_scenario_and_the_broker_alone() {
+        let mut t = Table::default();
+        t.set(Row::BrokerCpuN4, Col::BusMemory, Some(1.2));
+        t.set(Row::BrokerCpuN16, Col::BusMemory, Some(0.9));
+        t.set(Row::BrokerCpu4kN4, Col::BusMemory, Some(3.456));
+        t.set(Row::BrokerCpuN4, Col::RedisStreams, Some(9.5));
+        t.set(Row::BusdN1, Col::BusDisk, Some(2.4));
+        t.set(Row::BusdN16, Col::BusDisk, Some(0.5));
+        t.set(Row::BusdN16, Col::RedisPubsub, Some(0.1));
+        let text = t.render(&labels());
+        assert!(
+            text.contains(
+                "| CPU µs/delivery, broker + consumers, 256 B N=4 / N=16 / 4 KiB N=4 | 1.20 / 0.90 / 3.46 | — | — | — | 9.50 / — / — |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| broker alone, CPU µs/delivery, 256 B N=1 / N=16 | — | 2.40 / 0.50 | — / 0.10 |"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_refused_work_queue_says_so_in_its_cells() {
+        let mut t = Table::default();
+        let na = "n/a (this bus refuses --delivery shared on its store)";
+        for r in [Row::QueueRate, Row::QueueP50, Row::QueueP99] {
+            t.set_note(r, Col::BusMemory, na);
+        }
+        t.set(Row::QueueRate, Col::RedisStreams, Some(41_000.0));
+        t.set(Row::QueueP50, Col::JetStream, Some(480.0));
+        t.set(Row::QueueP99, Col::JetStream, Some(2_100.0));
+        let text = t.render(&labels());
+        assert!(
+            text.contains(&format!(
+                "| work queue, 4 workers acking each 256 B job, jobs/s | {na} | — | — | — | 41k | — | — |"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "| work queue at 1,000 jobs/s, publish→ack p50 / p99 µs | {na} | — | — | — | — | 480 / 2,100 | — |"
+            )),
+            "{text}"
+        );
+        assert!(t.ratios().is_empty(), "a refused cell is no figure");
+        t.set(Row::QueueRate, Col::BusDisk, Some(82_000.0));
+        let r = t.ratios();
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].row, r[0].bus), (Row::QueueRate, Col::BusDisk));
+        assert!((r[0].peers[0].1 - 2.0).abs() < 1e-9);
     }
 
     #[test]

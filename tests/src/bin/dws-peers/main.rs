@@ -1,11 +1,12 @@
 //! dws-peers: the peer brokers a user would pick instead of the bus, measured
 //! the same way in the same sitting (Redis pub/sub, NATS core, Redis Streams
 //! with the AOF fsync'd always, NATS JetStream with file storage, and a raw
-//! fdatasync). Each workload starts a private broker in a temp dir, one
-//! publisher and N subscriber processes (this binary again, hidden `role`
-//! subcommand), prints a line per run and, last, one JSON summary line
-//! `{"system", "version", "summary": {KEY: {median, min, max}, "lost_per_run"}}`
-//! that dws-bench reads.
+//! fdatasync), and the durable peers as work queues ([`queue`]). Each
+//! workload starts a private broker in a temp dir, one publisher and N
+//! subscriber processes (this binary again, hidden `role` subcommand),
+//! prints a line per run and, last, one JSON summary line `{"system",
+//! "version", "summary": {KEY: {median, min, max}, "lost_per_run"}}` that
+//! dws-bench reads.
 
 /// `println!` that does not panic when stdout is gone (piped into `head`).
 macro_rules! say {
@@ -25,6 +26,7 @@ macro_rules! warn {
 
 mod nats_roles;
 mod procs;
+mod queue;
 mod redis_roles;
 mod resp;
 mod role;
@@ -64,6 +66,14 @@ enum Cmd {
     JetstreamPublish(Opts),
     /// Raw fdatasync of --size byte appends to a file in --dir at --rate.
     FdatasyncLatency(Opts),
+    /// Redis Streams work queue: one producer, --subs workers in one consumer
+    /// group (XREADGROUP COUNT 64, one XACK per batch); with --rate, one XADD
+    /// at a time at that rate for --duration (latency).
+    RedisStreamsQueue(Opts),
+    /// JetStream work queue: one producer, --subs workers fetching from one
+    /// durable pull consumer, one explicit ack per job; with --rate, one
+    /// publish at a time at that rate for --duration (latency).
+    JetstreamQueue(Opts),
     /// One client process of a run (used by dws-peers itself).
     #[command(hide = true)]
     Role(role::RoleArgs),
@@ -154,6 +164,8 @@ fn main() -> ExitCode {
         Cmd::RedisStreamsPublish(o) => workloads::publish(workloads::Sys::RedisStreams, o),
         Cmd::JetstreamPublish(o) => workloads::publish(workloads::Sys::JetStream, o),
         Cmd::FdatasyncLatency(o) => workloads::fdatasync(o),
+        Cmd::RedisStreamsQueue(o) => queue::queue(workloads::Sys::RedisStreams, o),
+        Cmd::JetstreamQueue(o) => queue::queue(workloads::Sys::JetStream, o),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -223,6 +235,8 @@ mod tests {
             "redis-streams-publish",
             "jetstream-fanout",
             "fdatasync-latency",
+            "redis-streams-queue",
+            "jetstream-queue",
         ] {
             assert!(parse(&[w]).is_ok(), "{w}");
         }

@@ -35,7 +35,7 @@ pub fn block_on<T>(f: impl Future<Output = Result<T, PeersError>>) -> Result<T, 
 /// Connects on a thread of its own: the connection's reader/writer task runs
 /// there, the caller's loop on the calling thread (as the C client's flusher
 /// and reader threads). Tokio's channels and timers work across the two.
-async fn connect(url: &str) -> Result<async_nats::Client, PeersError> {
+pub async fn connect(url: &str) -> Result<async_nats::Client, PeersError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let url = url.to_string();
     std::thread::spawn(move || {

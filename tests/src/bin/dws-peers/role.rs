@@ -37,6 +37,12 @@ pub enum RoleKind {
     JsLatpub,
     /// A durable pull consumer: Fetch --fetch, AckAll on each batch's last.
     JsSub,
+    /// A work-queue worker: a consumer of group --name, XREADGROUP COUNT
+    /// --fetch, one XACK per batch.
+    XqueueWorker,
+    /// A work-queue worker: a fetcher of the shared durable pull consumer
+    /// --name, one explicit ack per message.
+    JsQueueWorker,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -89,6 +95,7 @@ pub fn run(a: &RoleArgs) -> Result<(), PeersError> {
             redis_roles::run(a)?
         }
         NatsPub | NatsSub | JsPub | JsLatpub | JsSub => nats_roles::run(a)?,
+        XqueueWorker | JsQueueWorker => crate::queue::run_worker(a)?,
     };
     say!("{v}");
     Ok(())

@@ -167,8 +167,12 @@ pub const FANOUT_KEYS: &[&str] = &[
     "total_MBps",
     "pub_rate",
     "cpu_us_per_delivery",
+    "broker_subs_cpu_us_per_delivery",
+    "server_cpu_us_per_delivery",
     "server_cpu_s",
     "clients_cpu_s",
+    "pub_cpu_s",
+    "subs_cpu_s",
     "unacked",
 ];
 pub const LATENCY_KEYS: &[&str] = &["p50_us", "p99_us", "p999_us", "max_us"];
@@ -193,15 +197,27 @@ pub const RATE_KEYS: &[&str] = &[
     "late_sends",
 ];
 
+/// The CPU seconds of one fan-out run: the broker's, the publisher
+/// process's and the subscriber processes' together.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FanoutCpu {
+    pub server: f64,
+    pub publisher: f64,
+    pub subscribers: f64,
+}
+
 /// What one fan-out run measured, from the publisher's and the subscribers'
 /// result lines: rates over (last receive − publisher start), loss against
-/// `expected_per_sub`, CPU µs per delivery (broker plus every client).
+/// `expected_per_sub`, CPU µs per delivery: broker plus every client
+/// (`cpu_us_per_delivery`), broker plus the subscribers, the publisher left
+/// out (`broker_subs_cpu_us_per_delivery`), and the broker alone
+/// (`server_cpu_us_per_delivery`).
 pub fn fanout_result(
     publisher: &Value,
     subs: &[Value],
     expected_per_sub: u64,
     size: usize,
-    cpu_s: (f64, f64),
+    cpu: FanoutCpu,
 ) -> Map<String, Value> {
     let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
     let start = u(publisher, "start_ns");
@@ -213,7 +229,7 @@ pub fn fanout_result(
         .map(|s| u(s, "recv") as f64 / secs(u(s, "last_ns")))
         .collect();
     let span = got.iter().map(|s| u(s, "last_ns")).max().map(secs);
-    let (server, clients) = cpu_s;
+    let (server, clients) = (cpu.server, cpu.publisher + cpu.subscribers);
     let mut m = Map::new();
     m.insert("sent".into(), json!(u(publisher, "sent")));
     m.insert(
@@ -257,10 +273,23 @@ pub fn fanout_result(
         "total_MBps".into(),
         num(span.map_or(0.0, |s| (delivered * size as u64) as f64 / s / 1e6)),
     );
-    let cpu = (delivered > 0).then(|| (server + clients) / delivered as f64 * 1e6);
-    m.insert("cpu_us_per_delivery".into(), cpu.map_or(Value::Null, num));
+    let per = |s: f64| {
+        if delivered > 0 {
+            num(s / delivered as f64 * 1e6)
+        } else {
+            Value::Null
+        }
+    };
+    m.insert("cpu_us_per_delivery".into(), per(server + clients));
+    m.insert(
+        "broker_subs_cpu_us_per_delivery".into(),
+        per(server + cpu.subscribers),
+    );
+    m.insert("server_cpu_us_per_delivery".into(), per(server));
     m.insert("server_cpu_s".into(), num(round3(server)));
     m.insert("clients_cpu_s".into(), num(round3(clients)));
+    m.insert("pub_cpu_s".into(), num(round3(cpu.publisher)));
+    m.insert("subs_cpu_s".into(), num(round3(cpu.subscribers)));
     let pend: Vec<i64> = subs
         .iter()
         .filter_map(|s| s.get("pending_after")?.as_i64())
@@ -353,7 +382,12 @@ mod tests {
             json!({"recv": 100, "last_ns": 2_000_000_000u64, "gaps": 0, "pending_after": 0}),
             json!({"recv": 50, "last_ns": 1_500_000_000u64, "gaps": 50, "pending_after": 3}),
         ];
-        let r = fanout_result(&publisher, &subs, 100, 256, (0.001, 0.002));
+        let cpu = FanoutCpu {
+            server: 0.001,
+            publisher: 0.0005,
+            subscribers: 0.0015,
+        };
+        let r = fanout_result(&publisher, &subs, 100, 256, cpu);
         assert_eq!(r["lost"], 50);
         assert_eq!(r["total_rate"], 150.0);
         assert_eq!(r["pub_rate"], 200.0);
@@ -361,6 +395,12 @@ mod tests {
         assert_eq!(r["per_sub_rate"], 100.0);
         assert_eq!(r["unacked"], 3);
         assert_eq!(r["cpu_us_per_delivery"], 20.0);
+        assert_eq!(r["broker_subs_cpu_us_per_delivery"], 500.0 / 30.0);
+        assert_eq!(r["server_cpu_us_per_delivery"], 1000.0 / 150.0);
+        assert_eq!(
+            (r["pub_cpu_s"].clone(), r["subs_cpu_s"].clone()),
+            (json!(0.001), json!(0.002))
+        );
     }
 
     #[test]

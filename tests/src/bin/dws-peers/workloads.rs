@@ -21,7 +21,7 @@ pub enum Sys {
 }
 
 impl Sys {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Sys::Redis => "redis",
             Sys::Nats => "nats",
@@ -44,7 +44,7 @@ impl Sys {
     }
 
     /// (subscriber role, publisher role, fixed-rate publisher role).
-    fn roles(self) -> (&'static str, &'static str, &'static str) {
+    pub fn roles(self) -> (&'static str, &'static str, &'static str) {
         match self {
             Sys::Redis => ("redis-sub", "redis-pub", "redis-latpub"),
             Sys::Nats => ("nats-sub", "nats-pub", "nats-pub"),
@@ -53,7 +53,7 @@ impl Sys {
         }
     }
 
-    fn pub_topic(self) -> &'static str {
+    pub fn pub_topic(self) -> &'static str {
         if self == Sys::JetStream {
             JS_SUBJECT
         } else {
@@ -65,7 +65,7 @@ impl Sys {
 const LONG: Duration = Duration::from_secs(1800);
 
 /// `role` arguments: the kind, the broker's URL and `--flag value` pairs.
-fn role_args(kind: &str, b: &Broker, topic: &str, flags: &[(&str, String)]) -> Vec<String> {
+pub fn role_args(kind: &str, b: &Broker, topic: &str, flags: &[(&str, String)]) -> Vec<String> {
     let mut v = vec![
         kind.to_string(),
         "--url".into(),
@@ -105,7 +105,7 @@ fn start(sys: Sys, o: &Opts) -> Result<Broker, PeersError> {
 /// `--runs` runs of one workload, each against a fresh broker (`one` gets
 /// the run's index and the broker, and returns the run's numbers), then the
 /// summary line with `keys` and `extra`.
-fn run_all(
+pub fn run_all(
     sys: Sys,
     o: &Opts,
     keys: &[&str],
@@ -147,11 +147,18 @@ pub fn fanout(sys: Sys, o: &Opts) -> Result<(), PeersError> {
         let f = [("msgs", o.msgs.to_string()), ("size", o.size.to_string())];
         let publisher =
             Proc::role(&role_args(pub_role, b, sys.pub_topic(), &f), false)?.result(LONG)?;
+        // Reaped first (the subscribers are still running or unreaped), so
+        // the children's CPU so far is the publisher's.
+        let c1 = children_cpu_s();
         let results = subs
             .into_iter()
             .map(|s| s.result(LONG))
             .collect::<Result<Vec<_>, _>>()?;
-        let cpu = (b.cpu_s() - s0, children_cpu_s() - c0);
+        let cpu = stats::FanoutCpu {
+            server: b.cpu_s() - s0,
+            publisher: c1 - c0,
+            subscribers: children_cpu_s() - c1,
+        };
         let mut r = fanout_result(&publisher, &results, o.msgs, o.size as usize, cpu);
         if sys.durable() {
             r.insert("stored".into(), json!(stored(sys, b)?));
