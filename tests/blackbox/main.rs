@@ -85,7 +85,9 @@
 //!   never answers or refuses with an `Error` frame.
 //! - [`work_queue`]: a `--delivery shared` subscription on one host split
 //!   by several consumers, checked over a run with kill -9 of a consumer
-//!   and of the bus.
+//!   and of the bus; [`work_workers`]: its workers unequal (least loaded
+//!   first; a killed, stopped or hung worker's jobs to the others; `stop`
+//!   of every worker).
 //! - [`workdir`]: the work dir, socket dir and bus files against planted
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
 //! - [`where_filter`]: `--where EXPR`, a jq expression on the event run by
@@ -139,4 +141,5 @@ mod where_filter;
 mod where_limits;
 mod wire;
 mod work_queue;
+mod work_workers;
 mod workdir;

@@ -84,6 +84,18 @@ impl Connection {
     /// hub into the outbound buffer, within the high-water mark.
     pub(super) fn fill(&mut self) {
         self.source_state_if_changed();
+        if self.out.len() >= OUT_HIGH_WATER {
+            // Nothing taken now, but what this consumer holds past its ack
+            // wait still goes to others (a stopped consumer's buffer
+            // fills): at the time the last pull named.
+            if self
+                .redeliver_at
+                .is_some_and(|t| t <= std::time::Instant::now())
+            {
+                self.redeliver_at = self.hub.expire_held(self.id);
+            }
+            return;
+        }
         self.redeliver_at = None;
         while self.out.len() < OUT_HIGH_WATER {
             // Bytes as well as events: a consumer that never reads must

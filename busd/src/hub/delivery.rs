@@ -171,6 +171,13 @@ impl Hub {
             return (None, None);
         }
         let pulled = sub.pull_within(max_events, max_bytes, head, Instant::now());
+        // Events left for the other workers of a shared subscription (past
+        // this one's share, or expired on it): those with room pull now.
+        let others: Vec<ConnId> = if pulled.left_for_others {
+            sub.others_with_credit().collect()
+        } else {
+            Vec::new()
+        };
         let again = pulled.events.iter().filter(|(_, r, _)| *r).count() as u64;
         c.count_delivered(pulled.events.len() as u64, again);
         let mut newly_dirty = false;
@@ -213,6 +220,14 @@ impl Hub {
             && halted.is_none()
             && where_notice.is_none()
         {
+            let wake: Vec<_> = others
+                .into_iter()
+                .filter_map(|c| registry.handle(Some(c)))
+                .collect();
+            drop(st);
+            for h in wake {
+                h.wake.notify_one();
+            }
             return (None, next_due);
         }
         // A shared subscription that halted: its other consumers are told
@@ -226,14 +241,52 @@ impl Hub {
             halted,
             where_notice,
         };
+        let mut wake: Vec<_> = others
+            .into_iter()
+            .filter_map(|c| registry.handle(Some(c)))
+            .collect();
         if others_told {
             if let Some(s) = registry.get(&d.subscription_id) {
-                for h in registry.handles_of(s) {
-                    h.wake.notify_one();
-                }
+                wake.extend(registry.handles_of(s));
             }
         }
+        drop(st);
+        for h in wake {
+            h.wake.notify_one();
+        }
         (Some(d), next_due)
+    }
+
+    /// `conn` takes nothing now (its outbound buffer is full): what waited
+    /// past its ack wait still expires, and goes to the other consumers.
+    /// Returns when `conn`'s next in-flight event's wait runs out.
+    pub fn expire_held(&self, conn: ConnId) -> Option<Instant> {
+        let mut st = self.state();
+        let State {
+            registry, persist, ..
+        } = &mut *st;
+        let (_, sub) = registry.attached_mut(conn)?;
+        if !sub.act_as(conn) {
+            return None;
+        }
+        let (expired, next) = sub.expire_held(Instant::now());
+        if !expired {
+            return next;
+        }
+        let named = !sub.owned;
+        let wake: Vec<_> = sub.consumers().collect();
+        let wake: Vec<_> = wake
+            .into_iter()
+            .filter_map(|c| registry.handle(Some(c)))
+            .collect();
+        if named && persist.mark_dirty() {
+            self.wake_committer();
+        }
+        drop(st);
+        for h in wake {
+            h.wake.notify_one();
+        }
+        next
     }
 
     /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`),

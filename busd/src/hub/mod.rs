@@ -158,13 +158,20 @@ struct State {
 impl State {
     /// Detaches `conn` (see [`Registry::detach`]); what a shared
     /// subscription gave back goes to the claims. `true` when a named
-    /// subscription changed (it must be saved).
-    fn detach(&mut self, conn: ConnId) -> bool {
+    /// subscription changed (it must be saved); with it the consumers to
+    /// wake (after the lock): a shared subscription's others, which take
+    /// what `conn` had in flight.
+    fn detach(&mut self, conn: ConnId) -> (bool, Vec<Arc<ConnHandle>>) {
         let detached = self.registry.detach(conn);
         if let Some((id, seqs)) = detached.given_back {
             self.shared_work.released(&id, seqs);
         }
-        detached.named
+        let wake = detached
+            .others_take
+            .and_then(|id| self.registry.get(&id))
+            .map(|s| self.registry.handles_of(s))
+            .unwrap_or_default();
+        (detached.named, wake)
     }
 }
 
@@ -400,24 +407,38 @@ impl Hub {
 
     pub fn unregister_conn(&self, conn: ConnId) {
         let mut st = self.state();
-        self.detach_and_mark(&mut st, conn);
+        let wake = self.detach_and_mark(&mut st, conn);
         st.registry.unregister(conn);
         self.touch(&mut st);
+        drop(st);
+        wake_all(wake);
     }
 
     /// Detaches `conn` from its subscription (a clean Bye, or the connection
     /// closing): its in-flight events become pending again for redelivery.
     pub fn detach(&self, conn: ConnId) {
         let mut st = self.state();
-        self.detach_and_mark(&mut st, conn);
+        let wake = self.detach_and_mark(&mut st, conn);
         self.touch(&mut st);
+        drop(st);
+        wake_all(wake);
     }
 
     /// [`State::detach`], waking the committer if that changed a named
-    /// subscription.
-    fn detach_and_mark(&self, st: &mut State, conn: ConnId) {
-        if st.detach(conn) {
+    /// subscription. Returns the consumers to wake once the lock is gone.
+    #[must_use]
+    fn detach_and_mark(&self, st: &mut State, conn: ConnId) -> Vec<Arc<ConnHandle>> {
+        let (named, wake) = st.detach(conn);
+        if named {
             self.mark_subs_dirty(st);
         }
+        wake
+    }
+}
+
+/// Wakes connections (after the hub lock is dropped).
+fn wake_all(handles: Vec<Arc<ConnHandle>>) {
+    for h in handles {
+        h.wake.notify_one();
     }
 }

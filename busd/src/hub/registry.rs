@@ -144,6 +144,9 @@ pub(super) struct Detached {
     pub(super) named: bool,
     /// A shared subscription's events given back (the claims must learn).
     pub(super) given_back: Option<(String, Vec<u64>)>,
+    /// A shared subscription whose other consumers must pull: what the one
+    /// that left had in flight is theirs now.
+    pub(super) others_take: Option<String>,
 }
 
 /// The wake-up handles of the connections, beside the subscriptions being
@@ -251,7 +254,11 @@ impl Registry {
             return out;
         };
         if let Some(sub) = self.subs.get_mut(&id) {
+            let held = sub.in_flight_of(conn);
             if sub.detach_conn(conn, (Instant::now(), now_ms())) {
+                if held > 0 && sub.consumer().is_some() {
+                    out.others_take = Some(id.clone());
+                }
                 // A cluster host with no consumer left gives its claims back.
                 if sub.claimed && sub.consumer().is_none() {
                     out.given_back = Some((id, sub.release_all()));

@@ -81,7 +81,8 @@ fn detaching_a_consumer_of_a_named_subscription_asks_for_a_save() {
         d,
         Detached {
             named: true,
-            given_back: None
+            given_back: None,
+            others_take: None,
         }
     );
     let s = r.get("named").unwrap();

@@ -278,12 +278,12 @@ impl Hub {
                         ),
                     ));
                 }
-                st.detach(holder);
+                let _ = st.detach(holder);
                 kicked = st.registry.handle(Some(holder));
             }
             // A connection consumes one subscription at a time.
             if st.registry.conn(conn).and_then(|c| c.attached()) != Some(id.as_str()) {
-                st.detach(conn);
+                let _ = st.detach(conn);
             }
             // A shared subscription's consumers take a small window unless
             // they name one: a slow one then holds few events, and the
@@ -392,18 +392,24 @@ impl Hub {
         let mut kicks = vec![];
         let mut st = self.state();
         for id in ids {
-            let Some(holder) = st.registry.get(id).map(Subscription::consumer) else {
+            // Every consumer: a shared subscription has several.
+            let Some(holders) = st
+                .registry
+                .get(id)
+                .map(|s| s.consumers().collect::<Vec<_>>())
+            else {
                 reply.not_found.push(id.clone());
                 continue;
             };
             reply.subscription_ids.push(id.clone());
-            if let Some(c) = holder {
+            for c in holders {
                 if let Some(conn) = st.registry.conn(c) {
                     reply.consumer_pids.push(conn.pid());
                     kicks.push(conn.handle().clone());
                 }
                 if !dry_run {
-                    self.detach_and_mark(&mut st, c);
+                    // The others are being stopped too: none to wake.
+                    let _ = self.detach_and_mark(&mut st, c);
                 }
             }
         }

@@ -217,6 +217,9 @@ pub struct Pulled {
     /// An ack wait ran out during this pull (what is stored changed: a
     /// delivery count, a backoff's due time).
     pub expired: bool,
+    /// Shared delivery: events are left that this worker did not take (past
+    /// its share, or expired on it): the others with credit must pull.
+    pub left_for_others: bool,
     /// The first event the subscription's `--where` gave no answer for
     /// within a limit, and which limit: told once per attach.
     pub where_failed: Option<(u64, crate::where_filter::WhereFailure)>,
@@ -400,12 +403,21 @@ impl Subscription {
             self.where_notice = None;
         }
         // Explicit acks: what waited too long goes out again (after its
-        // backoff step).
+        // backoff step), whichever worker it waited on.
         let explicit = self.explicit_wait();
         let me = self.workers.acting_id();
-        if let Some(wait) = explicit {
-            out.expired = self.expire_in_flight(wait, now);
+        if self.workers.any_explicit() {
+            out.expired = self.expire_in_flight(now);
         }
+        // Several workers: this one takes its share of the fresh events,
+        // and none that expired on it while another is attached.
+        let others = self.workers.len() > 1;
+        let mut fresh_left = if others {
+            let (fresh, slow) = self.fresh_sendable(me, now);
+            self.workers.share(fresh, &slow)
+        } else {
+            usize::MAX
+        };
         // With explicit acks every in-flight event's wait counts for
         // `next_due`: look at all of them.
         let mut i = if explicit.is_some() {
@@ -440,11 +452,23 @@ impl Subscription {
                 i += 1;
                 continue;
             }
+            // Not back to the worker it expired on, while another is here.
+            if others && entry.owner == me && me != 0 {
+                out.left_for_others = true;
+                still_open.get_or_insert(i);
+                i += 1;
+                continue;
+            }
             if self.state != State::Active
                 || !self.has_credit()
                 || out.events.len() >= max
                 || bytes >= max_bytes
             {
+                break;
+            }
+            // An event past this worker's share is left for the others.
+            if fresh_left == 0 {
+                out.left_for_others = true;
                 break;
             }
             if entry.event.damaged {
@@ -487,6 +511,7 @@ impl Subscription {
             out.events
                 .push((entry.event.clone(), redelivered, entry.deliveries));
             self.took_flight(i);
+            fresh_left = fresh_left.saturating_sub(1);
             i += 1;
         }
         // Everything before `i` is now in flight or acked, but for a delayed
@@ -580,6 +605,41 @@ impl Subscription {
         } else {
             false
         }
+    }
+
+    /// Sendable events worker `me` may take (all but those that expired on
+    /// it), counted up to what the workers' windows have room for, and the
+    /// workers that events expired on lately (the `slow`): what
+    /// [`workers::Workers::share`] splits.
+    fn fresh_sendable(&self, me: u32, now: Instant) -> (usize, Vec<u32>) {
+        let room: usize = self
+            .workers
+            .iter()
+            .map(|w| w.window.saturating_sub(w.in_flight))
+            .sum();
+        let mut n = 0;
+        let mut slow = Vec::new();
+        for e in self.pending.range(self.scan_from.min(self.pending.len())..) {
+            if n >= room {
+                break;
+            }
+            let due = match e.slot.get() {
+                Slot::Filtering => break,
+                Slot::Unsent => true,
+                Slot::Delayed { until } => until <= now,
+                _ => false,
+            };
+            if !due {
+                continue;
+            }
+            if e.owner != 0 && !slow.contains(&e.owner) && slow.len() < 64 {
+                slow.push(e.owner);
+            }
+            if e.owner == 0 || e.owner != me {
+                n += 1;
+            }
+        }
+        (n, slow)
     }
 
     /// Whether there is something to send now (or a gap to report).

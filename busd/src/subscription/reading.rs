@@ -47,6 +47,16 @@ impl Subscription {
         self.in_flight
     }
 
+    /// The entries whose slot is in flight, counted (what `in_flight`
+    /// must always equal).
+    #[cfg(test)]
+    pub(super) fn in_flight_slots(&self) -> usize {
+        self.pending
+            .iter()
+            .filter(|e| matches!(e.slot.get(), Slot::InFlight { .. }))
+            .count()
+    }
+
     pub fn parked_len(&self) -> usize {
         self.parked.len()
     }

@@ -29,17 +29,32 @@ impl Subscription {
             .unwrap_or(Duration::ZERO)
     }
 
-    /// Explicit acks: in-flight events whose wait ran out at `now` are
-    /// delivered again, after their backoff step (counted from the expiry).
-    /// Returns whether any was.
-    pub(super) fn expire_in_flight(&mut self, wait: Duration, now: Instant) -> bool {
+    /// Explicit acks: in-flight events whose wait ran out at `now` (each
+    /// by the wait of the worker it went to, whoever pulls) are delivered
+    /// again, after their backoff step (counted from the expiry). With
+    /// other workers attached, an expired event keeps the id of the one it
+    /// expired on (`Entry::owner`): it goes to another. Returns whether any
+    /// expired.
+    pub(super) fn expire_in_flight(&mut self, now: Instant) -> bool {
         let mut first = None;
-        for i in 0..self.pending.len() {
-            let Slot::InFlight { since } = self.pending[i].slot.get() else {
+        let others = self.workers.len() > 1;
+        // In-flight events are at most the windows: stop after the last
+        // one instead of walking a backlog of unsent events on every pull
+        // (a work queue's backlog made each pull O(backlog)).
+        let mut left = self.in_flight;
+        let mut i = 0;
+        while left > 0 && i < self.pending.len() {
+            i += 1;
+            let Slot::InFlight { since } = self.pending[i - 1].slot.get() else {
                 continue;
             };
-            // Only the acting worker's (each worker has its own wait).
-            if since + wait > now || !self.in_flight_here(i) {
+            left -= 1;
+            let i = i - 1;
+            let owner = self.pending[i].owner;
+            let Some(wait) = self.workers.wait_of(owner) else {
+                continue;
+            };
+            if since + wait > now {
                 continue;
             }
             let step = self.backoff_step(self.pending[i].deliveries);
@@ -51,12 +66,40 @@ impl Subscription {
                 }
             });
             self.left_flight(i);
+            if others {
+                self.pending[i].owner = owner;
+            }
             first.get_or_insert(i);
         }
         if let Some(i) = first {
             self.reopen(i);
         }
         first.is_some()
+    }
+
+    /// What a consumer that takes nothing now (its connection's buffer is
+    /// full) still needs: in-flight events past their wait expire (as in a
+    /// pull), and when the next of the acting worker's does. Returns
+    /// whether any expired, and that time.
+    pub fn expire_held(&mut self, now: Instant) -> (bool, Option<Instant>) {
+        let expired = self.workers.any_explicit() && self.expire_in_flight(now);
+        let Some(wait) = self.explicit_wait() else {
+            return (expired, None);
+        };
+        let mut next: Option<Instant> = None;
+        let mut left = self.in_flight;
+        for i in 0..self.pending.len() {
+            if left == 0 {
+                break;
+            }
+            if let Slot::InFlight { since } = self.pending[i].slot.get() {
+                left -= 1;
+                if self.in_flight_here(i) {
+                    next = Some(next.map_or(since + wait, |n| n.min(since + wait)));
+                }
+            }
+        }
+        (expired, next)
     }
 
     /// Nack of the in-flight event `seq`: delivered again after `delay`, or

@@ -111,7 +111,7 @@ fn a_consumer_that_leaves_gives_its_events_to_the_others_marked_redelivered() {
 }
 
 #[test]
-fn each_consumer_has_its_own_ack_wait() {
+fn each_consumer_has_its_own_ack_wait_and_what_expires_goes_to_another() {
     let mut s = queue(4);
     let t = Instant::now();
     s.attach(1, 2, Some(Duration::from_secs(1)));
@@ -119,11 +119,70 @@ fn each_consumer_has_its_own_ack_wait() {
     assert_eq!(seqs(&pull_as(&mut s, 1, t)), [1, 2]);
     assert_eq!(seqs(&pull_as(&mut s, 2, t)), [3, 4]);
     let later = t + Duration::from_secs(5);
-    // Consumer 2's pull expires only its own (none are due), not 1's.
-    assert!(pull_as(&mut s, 2, later).is_empty());
-    assert_eq!(s.in_flight_of(1), 2);
-    // Consumer 1's expire and come to it again.
-    assert_eq!(pull_as(&mut s, 1, later), [(1, true), (2, true)]);
+    // Whoever pulls expires what waited past its own worker's wait:
+    // consumer 1's, not 2's (its wait is a minute).
+    assert!(
+        pull_as(&mut s, 2, later).is_empty(),
+        "no room in 2's window"
+    );
+    assert_eq!((s.in_flight_of(1), s.in_flight_of(2)), (0, 2));
+    // Consumer 1 does not take back what expired on it while 2 is here.
+    assert!(s.act_as(1));
+    let p = s.pull(10, 100, later);
+    assert!(p.events.is_empty() && p.left_for_others);
+    assert_eq!(s.others_with_credit().count(), 0, "2's window is full");
+    // 2 acks: it takes them, marked redelivered.
+    assert!(s.act_as(2));
+    assert_eq!(s.ack(4), [3, 4]);
+    assert_eq!(pull_as(&mut s, 2, later), [(1, true), (2, true)]);
+    // Alone, a consumer gets back what expired on it.
+    let mut one = queue(1);
+    one.attach(1, 2, Some(Duration::from_secs(1)));
+    assert_eq!(seqs(&pull_as(&mut one, 1, t)), [1]);
+    assert_eq!(pull_as(&mut one, 1, later), [(1, true)]);
+}
+
+#[test]
+fn a_job_goes_to_the_least_loaded_consumer() {
+    // Twelve jobs one by one to three consumers that never ack: 4 each,
+    // whoever pulls first.
+    let mut s = queue(0);
+    for c in 1..=3 {
+        s.attach(c, 16, Some(Duration::from_secs(60)));
+    }
+    let t = Instant::now();
+    let mut got = [0usize; 3];
+    for seq in 1..=12u64 {
+        assert!(s.offer(&ev(seq)).taken());
+        // Each is woken; the order they pull in turns.
+        for k in 0..3 {
+            let c = (seq as usize + k) % 3 + 1;
+            got[c - 1] += pull_as(&mut s, c as ConnId, t).len();
+        }
+    }
+    assert_eq!(got, [4, 4, 4]);
+    // A batch of 9 to the same three: 3 each, those left told to wake.
+    let mut s = queue(9);
+    for c in 1..=3 {
+        s.attach(c, 16, None);
+    }
+    assert!(s.act_as(1));
+    let p = s.pull(100, 100, t);
+    assert_eq!(p.events.len(), 3);
+    assert!(p.left_for_others);
+    assert_eq!(s.others_with_credit().collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(pull_as(&mut s, 3, t).len(), 3);
+    assert_eq!(pull_as(&mut s, 2, t).len(), 3);
+    // A full consumer does not count: the one with room takes the rest.
+    let mut s = queue(10);
+    s.attach(1, 2, None);
+    s.attach(2, 16, None);
+    assert_eq!(
+        pull_as(&mut s, 1, t).len(),
+        2,
+        "its window: its share is more"
+    );
+    assert_eq!(pull_as(&mut s, 2, t).len(), 8);
 }
 
 #[test]

@@ -6,6 +6,14 @@
 //! ([`Subscription::act_as`]) and touch only that worker's entries, so one
 //! worker never settles another's event. A worker that leaves gives back
 //! what it had in flight: the others take it, marked redelivered.
+//!
+//! Dispatch: a worker pulls at most its share ([`Workers::share`]) of the
+//! unsent events, water-filled over every worker with credit (the least
+//! loaded first, ties to the one pulling), so idle workers get work before
+//! a busy one takes more; the hub wakes the others for the rest. An event
+//! whose ack wait ran out on one worker keeps that worker's id
+//! (`Entry::owner`, while it waits to go again) and goes to another: back to
+//! the same worker only when it is the only one attached.
 
 use std::time::{Duration, Instant};
 
@@ -68,9 +76,100 @@ impl Workers {
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Worker> {
         self.list.iter_mut()
     }
+
+    pub(super) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The ack wait of worker `id`, when it acks one by one (ids are
+    /// pushed rising and never reused: the list is sorted by id).
+    pub(super) fn wait_of(&self, id: u32) -> Option<Duration> {
+        let i = self.list.binary_search_by_key(&id, |w| w.id).ok()?;
+        self.list[i].explicit
+    }
+
+    /// Some worker acks one by one (its events can expire).
+    pub(super) fn any_explicit(&self) -> bool {
+        self.list.iter().any(|w| w.explicit.is_some())
+    }
+
+    /// How many of `fresh` sendable events the acting worker takes now:
+    /// its part when they are water-filled over every worker with credit
+    /// (each next event to the one with the fewest in flight, within its
+    /// window; ties to the acting worker), but for the `slow` ones (an
+    /// event expired on them lately): they take only when no other worker
+    /// has room. At least one when the acting worker is the least loaded
+    /// of those and `fresh > 0`.
+    pub(super) fn share(&self, fresh: usize, slow: &[u32]) -> usize {
+        let Some(me) = self.acting() else {
+            return 0;
+        };
+        let room = me.window.saturating_sub(me.in_flight);
+        let with_room = |w: &&Worker| w.in_flight < w.window;
+        let mut open: Vec<(usize, usize)> = self
+            .list
+            .iter()
+            .filter(with_room)
+            .filter(|w| !slow.contains(&w.id))
+            .map(|w| (w.in_flight, w.window))
+            .collect();
+        if slow.contains(&me.id) {
+            if !open.is_empty() {
+                return 0;
+            }
+            open = self
+                .list
+                .iter()
+                .filter(with_room)
+                .map(|w| (w.in_flight, w.window))
+                .collect();
+        }
+        if room == 0 || open.len() <= 1 {
+            return room.min(fresh);
+        }
+        // Events given out once every open worker is filled up to `level`.
+        let filled = |level: usize| -> usize {
+            open.iter()
+                .map(|&(f, w)| level.clamp(f, w) - f)
+                .sum::<usize>()
+        };
+        let (mut lo, mut hi) = (
+            open.iter().map(|o| o.0).min().unwrap_or(0),
+            open.iter().map(|o| o.1).max().unwrap_or(0),
+        );
+        if filled(hi) <= fresh {
+            return room;
+        }
+        // The highest level whose fill fits in `fresh` (filled(lo) = 0).
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if filled(mid) <= fresh {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let mut mine = lo.clamp(me.in_flight, me.window) - me.in_flight;
+        // What is left goes one each to those at the level: the acting
+        // worker first.
+        if fresh > filled(lo) && me.in_flight <= lo && lo < me.window {
+            mine += 1;
+        }
+        mine.min(room)
+    }
 }
 
 impl Subscription {
+    /// The consumers other than the one acted for that have room in their
+    /// window (to wake when events are left for them).
+    pub fn others_with_credit(&self) -> impl Iterator<Item = ConnId> + '_ {
+        let me = self.workers.acting_id();
+        self.workers
+            .iter()
+            .filter(move |w| w.id != me && w.in_flight < w.window)
+            .map(|w| w.conn)
+    }
+
     /// The consumer attached, or with shared delivery the first of them.
     pub fn consumer(&self) -> Option<ConnId> {
         self.workers.iter().next().map(|w| w.conn)

@@ -1,0 +1,223 @@
+//! A work queue's promise when its workers are unequal: jobs go to the
+//! least loaded worker, and a job a worker cannot finish goes to another at
+//! once — when it is killed, stopped (SIGSTOP) past its ack wait, or alive
+//! but never acking — never back to it while another worker is attached;
+//! `stop --subscribe-id` stops every worker.
+
+use std::time::{Duration, Instant};
+
+use dws_tests::{common::subscribe_ok, Child, Sig, TestEnv, EXIT_TIMEOUT};
+use serde_json::Value;
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn queue() -> TestEnv {
+    let env = TestEnv::new();
+    subscribe_ok(
+        &env,
+        &["job.*", "--id", "work", "--delivery", "shared"],
+        "work",
+    );
+    env
+}
+
+/// A worker with explicit acks that acks nothing unless the test says so.
+fn worker(env: &TestEnv, extra: &[&str]) -> Child {
+    let mut a = vec![
+        "event",
+        "consume",
+        "--subscribe-id",
+        "work",
+        "--ack",
+        "explicit",
+    ];
+    a.extend_from_slice(extra);
+    let mut c = env.dws(&a).stdin_pipe().spawn();
+    c.wait_ready();
+    c
+}
+
+fn publish_jobs(env: &TestEnv, n: usize) {
+    for i in 0..n {
+        env.publish("job.x", &format!("{{\"n\":{i}}}"), &[]);
+    }
+}
+
+/// The (seq, redelivered) of each line a worker printed so far.
+fn lines(c: &Child) -> Vec<(u64, bool)> {
+    c.stdout_so_far()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| {
+            (
+                v["seq"].as_u64().unwrap_or(0),
+                v["redelivered"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+/// Waits until the workers together printed `n` lines; returns each one's.
+fn wait_total(workers: &[&Child], n: usize, within: Duration, what: &str) -> Vec<Vec<(u64, bool)>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let got: Vec<_> = workers.iter().map(|c| lines(c)).collect();
+        if got.iter().map(Vec::len).sum::<usize>() >= n {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {n} lines wanted within {within:?}, got {:?}",
+            got.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn jobs_published_one_by_one_go_to_the_least_loaded_worker() {
+    let env = queue();
+    let ws: Vec<Child> = (0..3).map(|_| worker(&env, &[])).collect();
+    publish_jobs(&env, 12);
+    let got = wait_total(&ws.iter().collect::<Vec<_>>(), 12, LONG, "12 jobs");
+    let counts: Vec<usize> = got.iter().map(Vec::len).collect();
+    assert!(
+        counts.iter().all(|&n| (3..=5).contains(&n)),
+        "4 each (±1): {counts:?}"
+    );
+}
+
+/// One worker holds 8 jobs while three others attach and idle; `hold`
+/// then makes it unable to finish them.
+fn held_then(hold: impl FnOnce(&mut Child), wait: &str, within: Duration) {
+    let env = queue();
+    let mut slow = worker(&env, &["--ack-wait", wait]);
+    publish_jobs(&env, 8);
+    slow.wait_stdout_lines(8, LONG);
+    let others: Vec<Child> = (0..3).map(|_| worker(&env, &[])).collect();
+    hold(&mut slow);
+    let started = Instant::now();
+    let got = wait_total(
+        &others.iter().collect::<Vec<_>>(),
+        8,
+        within,
+        "the held jobs on the others",
+    );
+    let mut seqs: Vec<u64> = got.iter().flatten().map(|(s, _)| *s).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=8).collect::<Vec<_>>(), "{got:?}");
+    assert!(
+        got.iter().flatten().all(|(_, r)| *r),
+        "marked redelivered: {got:?}"
+    );
+    assert!(
+        got.iter().filter(|g| !g.is_empty()).count() >= 2,
+        "spread over the idle workers: {got:?}"
+    );
+    eprintln!("taken over in {:?}", started.elapsed());
+}
+
+#[test]
+fn a_killed_workers_jobs_go_to_the_idle_ones_at_once() {
+    held_then(|c| c.signal(Sig::SIGKILL), "1h", Duration::from_secs(5));
+}
+
+#[test]
+fn a_stopped_workers_jobs_go_to_the_others_after_its_ack_wait() {
+    held_then(|c| c.signal(Sig::SIGSTOP), "2s", Duration::from_secs(2 + 3));
+}
+
+#[test]
+fn a_live_worker_that_never_acks_gets_none_of_its_jobs_back_while_others_can_take_them() {
+    let env = queue();
+    let mut hung = worker(&env, &["--ack-wait", "1s"]);
+    publish_jobs(&env, 4);
+    hung.wait_stdout_lines(4, LONG);
+    let mut ok = worker(&env, &[]);
+    // The healthy worker acks what it gets: all four, once each.
+    let mut acked = 0;
+    let deadline = Instant::now() + Duration::from_secs(1 + 3);
+    while acked < 4 {
+        let got = lines(&ok);
+        for (seq, redelivered) in &got[acked..] {
+            assert!(redelivered, "{got:?}");
+            ok.write_stdin(format!("ack {seq}\n").as_bytes());
+        }
+        acked = got.len();
+        assert!(Instant::now() < deadline, "only {got:?} taken over");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Three more ack waits: nothing comes back to the hung worker.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(lines(&hung).len(), 4, "{:?}", hung.stdout_so_far());
+    assert_eq!(lines(&ok).len(), 4, "{:?}", ok.stdout_so_far());
+}
+
+#[test]
+fn stop_by_subscription_stops_every_worker() {
+    let env = queue();
+    let ws: Vec<Child> = (0..4).map(|_| worker(&env, &[])).collect();
+    let dry = env
+        .dws(["event", "stop", "--subscribe-id", "work", "--dry-run"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    dry.assert_code(0);
+    for w in &ws {
+        assert!(
+            dry.stdout.contains(&w.pid().to_string()),
+            "the dry run names pid {}\n{dry}",
+            w.pid()
+        );
+    }
+    let out = env
+        .dws(["event", "stop", "--subscribe-id", "work"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_code(0);
+    // Each worker ends (a wait that times out fails with what it printed).
+    for w in ws {
+        w.wait_exit(LONG);
+    }
+}
+
+#[test]
+fn a_stopped_worker_whose_buffer_is_full_still_gives_its_jobs_up_after_its_ack_wait() {
+    let env = queue();
+    // Its lines as bytes (the line ring would hold them outside the
+    // buffer).
+    let mut slow = env
+        .dws([
+            "event",
+            "consume",
+            "--subscribe-id",
+            "work",
+            "--ack",
+            "explicit",
+            "--ack-wait",
+            "2s",
+        ])
+        .env("DWS_LINE_RING", "off")
+        .stdin_pipe()
+        .spawn();
+    slow.wait_ready();
+    slow.signal(Sig::SIGSTOP);
+    // 10 jobs of 60 KiB: more than the stopped worker's socket and the
+    // bus's buffer for it hold, so the bus stops writing to it.
+    let pad = "j".repeat(60 * 1024);
+    let input: String = (0..10)
+        .map(|i| format!("{{\"n\":{i},\"pad\":\"{pad}\"}}\n"))
+        .collect();
+    env.dws(["event", "publish", "job.x", "--lines"])
+        .stdin_bytes(input.into_bytes())
+        .run_with_timeout(LONG)
+        .assert_code(0);
+    let others: Vec<Child> = (0..2).map(|_| worker(&env, &[])).collect();
+    let got = wait_total(
+        &others.iter().collect::<Vec<_>>(),
+        10,
+        Duration::from_secs(2 + 5),
+        "every job on the live workers",
+    );
+    let mut seqs: Vec<u64> = got.iter().flatten().map(|(s, _)| *s).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=10).collect::<Vec<_>>(), "{got:?}");
+    slow.signal(Sig::SIGCONT);
+}
