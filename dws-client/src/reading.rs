@@ -170,9 +170,21 @@ fn row(s: &Value) -> [String; 6] {
         Some(seq) => format!("{}@{seq}", text("state")),
         None => text("state"),
     };
-    let consumer = match s.get("attached_pid").and_then(Value::as_u64) {
-        Some(pid) => format!("pid {pid}"),
-        None => "detached".into(),
+    // Every worker of a shared subscription, not only the first.
+    let pids: Vec<String> = s
+        .get("workers")
+        .and_then(Value::as_array)
+        .map(|w| {
+            w.iter()
+                .filter_map(|w| w.get("pid").and_then(Value::as_u64))
+                .map(|p| p.to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let consumer = match (pids.len(), s.get("attached_pid").and_then(Value::as_u64)) {
+        (n, _) if n > 1 => format!("{n}: pid {}", pids.join(",")),
+        (_, Some(pid)) => format!("pid {pid}"),
+        _ => "detached".into(),
     };
     [
         text("id"),
@@ -212,6 +224,18 @@ pub fn key_values(entry: &Value, now_ms: i64) -> String {
                 return format!("{name}: {shown}\n");
             }
             match (k.as_str(), v) {
+                ("workers", Value::Array(w)) if w.is_empty() => "workers: -\n".into(),
+                ("workers", Value::Array(w)) => format!(
+                    "workers: {}\n",
+                    w.iter()
+                        .map(|w| format!(
+                            "pid {} ({} in flight)",
+                            w.get("pid").unwrap_or(&Value::Null),
+                            w.get("in_flight").unwrap_or(&Value::Null)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 ("halted", Value::Object(h)) => format!(
                     "halted: at seq {} (event {}) after {}, since {}\n",
                     h.get("seq").unwrap_or(&Value::Null),

@@ -407,6 +407,16 @@ pub fn render(doc: &StatusDoc) -> String {
             .iter()
             .map(|x| {
                 let attached = match x.attached_pid {
+                    // A work queue's every worker.
+                    Some(_) if x.workers.len() > 1 => format!(
+                        "{}: pid {}",
+                        x.workers.len(),
+                        x.workers
+                            .iter()
+                            .map(|w| w.pid.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
                     Some(pid) => format!("pid {pid}"),
                     None => format!("detached {}", ago(now, x.detached_since_unix_ms)),
                 };

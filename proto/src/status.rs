@@ -278,6 +278,15 @@ pub struct ConsumerDoc {
     pub in_flight: u64,
 }
 
+/// One consumer attached to a subscription: its pid and how many events
+/// it holds unacked.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerStatus {
+    pub pid: u32,
+    pub in_flight: u64,
+}
+
 /// One subscription in the status document.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -287,11 +296,14 @@ pub struct SubscriptionStatus {
     pub filter: Option<String>,
     pub owned: bool,
     pub upstream_subscription_id: Option<String>,
-    /// `single` (one consumer at a time) or `shared` (a work queue: each
-    /// event to one of its consumers).
+    /// `per-host` (one consumer at a time; on a cluster, each host's
+    /// consumers get every event) or `shared` (a work queue: each event to
+    /// one of its consumers): the words of `subscribe --delivery`.
     pub delivery: String,
     /// Consumers attached now (more than one only when shared).
     pub consumers: u64,
+    /// Each of them, in the order they attached.
+    pub workers: Vec<WorkerStatus>,
     /// The first of them (the only one unless shared).
     pub attached_pid: Option<u32>,
     pub detached_since_unix_ms: Option<i64>,

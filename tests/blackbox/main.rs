@@ -87,7 +87,8 @@
 //!   by several consumers, checked over a run with kill -9 of a consumer
 //!   and of the bus; [`work_workers`]: its workers unequal (least loaded
 //!   first; a killed, stopped or hung worker's jobs to the others; `stop`
-//!   of every worker).
+//!   of every worker); [`work_checker`]: a checker over runs with a
+//!   healthy, a hung, a stopped and a killed worker.
 //! - [`workdir`]: the work dir, socket dir and bus files against planted
 //!   symlinks, loose modes and foreign owners (exit 3, targets untouched).
 //! - [`where_filter`]: `--where EXPR`, a jq expression on the event run by
@@ -140,6 +141,7 @@ mod test_ca;
 mod where_filter;
 mod where_limits;
 mod wire;
+mod work_checker;
 mod work_queue;
 mod work_workers;
 mod workdir;

@@ -221,3 +221,128 @@ fn a_stopped_worker_whose_buffer_is_full_still_gives_its_jobs_up_after_its_ack_w
     assert_eq!(seqs, (1..=10).collect::<Vec<_>>(), "{got:?}");
     slow.signal(Sig::SIGCONT);
 }
+
+#[test]
+fn a_work_queues_bytes_in_flight_stay_within_retentions_byte_bound() {
+    // 1 MiB of retention; four workers with windows of 1,000 that never
+    // ack; 40 jobs of 64 KiB (2.5 MiB).
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_RETENTION_BYTES", "1048576")]);
+    subscribe_ok(
+        &env,
+        &["job.*", "--id", "work", "--delivery", "shared"],
+        "work",
+    );
+    let ws: Vec<Child> = (0..4)
+        .map(|_| worker(&env, &["--max-in-flight", "1000"]))
+        .collect();
+    let pad = "j".repeat(64 * 1024);
+    let input: String = (0..40)
+        .map(|i| format!("{{\"n\":{i},\"pad\":\"{pad}\"}}\n"))
+        .collect();
+    env.dws(["event", "publish", "job.x", "--lines"])
+        .stdin_bytes(input.into_bytes())
+        .run_with_timeout(LONG)
+        .assert_code(0);
+    std::thread::sleep(Duration::from_millis(500));
+    let st = env.status();
+    let work = dws_tests::common::listed(&st, "work");
+    let in_flight = work["in_flight"].as_u64().unwrap_or(0);
+    // 1 MiB holds 15 of these events (each a little over 64 KiB); one
+    // more may go when none is in flight.
+    assert!((1..=16).contains(&in_flight), "{work:#}");
+    let printed: usize = ws.iter().map(|w| lines(w).len()).sum();
+    assert_eq!(printed as u64, in_flight, "{work:#}");
+}
+
+#[test]
+fn list_and_info_show_every_worker_and_delivery_in_the_flags_words() {
+    let env = queue();
+    env.subscribe(&["job.*", "--id", "solo"]);
+    let ws: Vec<Child> = (0..4).map(|_| worker(&env, &[])).collect();
+    publish_jobs(&env, 4);
+    wait_total(&ws.iter().collect::<Vec<_>>(), 4, LONG, "4 jobs");
+    let list = env
+        .dws(["event", "subscription", "list"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    list.assert_code(0);
+    let row = list
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("work "))
+        .unwrap_or_else(|| panic!("a row for work\n{list}"));
+    for w in &ws {
+        assert!(row.contains(&w.pid().to_string()), "{row}");
+    }
+    assert!(row.contains("4: pid "), "{row}");
+    let info = env
+        .dws(["event", "subscription", "info", "work"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    info.assert_code(0);
+    assert!(info.stdout.contains("delivery: shared\n"), "{info}");
+    for w in &ws {
+        assert!(
+            info.stdout
+                .contains(&format!("pid {} (1 in flight)", w.pid())),
+            "{info}"
+        );
+    }
+    let json = env
+        .dws(["event", "subscription", "info", "work", "--format", "json"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    let v: Value = serde_json::from_str(json.stdout.trim()).expect("JSON");
+    assert_eq!(v["workers"].as_array().map(Vec::len), Some(4), "{v:#}");
+    let solo = env
+        .dws(["event", "subscription", "info", "solo"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    assert!(solo.stdout.contains("delivery: per-host\n"), "{solo}");
+    assert!(solo.stdout.contains("workers: -\n"), "{solo}");
+}
+
+/// The fenced block of docs/guide.md in `lang` whose text holds `marker`.
+fn guide_block(lang: &str, marker: &str) -> String {
+    let guide = std::fs::read_to_string(dws_tests::common::repo().join("docs/guide.md"))
+        .expect("docs/guide.md");
+    let fence = format!("```{lang}\n");
+    guide
+        .split(&fence)
+        .skip(1)
+        .filter_map(|b| b.split("```\n").next())
+        .find(|b| b.contains(marker))
+        .unwrap_or_else(|| panic!("no {lang} block with {marker} in docs/guide.md"))
+        .to_owned()
+}
+
+#[test]
+fn the_guides_worker_loops_run_as_written() {
+    let env = queue();
+    let dir = env.root().join("workers");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let sh = dir.join("worker.sh");
+    let py = dir.join("worker.py");
+    std::fs::write(&sh, guide_block("bash", "worker.sh")).expect("write");
+    std::fs::write(&py, guide_block("python", "worker.py")).expect("write");
+    let python_path = dws_tests::common::repo().join("python");
+    let workers: Vec<Child> = vec![
+        env.command("bash", [sh.as_os_str()]).spawn(),
+        env.command("bash", [sh.as_os_str()]).spawn(),
+        env.command("python3", [py.as_os_str()])
+            .env("PYTHONPATH", &python_path)
+            .spawn(),
+    ];
+    env.wait_status(LONG, "three workers", |st| {
+        dws_tests::common::listed(st, "work")["consumers"] == 3
+    });
+    publish_jobs(&env, 6);
+    // Six jobs of a second each over three workers: all acked in a few
+    // seconds, and each worker did some.
+    let st = env.wait_status(LONG, "every job acked", |st| {
+        let w = dws_tests::common::listed(st, "work");
+        w["acked"] == 6 && w["pending"] == 0
+    });
+    let work = dws_tests::common::listed(&st, "work");
+    assert_eq!(work["redelivered"], 0, "{work:#}");
+    for w in &workers {
+        let said = w.stderr_so_far().join("\n");
+        assert!(said.contains("working on"), "each worker works: {said}");
+    }
+}

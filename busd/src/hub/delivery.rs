@@ -170,6 +170,7 @@ impl Hub {
         if !sub.act_as(conn) {
             return (None, None);
         }
+        sub.bound_in_flight_bytes(self.shared.config.retention.max_bytes);
         let pulled = sub.pull_within(max_events, max_bytes, head, Instant::now());
         // Events left for the other workers of a shared subscription (past
         // this one's share, or expired on it): those with room pull now.

@@ -9,7 +9,7 @@
 use proto::{
     status::{
         BusDoc, DamageDoc, EventTypeDoc, HaltedDoc, LogDoc, RefusedDoc, SourceDoc, StatusDoc,
-        StoreDoc, SubscriptionStatus, SubscriptionTotalsDoc, TruncatedDoc,
+        StoreDoc, SubscriptionStatus, SubscriptionTotalsDoc, TruncatedDoc, WorkerStatus,
     },
     v1,
 };
@@ -190,8 +190,15 @@ impl Hub {
                     filter: non_empty(s.selector.filter_str()),
                     owned: s.owned,
                     upstream_subscription_id: s.upstream_id.clone(),
-                    delivery: if s.shared { "shared" } else { "single" }.into(),
+                    delivery: if s.shared { "shared" } else { "per-host" }.into(),
                     consumers: s.consumers().count() as u64,
+                    workers: s
+                        .consumers()
+                        .map(|c| WorkerStatus {
+                            pid: st.registry.conn(c).map_or(0, |c| c.pid()),
+                            in_flight: s.in_flight_of(c) as u64,
+                        })
+                        .collect(),
                     attached_pid: s
                         .consumer()
                         .and_then(|c| st.registry.conn(c))

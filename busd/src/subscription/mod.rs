@@ -180,6 +180,11 @@ pub struct Subscription {
     /// (the stored counters have them): not counted again.
     counted_through: u64,
     in_flight: usize,
+    /// The encoded bytes of the events in flight (they are pinned).
+    in_flight_bytes: usize,
+    /// Shared delivery: past this many bytes in flight no worker takes
+    /// more (but one event) until some are acked (retention's byte bound).
+    max_in_flight_bytes: usize,
     parked: VecDeque<Parked>,
     /// Highest seq ever sent: anything at or below it that is sent again is
     /// marked redelivered.
@@ -266,6 +271,8 @@ impl Subscription {
             where_last: None,
             counted_through: 0,
             in_flight: 0,
+            in_flight_bytes: 0,
+            max_in_flight_bytes: usize::MAX,
             parked: VecDeque::new(),
             max_sent_seq: 0,
             acked_through: start_after,
@@ -404,7 +411,6 @@ impl Subscription {
         }
         // Explicit acks: what waited too long goes out again (after its
         // backoff step), whichever worker it waited on.
-        let explicit = self.explicit_wait();
         let me = self.workers.acting_id();
         if self.workers.any_explicit() {
             out.expired = self.expire_in_flight(now);
@@ -413,18 +419,12 @@ impl Subscription {
         // and none that expired on it while another is attached.
         let others = self.workers.len() > 1;
         let mut fresh_left = if others {
-            let (fresh, slow) = self.fresh_sendable(me, now);
-            self.workers.share(fresh, &slow)
+            let fresh = self.fresh_sendable(me, now);
+            self.workers.share(fresh)
         } else {
             usize::MAX
         };
-        // With explicit acks every in-flight event's wait counts for
-        // `next_due`: look at all of them.
-        let mut i = if explicit.is_some() {
-            0
-        } else {
-            self.scan_from.min(self.pending.len())
-        };
+        let mut i = self.scan_from.min(self.pending.len());
         // The first entry passed that stays sendable (a delayed one).
         let mut still_open: Option<usize> = None;
         while i < self.pending.len() {
@@ -437,14 +437,7 @@ impl Subscription {
                     still_open.get_or_insert(i);
                     false
                 }
-                Slot::InFlight { since } => {
-                    if let Some(wait) = explicit.filter(|_| entry.owner == me) {
-                        let at = since + wait;
-                        out.next_due = Some(out.next_due.map_or(at, |d| d.min(at)));
-                    }
-                    false
-                }
-                Slot::Acked => false,
+                Slot::InFlight { .. } | Slot::Acked => false,
                 // In seq order: nothing after it goes before its verdict.
                 Slot::Filtering => break,
             };
@@ -463,6 +456,14 @@ impl Subscription {
                 || !self.has_credit()
                 || out.events.len() >= max
                 || bytes >= max_bytes
+            {
+                break;
+            }
+            // Shared: the subscription's pinned bytes are bounded (one
+            // event always goes).
+            let len = entry.event.encoded.len();
+            if self.in_flight_bytes > 0
+                && self.in_flight_bytes.saturating_add(len) > self.max_in_flight_bytes
             {
                 break;
             }
@@ -514,6 +515,10 @@ impl Subscription {
             fresh_left = fresh_left.saturating_sub(1);
             i += 1;
         }
+        // With explicit acks, the first of this worker's waits to run out.
+        if let Some(at) = self.next_expiry_here() {
+            out.next_due = Some(out.next_due.map_or(at, |d| d.min(at)));
+        }
         // Everything before `i` is now in flight or acked, but for a delayed
         // entry passed on the way.
         self.scan_from = still_open.unwrap_or(i).min(i);
@@ -540,6 +545,7 @@ impl Subscription {
 
     fn ack_entry(&mut self, i: usize) -> bool {
         if self.in_flight_here(i) {
+            self.alive();
             self.pending[i].slot.set(Slot::Acked);
             self.left_flight(i);
             self.acked_in_queue += 1;
@@ -605,41 +611,6 @@ impl Subscription {
         } else {
             false
         }
-    }
-
-    /// Sendable events worker `me` may take (all but those that expired on
-    /// it), counted up to what the workers' windows have room for, and the
-    /// workers that events expired on lately (the `slow`): what
-    /// [`workers::Workers::share`] splits.
-    fn fresh_sendable(&self, me: u32, now: Instant) -> (usize, Vec<u32>) {
-        let room: usize = self
-            .workers
-            .iter()
-            .map(|w| w.window.saturating_sub(w.in_flight))
-            .sum();
-        let mut n = 0;
-        let mut slow = Vec::new();
-        for e in self.pending.range(self.scan_from.min(self.pending.len())..) {
-            if n >= room {
-                break;
-            }
-            let due = match e.slot.get() {
-                Slot::Filtering => break,
-                Slot::Unsent => true,
-                Slot::Delayed { until } => until <= now,
-                _ => false,
-            };
-            if !due {
-                continue;
-            }
-            if e.owner != 0 && !slow.contains(&e.owner) && slow.len() < 64 {
-                slow.push(e.owner);
-            }
-            if e.owner == 0 || e.owner != me {
-                n += 1;
-            }
-        }
-        (n, slow)
     }
 
     /// Whether there is something to send now (or a gap to report).

@@ -165,6 +165,7 @@ proptest! {
             let c = s.counters;
             // What `ack` and `expire_in_flight` stop by.
             prop_assert_eq!(s.in_flight(), s.in_flight_slots());
+            prop_assert_eq!(s.in_flight_bytes(), s.in_flight_slot_bytes());
             prop_assert_eq!(c.matched, c.acked + s.pending_len() as u64 + c.lost + c.parked);
             prop_assert_eq!(c.acked, acked.len() as u64);
             prop_assert!(s.pending_len() <= retention + window + s.delayed().0);

@@ -57,6 +57,17 @@ impl Subscription {
             .count()
     }
 
+    /// The encoded bytes of the entries whose slot is in flight (what
+    /// `in_flight_bytes` must always equal).
+    #[cfg(test)]
+    pub(super) fn in_flight_slot_bytes(&self) -> usize {
+        self.pending
+            .iter()
+            .filter(|e| matches!(e.slot.get(), Slot::InFlight { .. }))
+            .map(|e| e.event.encoded.len())
+            .sum()
+    }
+
     pub fn parked_len(&self) -> usize {
         self.parked.len()
     }

@@ -66,6 +66,7 @@ impl Subscription {
                 }
             });
             self.left_flight(i);
+            self.stalled(owner);
             if others {
                 self.pending[i].owner = owner;
             }
@@ -83,9 +84,14 @@ impl Subscription {
     /// whether any expired, and that time.
     pub fn expire_held(&mut self, now: Instant) -> (bool, Option<Instant>) {
         let expired = self.workers.any_explicit() && self.expire_in_flight(now);
-        let Some(wait) = self.explicit_wait() else {
-            return (expired, None);
-        };
+        (expired, self.next_expiry_here())
+    }
+
+    /// When the first in-flight event of the worker acted for runs out of
+    /// its ack wait (explicit acks; `None` otherwise or without one). Its
+    /// connection wakes then, however little it takes.
+    pub(super) fn next_expiry_here(&self) -> Option<Instant> {
+        let wait = self.explicit_wait()?;
         let mut next: Option<Instant> = None;
         let mut left = self.in_flight;
         for i in 0..self.pending.len() {
@@ -99,7 +105,7 @@ impl Subscription {
                 }
             }
         }
-        (expired, next)
+        next
     }
 
     /// Nack of the in-flight event `seq`: delivered again after `delay`, or
@@ -129,6 +135,7 @@ impl Subscription {
         }
         self.pending[i].slot.set(Slot::InFlight { since: now });
         self.gaps.read_past(sent);
+        self.alive();
         true
     }
 

@@ -159,7 +159,11 @@ fn a_delayed_event_keeps_its_due_time_across_a_restore() {
         [(2, true, 2)],
         "the one in flight comes again at once"
     );
-    assert_eq!(p.next_due, Some(later + 40 * S));
+    assert_eq!(
+        p.next_due,
+        Some(later + 30 * S),
+        "2's ack wait (from now) comes before 1's due time"
+    );
     let p = r.pull(10, 2, later);
     assert_eq!(p.next_due, Some(later + 30 * S), "2's ack wait comes first");
     assert!(r.ack_one(2));

@@ -224,3 +224,35 @@ fn a_consumer_that_attaches_again_on_its_connection_is_one_consumer() {
     assert_eq!(s.consumers().count(), 1);
     assert_eq!(s.in_flight(), 0, "its events came back");
 }
+
+#[test]
+fn a_worker_whose_event_expired_takes_work_only_when_no_other_has_room_until_it_acks() {
+    let mut s = queue(1);
+    let t = Instant::now();
+    s.attach(1, 4, Some(Duration::from_secs(1)));
+    assert_eq!(seqs(&pull_as(&mut s, 1, t)), [1]);
+    s.attach(2, 1, Some(Duration::from_secs(60)));
+    s.attach(3, 4, Some(Duration::from_secs(60)));
+    let later = t + Duration::from_secs(2);
+    // 1's event expires; 3 takes it (2 has room too: ties to the puller).
+    assert_eq!(pull_as(&mut s, 3, later), [(1, true)]);
+    for seq in 2..=4 {
+        assert!(s.offer(&ev(seq)).taken());
+    }
+    // Stalled, 1 takes nothing while 2 and 3 have room, though it has
+    // the fewest in flight.
+    assert!(pull_as(&mut s, 1, later).is_empty());
+    assert_eq!(s.others_with_credit().collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(seqs(&pull_as(&mut s, 2, later)), [2]);
+    assert_eq!(seqs(&pull_as(&mut s, 3, later)), [3, 4]);
+    // 2 is full; 3 has room: 1 still waits. 3 full: then 1 may.
+    assert!(s.offer(&ev(5)).taken());
+    assert!(pull_as(&mut s, 1, later).is_empty());
+    assert_eq!(seqs(&pull_as(&mut s, 3, later)), [5]);
+    assert!(s.offer(&ev(6)).taken());
+    assert_eq!(seqs(&pull_as(&mut s, 1, later)), [6], "no other has room");
+    // An ack: 1 is alive again and takes its share.
+    assert!(s.ack_one(6));
+    assert!(s.offer(&ev(7)).taken());
+    assert_eq!(seqs(&pull_as(&mut s, 1, later)), [7]);
+}

@@ -37,6 +37,10 @@ pub(super) struct Worker {
     pub(super) halt_told: bool,
     /// Told of a `--where` failure past a limit.
     pub(super) where_told: bool,
+    /// An event's ack wait ran out on it, and it acked nothing since
+    /// (hung, stopped, or slow without `progress`): it takes work only
+    /// when no other worker has room.
+    pub(super) stalled: bool,
 }
 
 /// The attached consumers, and which one a call acts for.
@@ -96,11 +100,11 @@ impl Workers {
     /// How many of `fresh` sendable events the acting worker takes now:
     /// its part when they are water-filled over every worker with credit
     /// (each next event to the one with the fewest in flight, within its
-    /// window; ties to the acting worker), but for the `slow` ones (an
-    /// event expired on them lately): they take only when no other worker
-    /// has room. At least one when the acting worker is the least loaded
-    /// of those and `fresh > 0`.
-    pub(super) fn share(&self, fresh: usize, slow: &[u32]) -> usize {
+    /// window; ties to the acting worker), but for the stalled ones
+    /// ([`Worker::stalled`]): they take only when no other worker has
+    /// room. At least one when the acting worker is the least loaded of
+    /// those and `fresh > 0`.
+    pub(super) fn share(&self, fresh: usize) -> usize {
         let Some(me) = self.acting() else {
             return 0;
         };
@@ -110,10 +114,10 @@ impl Workers {
             .list
             .iter()
             .filter(with_room)
-            .filter(|w| !slow.contains(&w.id))
+            .filter(|w| !w.stalled)
             .map(|w| (w.in_flight, w.window))
             .collect();
-        if slow.contains(&me.id) {
+        if me.stalled {
             if !open.is_empty() {
                 return 0;
             }
@@ -161,12 +165,16 @@ impl Workers {
 
 impl Subscription {
     /// The consumers other than the one acted for that have room in their
-    /// window (to wake when events are left for them).
+    /// window (to wake when events are left for them): those not stalled,
+    /// or when none is, the stalled ones.
     pub fn others_with_credit(&self) -> impl Iterator<Item = ConnId> + '_ {
         let me = self.workers.acting_id();
+        let room = move |w: &&Worker| w.id != me && w.in_flight < w.window;
+        let live = self.workers.iter().filter(room).any(|w| !w.stalled);
         self.workers
             .iter()
-            .filter(move |w| w.id != me && w.in_flight < w.window)
+            .filter(room)
+            .filter(move |w| !live || !w.stalled)
             .map(|w| w.conn)
     }
 
@@ -224,6 +232,7 @@ impl Subscription {
             in_flight: 0,
             halt_told: false,
             where_told: false,
+            stalled: false,
         });
         self.workers.acting = self.workers.list.len() - 1;
         self.detached_at = None;
@@ -274,6 +283,47 @@ impl Subscription {
         }
     }
 
+    /// Sendable events worker `me` may take (all but those that expired on
+    /// it), counted up to what the workers' windows have room for: what
+    /// [`Workers::share`] splits.
+    pub(super) fn fresh_sendable(&self, me: u32, now: Instant) -> usize {
+        let room: usize = self
+            .workers
+            .iter()
+            .map(|w| w.window.saturating_sub(w.in_flight))
+            .sum();
+        let mut n = 0;
+        for e in self.pending.range(self.scan_from.min(self.pending.len())..) {
+            if n >= room {
+                break;
+            }
+            let due = match e.slot.get() {
+                Slot::Filtering => break,
+                Slot::Unsent => true,
+                Slot::Delayed { until } => until <= now,
+                _ => false,
+            };
+            if due && (e.owner == 0 || e.owner != me) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Worker `id` let an event's ack wait run out: stalled until it acks.
+    pub(super) fn stalled(&mut self, id: u32) {
+        if let Some(w) = self.workers.by_id_mut(id) {
+            w.stalled = true;
+        }
+    }
+
+    /// The worker acted for acked or showed progress: not stalled.
+    pub(super) fn alive(&mut self) {
+        if let Some(w) = self.workers.acting_mut() {
+            w.stalled = false;
+        }
+    }
+
     /// `pending[i]` is in flight to the worker acted for.
     pub(super) fn in_flight_here(&self, i: usize) -> bool {
         let e = &self.pending[i];
@@ -284,6 +334,9 @@ impl Subscription {
     /// the caller): the counts of the subscription and of its owner.
     pub(super) fn left_flight(&mut self, i: usize) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        self.in_flight_bytes = self
+            .in_flight_bytes
+            .saturating_sub(self.pending[i].event.encoded.len());
         let owner = std::mem::take(&mut self.pending[i].owner);
         if let Some(w) = self.workers.by_id_mut(owner) {
             w.in_flight = w.in_flight.saturating_sub(1);
@@ -293,6 +346,7 @@ impl Subscription {
     /// `pending[i]` goes out now to the worker acted for.
     pub(super) fn took_flight(&mut self, i: usize) {
         self.in_flight += 1;
+        self.in_flight_bytes += self.pending[i].event.encoded.len();
         let id = self.workers.acting_id();
         self.pending[i].owner = id;
         if let Some(w) = self.workers.acting_mut() {
@@ -304,6 +358,7 @@ impl Subscription {
     /// back what it held).
     pub(super) fn none_in_flight(&mut self) {
         self.in_flight = 0;
+        self.in_flight_bytes = 0;
         for w in self.workers.iter_mut() {
             w.in_flight = 0;
         }
@@ -328,6 +383,20 @@ impl Subscription {
             return self.window;
         }
         self.workers.iter().map(|w| w.window).sum()
+    }
+
+    /// Shared delivery: the events in flight to all its workers together
+    /// stay within `max` encoded bytes (but one event), however many
+    /// workers and windows; a worker finds no more until some are acked.
+    pub fn bound_in_flight_bytes(&mut self, max: usize) {
+        if self.shared {
+            self.max_in_flight_bytes = max.max(1);
+        }
+    }
+
+    /// The encoded bytes of the events in flight.
+    pub fn in_flight_bytes(&self) -> usize {
+        self.in_flight_bytes
     }
 
     /// `conn`'s events in flight.
