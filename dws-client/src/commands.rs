@@ -1,6 +1,6 @@
 //! The short request/reply commands: publish, stop, subscribe, unsubscribe.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 
 use proto::{
     paths::Endpoint,
@@ -21,6 +21,15 @@ fn unexpected(what: &str) -> CliError {
 /// The most data one event carries (the rule `publish --lines` shares).
 pub const MAX_DATA: usize = proto::limits::MAX_PUBLISH_DATA;
 
+/// DATA read from stdin to its end, without its final line end.
+fn read_stdin_data() -> Result<String> {
+    let mut s = String::new();
+    std::io::stdin()
+        .read_to_string(&mut s)
+        .map_err(|e| CliError::usage(format!("cannot read DATA from stdin: {e}")))?;
+    Ok(s.trim_end_matches(['\n', '\r']).to_owned())
+}
+
 pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
     if args.lines {
         return crate::publish_lines::run(args, endpoint).await;
@@ -34,14 +43,12 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
     if let Some(id) = &args.id {
         proto::limits::check_event_id(id).map_err(|e| CliError::usage(format!("--id: {e}")))?;
     }
+    // Without DATA, a piped stdin is the data (`echo '{…}' | dws event
+    // publish k`, as `-` would read it); a terminal's is not.
+    let piped = args.data.is_none() && !std::io::stdin().is_terminal();
     let data = match args.data.as_deref() {
-        Some("-") => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .map_err(|e| CliError::usage(format!("cannot read DATA from stdin: {e}")))?;
-            s.trim_end_matches(['\n', '\r']).to_owned()
-        }
+        Some("-") => read_stdin_data()?,
+        None if piped => read_stdin_data()?,
         Some(d) => d.to_owned(),
         None => String::new(),
     };

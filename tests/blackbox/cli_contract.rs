@@ -621,6 +621,29 @@ fn publish_dash_reads_data_from_stdin() {
     assert_eq!(out.json_lines()[0]["data"], r#"{"from":"stdin"}"#, "{out}");
 }
 
+#[test]
+fn publish_without_data_reads_a_piped_stdin_and_null_is_empty() {
+    let env = TestEnv::new();
+    let mut c = env
+        .dws(["event", "consume", "stdin.k", "--max-events", "2"])
+        .spawn();
+    c.wait_ready();
+    // `echo '{"x":1}' | dws event publish stdin.k`: not an empty event.
+    env.dws(["event", "publish", "stdin.k"])
+        .stdin_bytes("{\"x\":1}\n")
+        .run_with_timeout(EXIT_TIMEOUT)
+        .publish_json();
+    // Stdin /dev/null (a service, cron): an empty event, at once.
+    env.dws(["event", "publish", "stdin.k"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .publish_json();
+    let out = c.wait_exit(EXIT_TIMEOUT);
+    out.assert_clean_exit("limit", 2);
+    let lines = out.json_lines();
+    assert_eq!(lines[0]["data"], r#"{"x":1}"#, "{out}");
+    assert!(lines[1].get("data").is_none(), "no data: {out}");
+}
+
 // ------------------------------------------------------------------ status
 
 #[test]

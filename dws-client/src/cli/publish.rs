@@ -23,7 +23,9 @@ pub struct PublishArgs {
     #[arg(value_name = "EVENT_TYPE")]
     pub event_type: String,
 
-    /// Payload: a JSON value or raw text; `-` reads stdin. Default: empty.
+    /// Payload: a JSON value or raw text; `-` reads stdin. Without it:
+    /// stdin when that is a pipe or a file (`echo '{"x":1}' | dws event
+    /// publish k`), empty on a terminal.
     #[arg(value_name = "DATA|-", conflicts_with = "lines")]
     pub data: Option<String>,
 

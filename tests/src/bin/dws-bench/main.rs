@@ -63,6 +63,7 @@ mod publisher;
 mod queue;
 mod reader;
 mod report;
+mod slow_agents;
 mod table;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

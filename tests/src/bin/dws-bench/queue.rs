@@ -459,6 +459,43 @@ pub fn run_queue_section(opts: &Opts, failures: &mut Vec<String>, table: &mut Ta
             thousands(opts.queue_rate as f64)
         );
     }
+    run_slow_agents_line(opts, failures);
+}
+
+/// The slow-agents line: the makespan on the default (disk) store next to
+/// the ideal, the median of `--durable-runs` runs.
+fn run_slow_agents_line(opts: &Opts, failures: &mut Vec<String>) {
+    use crate::slow_agents::{run_slow_agents, JOBS, WORK, WORKERS};
+    println!(
+        "Slow agents: {WORKERS} workers (`--max-in-flight 1 --ack-wait 2s`) that each take {} ms per \
+         job, {JOBS} jobs published at once, one worker's dws SIGSTOPped once a third are acked; \
+         makespan (first publish → last ack) against the ideal ({JOBS} × {} ms / {} live workers)",
+        WORK.as_millis(),
+        WORK.as_millis(),
+        WORKERS - 1
+    );
+    let mut runs = vec![];
+    for _ in 0..opts.durable_runs.max(1) {
+        if interrupted() {
+            return;
+        }
+        match guarded(|| run_slow_agents(StoreSel::DISK_FSYNC)) {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                failures.push(format!("slow agents: {e}"));
+                return;
+            }
+        }
+    }
+    runs.sort_by_key(|r| r.makespan);
+    let r = &runs[runs.len() / 2];
+    println!(
+        "  disk store    makespan {:.2} s, ideal {:.2} s (×{:.2}; goal ≤ ×1.5), {} redelivered",
+        r.makespan.as_secs_f64(),
+        r.ideal.as_secs_f64(),
+        r.makespan.as_secs_f64() / r.ideal.as_secs_f64(),
+        r.redelivered
+    );
 }
 
 /// The median by jobs/s of `first` and `--durable-runs` − 1 more floods.
