@@ -489,13 +489,61 @@ fn run_slow_agents_line(opts: &Opts, failures: &mut Vec<String>) {
     }
     runs.sort_by_key(|r| r.makespan);
     let r = &runs[runs.len() / 2];
+    let ideal = r.ideal.as_secs_f64();
     println!(
-        "  disk store    makespan {:.2} s, ideal {:.2} s (×{:.2}; goal ≤ ×1.5), {} redelivered",
+        "  disk store    makespan {:.2} s, ideal {ideal:.2} s (×{:.2}; goal ≤ ×1.5), {} redelivered",
         r.makespan.as_secs_f64(),
-        r.ideal.as_secs_f64(),
-        r.makespan.as_secs_f64() / r.ideal.as_secs_f64(),
+        r.makespan.as_secs_f64() / ideal,
         r.redelivered
     );
+    if !opts.peers {
+        return;
+    }
+    // The peers as their users would do it: Redis Streams workers claim
+    // what another left past 2 s (XAUTOCLAIM), JetStream redelivers past
+    // its AckWait of 2 s; each worker fetches one job at a time.
+    let bin = match crate::peers::locate(opts.peers_bin.as_deref()) {
+        Ok(b) => b,
+        Err(e) => return failures.push(format!("slow agents, peers: {e}")),
+    };
+    for (workload, name) in [
+        ("redis-streams-queue", "Redis Streams"),
+        ("jetstream-queue", "JetStream"),
+    ] {
+        if let Some(server) =
+            crate::peers::server_of(workload).filter(|s| !crate::peers::on_path(s))
+        {
+            println!("  {name:<13} skipped: `{server}` is not on PATH");
+            continue;
+        }
+        let args: Vec<String> = [
+            "--subs",
+            &WORKERS.to_string(),
+            "--size",
+            "256",
+            "--msgs",
+            &JOBS.to_string(),
+            "--runs",
+            &opts.durable_runs.max(1).to_string(),
+            "--work-ms",
+            &WORK.as_millis().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let run = crate::peers::run(&bin, workload, &args, false, Duration::from_secs(300));
+        match run.map(|r| r.median("jobs_rate")) {
+            Ok(Some(rate)) if rate > 0.0 => {
+                let makespan = JOBS as f64 / rate;
+                println!(
+                    "  {name:<13} makespan {makespan:.2} s, ideal {ideal:.2} s (×{:.2})",
+                    makespan / ideal
+                );
+            }
+            Ok(_) => failures.push(format!("slow agents, {name}: no jobs_rate")),
+            Err(e) => failures.push(format!("slow agents, {name}: {e}")),
+        }
+    }
 }
 
 /// The median by jobs/s of `first` and `--durable-runs` − 1 more floods.

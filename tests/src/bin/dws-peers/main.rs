@@ -107,6 +107,12 @@ pub struct Opts {
     /// Parent dir of the broker's temp dir (put it on the filesystem the bus writes to).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Work queues as slow agents: each job takes this many ms, workers
+    /// fetch one at a time, and the first worker hangs with a job once
+    /// about a third are done (it comes again to another after 2 s:
+    /// XAUTOCLAIM, AckWait). 0: a plain work queue.
+    #[arg(long, default_value_t = 0)]
+    pub work_ms: u64,
 }
 
 fn positive(s: &str) -> Result<f64, String> {

@@ -37,6 +37,11 @@ pub const QUEUE: &str = "work";
 pub const FETCH: usize = 64;
 /// A worker stops after this long without a job.
 pub const IDLE_MS: u64 = 1000;
+/// Slow agents: a job unacked this long after its delivery goes to another
+/// worker (the bus's `--ack-wait 2s`).
+pub const CLAIM_MS: u64 = 2000;
+/// Slow agents: how long the hung worker holds its job before it exits.
+const HANG_MS: u64 = 8000;
 const LONG: Duration = Duration::from_secs(1800);
 
 /// The summary keys of a queue run.
@@ -89,14 +94,28 @@ pub fn queue(sys: Sys, o: &Opts) -> Result<(), PeersError> {
             "js-queue-worker"
         };
         let mut workers = Vec::new();
+        let slow = o.work_ms > 0;
         for k in 0..o.subs {
+            // Slow agents: one job at a time, waiting past the claim time
+            // for what others hold; the first worker hangs a third of the
+            // way in.
+            let hang_after = if slow && k == 0 {
+                (jobs / (3 * u64::from(o.subs))).max(1)
+            } else {
+                0
+            };
             let f = [
                 ("msgs", jobs.to_string()),
                 ("size", o.size.to_string()),
                 ("name", QUEUE.to_string()),
-                ("fetch", FETCH.to_string()),
-                ("idle-ms", IDLE_MS.to_string()),
+                ("fetch", if slow { 1 } else { FETCH }.to_string()),
+                (
+                    "idle-ms",
+                    if slow { 2 * CLAIM_MS } else { IDLE_MS }.to_string(),
+                ),
                 ("latfile", lat_file(k)),
+                ("work-ms", o.work_ms.to_string()),
+                ("hang-after", hang_after.to_string()),
             ];
             workers.push(Proc::role(&role_args(worker, b, "bench", &f), false)?);
         }
@@ -314,7 +333,41 @@ fn redis_worker(a: &RoleArgs) -> Result<Value, PeersError> {
     print_ready();
     let mut w = Worker::default();
     let (mut ids, mut sent) = (Vec::new(), Vec::new());
+    let slow = a.work_ms > 0;
+    let mut idle_since = std::time::Instant::now();
     while w.acked < a.msgs {
+        // Slow agents: what another worker left unacked past the claim
+        // time first (XAUTOCLAIM), as a user of consumer groups does.
+        if slow {
+            let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+                .arg(&a.topic)
+                .arg(&a.name)
+                .arg(&me)
+                .arg(CLAIM_MS)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(1)
+                .query(&mut con)?;
+            let wrapped = redis::Value::Array(vec![claimed]);
+            let got: Vec<(Vec<u8>, u64)> = entries_of(&wrapped)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(id, p)| (id.to_vec(), sent_of(p)))
+                .collect();
+            if let Some((id, s)) = got.into_iter().next() {
+                std::thread::sleep(Duration::from_millis(a.work_ms));
+                let _: i64 = redis::cmd("XACK")
+                    .arg(&a.topic)
+                    .arg(&a.name)
+                    .arg(&id)
+                    .query(&mut con)?;
+                w.acked(&[s]);
+                idle_since = std::time::Instant::now();
+                continue;
+            }
+        }
+        // Slow agents block briefly, to look for claimable jobs again.
+        let block = if slow { 100 } else { a.idle_ms };
         let reply: redis::Value = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&a.name)
@@ -322,14 +375,18 @@ fn redis_worker(a: &RoleArgs) -> Result<Value, PeersError> {
             .arg("COUNT")
             .arg(a.fetch)
             .arg("BLOCK")
-            .arg(a.idle_ms)
+            .arg(block)
             .arg("STREAMS")
             .arg(&a.topic)
             .arg(">")
             .query(&mut con)?;
         let Some(entries) = entries_of(&reply) else {
+            if slow && idle_since.elapsed() < Duration::from_millis(a.idle_ms) {
+                continue;
+            }
             break;
         };
+        idle_since = std::time::Instant::now();
         if entries.is_empty() {
             continue;
         }
@@ -338,6 +395,14 @@ fn redis_worker(a: &RoleArgs) -> Result<Value, PeersError> {
         for (id, payload) in entries {
             ids.push(id.to_vec());
             sent.push(sent_of(payload));
+        }
+        if a.hang_after > 0 && w.acked >= a.hang_after {
+            // Hung with its job: never acked; another claims it.
+            std::thread::sleep(Duration::from_millis(HANG_MS));
+            break;
+        }
+        if slow {
+            std::thread::sleep(Duration::from_millis(a.work_ms * ids.len() as u64));
         }
         w.acked(&sent);
         let n: i64 = redis::cmd("XACK")
@@ -368,12 +433,17 @@ async fn js_worker(a: &RoleArgs) -> Result<Value, PeersError> {
         .get_stream(STREAM)
         .await
         .map_err(|e| err("get stream")(&e))?;
-    let cfg = consumer::pull::Config {
+    let slow = a.work_ms > 0;
+    let mut cfg = consumer::pull::Config {
         durable_name: Some(a.name.clone()),
         deliver_policy: consumer::DeliverPolicy::All,
         ack_policy: consumer::AckPolicy::Explicit,
         ..Default::default()
     };
+    if slow {
+        // Slow agents: a job unacked past AckWait goes to another fetcher.
+        cfg.ack_wait = Duration::from_millis(CLAIM_MS);
+    }
     let c: consumer::PullConsumer = s
         .get_or_create_consumer(&a.name, cfg)
         .await
@@ -393,6 +463,16 @@ async fn js_worker(a: &RoleArgs) -> Result<Value, PeersError> {
         while let Some(m) = batch.next().await {
             let m = m.map_err(|e| err("fetch")(&e))?;
             let sent = sent_of(&m.payload);
+            if a.hang_after > 0 && w.acked >= a.hang_after {
+                // Hung with its job: never acked; AckWait gives it to
+                // another fetcher.
+                tokio::time::sleep(Duration::from_millis(HANG_MS)).await;
+                client.flush().await.map_err(|e| err("flush")(&e))?;
+                return w.finish(a, json!({"ack_policy": "explicit", "hung": true}));
+            }
+            if slow {
+                tokio::time::sleep(Duration::from_millis(a.work_ms)).await;
+            }
             m.ack().await.map_err(|e| err("ack")(&e))?;
             w.acked(&[sent]);
             got = true;

@@ -78,6 +78,15 @@ pub struct RoleArgs {
     pub window: usize,
     #[arg(long)]
     pub wait_go: bool,
+    /// Slow agents: each job takes this long (ms) before its ack (0: none);
+    /// a job left unacked that long past its delivery goes to another
+    /// worker ([`crate::queue::CLAIM_MS`]).
+    #[arg(long, default_value_t = 0)]
+    pub work_ms: u64,
+    /// Slow agents: after acking this many jobs the worker takes one more
+    /// and hangs with it, never acking (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub hang_after: u64,
 }
 
 impl RoleArgs {
