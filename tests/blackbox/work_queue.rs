@@ -18,7 +18,7 @@ use std::{
 };
 
 use dws_tests::{
-    common::{listed, subscribe_ok},
+    common::{listed, queue_worker, subscribe_ok},
     Sig, TestEnv, EXIT_TIMEOUT,
 };
 use serde_json::Value;
@@ -39,18 +39,7 @@ struct Seen {
 /// (killed, or its bus was), until `stop`.
 fn worker(env: &TestEnv, n: usize, seen: &Mutex<Vec<Seen>>, pid: &AtomicI32, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
-        let mut c = env
-            .dws([
-                "event",
-                "consume",
-                "--subscribe-id",
-                "work",
-                "--ack",
-                "explicit",
-                "--quiet",
-            ])
-            .stdin_pipe()
-            .spawn_stdout_unread();
+        let mut c = queue_worker(env, "work", &["--quiet"]).spawn_stdout_unread();
         pid.store(c.pid(), Ordering::SeqCst);
         // The run ends: whoever stopped us saw this pid, or we see that.
         if stop.load(Ordering::SeqCst) {

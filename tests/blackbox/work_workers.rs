@@ -6,7 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use dws_tests::{common::subscribe_ok, Child, Sig, TestEnv, EXIT_TIMEOUT};
+use dws_tests::{
+    common::{queue_worker, subscribe_ok},
+    Child, Sig, TestEnv, EXIT_TIMEOUT,
+};
 use serde_json::Value;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -23,16 +26,7 @@ fn queue() -> TestEnv {
 
 /// A worker with explicit acks that acks nothing unless the test says so.
 fn worker(env: &TestEnv, extra: &[&str]) -> Child {
-    let mut a = vec![
-        "event",
-        "consume",
-        "--subscribe-id",
-        "work",
-        "--ack",
-        "explicit",
-    ];
-    a.extend_from_slice(extra);
-    let mut c = env.dws(&a).stdin_pipe().spawn();
+    let mut c = queue_worker(env, "work", extra).spawn();
     c.wait_ready();
     c
 }
@@ -41,6 +35,14 @@ fn publish_jobs(env: &TestEnv, n: usize) {
     for i in 0..n {
         env.publish("job.x", &format!("{{\"n\":{i}}}"), &[]);
     }
+}
+
+/// One job per line of `input`, through `publish --lines`.
+fn publish_lines(env: &TestEnv, input: String) {
+    env.dws(["event", "publish", "job.x", "--lines"])
+        .stdin_bytes(input.into_bytes())
+        .run_with_timeout(LONG)
+        .assert_code(0);
 }
 
 /// The (seq, redelivered) of each line a worker printed so far.
@@ -183,19 +185,8 @@ fn a_stopped_worker_whose_buffer_is_full_still_gives_its_jobs_up_after_its_ack_w
     let env = queue();
     // Its lines as bytes (the line ring would hold them outside the
     // buffer).
-    let mut slow = env
-        .dws([
-            "event",
-            "consume",
-            "--subscribe-id",
-            "work",
-            "--ack",
-            "explicit",
-            "--ack-wait",
-            "2s",
-        ])
+    let mut slow = queue_worker(&env, "work", &["--ack-wait", "2s"])
         .env("DWS_LINE_RING", "off")
-        .stdin_pipe()
         .spawn();
     slow.wait_ready();
     slow.signal(Sig::SIGSTOP);
@@ -205,10 +196,7 @@ fn a_stopped_worker_whose_buffer_is_full_still_gives_its_jobs_up_after_its_ack_w
     let input: String = (0..10)
         .map(|i| format!("{{\"n\":{i},\"pad\":\"{pad}\"}}\n"))
         .collect();
-    env.dws(["event", "publish", "job.x", "--lines"])
-        .stdin_bytes(input.into_bytes())
-        .run_with_timeout(LONG)
-        .assert_code(0);
+    publish_lines(&env, input);
     let others: Vec<Child> = (0..2).map(|_| worker(&env, &[])).collect();
     let got = wait_total(
         &others.iter().collect::<Vec<_>>(),
@@ -239,10 +227,7 @@ fn a_work_queues_bytes_in_flight_stay_within_retentions_byte_bound() {
     let input: String = (0..40)
         .map(|i| format!("{{\"n\":{i},\"pad\":\"{pad}\"}}\n"))
         .collect();
-    env.dws(["event", "publish", "job.x", "--lines"])
-        .stdin_bytes(input.into_bytes())
-        .run_with_timeout(LONG)
-        .assert_code(0);
+    publish_lines(&env, input);
     std::thread::sleep(Duration::from_millis(500));
     let st = env.status();
     let work = dws_tests::common::listed(&st, "work");

@@ -1,5 +1,6 @@
 //! Helpers shared by the black-box test modules: status lookups, the fields
-//! of event JSON, publishing many events at once, and cluster hosts.
+//! of event JSON, publishing many events at once, work-queue workers, and
+//! cluster hosts.
 
 use std::{
     thread,
@@ -8,7 +9,22 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{Output, TestEnv, EXIT_TIMEOUT};
+use crate::{Cmd, Output, TestEnv, EXIT_TIMEOUT};
+
+/// `dws event consume --subscribe-id ID --ack explicit EXTRA…` with its
+/// stdin a pipe the test writes acks to: a worker of a work queue.
+pub fn queue_worker(env: &TestEnv, id: &str, extra: &[&str]) -> Cmd {
+    let mut a = vec![
+        "event",
+        "consume",
+        "--subscribe-id",
+        id,
+        "--ack",
+        "explicit",
+    ];
+    a.extend_from_slice(extra);
+    env.dws(&a).stdin_pipe()
+}
 
 /// The subscription `id` in a status document, if listed.
 pub fn sub<'a>(st: &'a Value, id: &str) -> Option<&'a Value> {
