@@ -6,9 +6,16 @@
 # The cluster store's tests start a private PostgreSQL server
 # (tests/src/pg.rs); when its binaries are missing, this installs them
 # (as root with apt-get) or stops with how to get them.
-# Usage: scripts/test.sh [extra cargo test args]
+# Usage: scripts/test.sh [extra cargo test args]   (--help: this text)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+    -h|--help)
+        # This header, without its `#`s.
+        awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
+        exit 0
+        ;;
+esac
 
 have_postgres() {
   [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/initdb" ] && return 0

@@ -675,3 +675,20 @@ fn installed_binaries_carry_no_debug_info() {
         "[profile.release] strips the debug info of dependencies too"
     );
 }
+
+#[test]
+fn the_test_script_prints_its_usage_on_help_instead_of_running() {
+    // Before, `--help` started the whole suite (issue 44 item 8).
+    let env = dws_tests::TestEnv::new();
+    let out = env
+        .command(
+            "bash",
+            [
+                workspace().join("scripts/test.sh").as_os_str(),
+                "--help".as_ref(),
+            ],
+        )
+        .run_with_timeout(std::time::Duration::from_secs(20));
+    out.assert_code(0);
+    assert!(out.stdout.contains("Usage: scripts/test.sh"), "{out}");
+}

@@ -98,11 +98,20 @@ impl Connection {
                     request_id: req.request_id,
                     event: Some(event),
                 })),
-                None => self.error(
-                    req.request_id,
-                    ErrorCode::NotFound,
-                    format!("seq {} is not retained", req.seq),
-                ),
+                None => {
+                    // A seq past the head was never given: say so, not
+                    // "not retained".
+                    let head = self.hub.head_seq();
+                    let why = if req.seq > head {
+                        format!(
+                            "seq {} is beyond the head, {head} (no event has it yet)",
+                            req.seq
+                        )
+                    } else {
+                        format!("seq {} is not retained", req.seq)
+                    };
+                    self.error(req.request_id, ErrorCode::NotFound, why)
+                }
             },
             C::StopRequest(req) => self.stop(req),
             C::Publish(req) => self.publish(req),
