@@ -12,7 +12,8 @@ use serde_json::Value;
 use crate::{Cmd, Output, TestEnv, EXIT_TIMEOUT};
 
 /// `dws event consume --subscribe-id ID --ack explicit EXTRA…` with its
-/// stdin a pipe the test writes acks to: a worker of a work queue.
+/// stdin a pipe the test writes acks to: an explicit-ack consumer of a
+/// named subscription, e.g. a worker of a work queue.
 pub fn queue_worker(env: &TestEnv, id: &str, extra: &[&str]) -> Cmd {
     let mut a = vec![
         "event",

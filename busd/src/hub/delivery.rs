@@ -226,9 +226,7 @@ impl Hub {
                 .filter_map(|c| registry.handle(Some(c)))
                 .collect();
             drop(st);
-            for h in wake {
-                h.wake.notify_one();
-            }
+            super::wake_all(wake);
             return (None, next_due);
         }
         // A shared subscription that halted: its other consumers are told
@@ -252,9 +250,7 @@ impl Hub {
             }
         }
         drop(st);
-        for h in wake {
-            h.wake.notify_one();
-        }
+        super::wake_all(wake);
         (Some(d), next_due)
     }
 
@@ -275,8 +271,9 @@ impl Hub {
             return next;
         }
         let named = !sub.owned;
-        let wake: Vec<_> = sub.consumers().collect();
-        let wake: Vec<_> = wake
+        // Its consumers, collected before the registry is borrowed again.
+        let conns: Vec<_> = sub.consumers().collect();
+        let wake: Vec<_> = conns
             .into_iter()
             .filter_map(|c| registry.handle(Some(c)))
             .collect();
@@ -284,9 +281,7 @@ impl Hub {
             self.wake_committer();
         }
         drop(st);
-        for h in wake {
-            h.wake.notify_one();
-        }
+        super::wake_all(wake);
         next
     }
 

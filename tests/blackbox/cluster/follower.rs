@@ -197,17 +197,7 @@ fn a_frozen_follower_reports_what_retention_took_while_it_was_frozen() {
 
 /// A named subscription `fs` on host b with a consumer acking explicitly.
 fn explicit(env: &TestEnv, id: &str) -> Child {
-    let mut c = env
-        .dws([
-            "event",
-            "consume",
-            "--subscribe-id",
-            id,
-            "--ack",
-            "explicit",
-        ])
-        .stdin_pipe()
-        .spawn();
+    let mut c = dws_tests::common::queue_worker(env, id, &[]).spawn();
     c.wait_ready();
     c
 }
