@@ -27,7 +27,12 @@
 //! ```text
 //! DWS_FAULTS_SECS=1800 cargo test -p dws-tests --test faults -- mixed
 //! ```
+//!
+//! A scenario the checker flags keeps its directories, history, tables and
+//! logs (`keep.rs`, under `DWS_FAULT_KEEP`, default `/tmp/dws-faults-kept`)
+//! and names where in its failure message.
 
+mod keep;
 mod nemesis;
 mod schedule;
 mod workload;
@@ -109,8 +114,9 @@ fn run_scenario(
             .map(|h| format!("--- {} ---\n{}", h.name, h.env.bus_log_tail()))
             .collect();
         let evidence = evidence(&history, &violations);
+        let kept = keep::keep(name, seed, &history, &server, &hosts, &did);
         panic!(
-            "fault scenario {name}, seed {seed}: {} violation(s), {answered} answered publishes\n\
+            "fault scenario {name}, seed {seed}: {} violation(s), {answered} answered publishes ({kept})\n\
              {}\n--- evidence ---\n{evidence}\n--- faults ---\n{}\n{}\n--- postgres ---\n{}",
             violations.len(),
             violations

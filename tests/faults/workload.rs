@@ -27,7 +27,7 @@ use std::{
 };
 
 use dws_tests::{
-    common::cluster_host_with,
+    common::{cluster_host_with, now_ms},
     history::{parse_gap, History, Outcome, Publish, Run, Seen, SHARED_HOST},
     pg::PgServer,
     proxy::Proxy,
@@ -111,6 +111,8 @@ pub struct Cluster {
     record: Arc<Record>,
     /// host index → the highest seq its consumer printed so far.
     progress: Vec<Arc<AtomicU64>>,
+    /// The highest seq any consumer of [`POOL`] printed so far.
+    pool_progress: Arc<AtomicU64>,
     publishers: Vec<JoinHandle<()>>,
     consumers: Vec<JoinHandle<()>>,
 }
@@ -179,6 +181,7 @@ impl Cluster {
             server,
             opts,
             progress: hosts.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
+            pool_progress: Arc::new(AtomicU64::new(0)),
             hosts,
             stop_publishing: Arc::new(AtomicBool::new(false)),
             stop_consuming: Arc::new(AtomicBool::new(false)),
@@ -202,7 +205,7 @@ impl Cluster {
                     opts.explicit,
                     c.stop_consuming.clone(),
                     c.record.clone(),
-                    Arc::new(AtomicU64::new(0)),
+                    c.pool_progress.clone(),
                 ));
             }
             c.publishers.push(spawn_publisher(
@@ -247,8 +250,10 @@ impl Cluster {
             .max()
             .unwrap_or(0);
         let deadline = Instant::now() + CATCH_UP;
+        let behind = |p: &AtomicU64| p.load(Ordering::SeqCst) < top;
         while Instant::now() < deadline
-            && self.progress.iter().any(|p| p.load(Ordering::SeqCst) < top)
+            && (self.progress.iter().any(|p| behind(p))
+                || (self.opts.shared && behind(&self.pool_progress)))
         {
             thread::sleep(Duration::from_millis(200));
         }
@@ -357,6 +362,7 @@ fn spawn_consumer(
                 args.extend(["--ack", "explicit"]);
             }
             let cmd = host.env.dws(&args);
+            let started_ms = now_ms();
             let mut child = if explicit {
                 cmd.stdin_pipe().spawn()
             } else {
@@ -383,7 +389,7 @@ fn spawn_consumer(
                 }
                 thread::sleep(Duration::from_millis(100));
             }
-            end_run(&host, sub, child, &record, &progress);
+            end_run(&host, sub, child, started_ms, &record, &progress);
             if !stop.load(Ordering::SeqCst) {
                 thread::sleep(Duration::from_millis(300));
             }
@@ -392,8 +398,17 @@ fn spawn_consumer(
 }
 
 /// Stops a consumer run (SIGTERM, then SIGKILL if it does not exit) and
-/// records what it printed.
-fn end_run(host: &Host, sub: &str, mut child: Child, record: &Record, progress: &AtomicU64) {
+/// records what it printed; appends a summary of the run (when, how it
+/// ended, what it printed, its stderr) to `runs-<sub>.log` in the host's
+/// directory, which a failed scenario keeps.
+fn end_run(
+    host: &Host,
+    sub: &str,
+    mut child: Child,
+    started_ms: u64,
+    record: &Record,
+    progress: &AtomicU64,
+) {
     if child.is_running() {
         child.signal(nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -401,13 +416,14 @@ fn end_run(host: &Host, sub: &str, mut child: Child, record: &Record, progress: 
             thread::sleep(Duration::from_millis(20));
         }
     }
-    let (stdout, stderr) = if child.is_running() {
+    let (stdout, stderr, code) = if child.is_running() {
         let lines = child.stdout_so_far();
         drop(child);
-        (lines.join("\n"), String::new())
+        (lines.join("\n"), String::new(), "killed".to_owned())
     } else {
         let out = child.wait_exit(Duration::from_secs(5));
-        (out.stdout, out.stderr)
+        let code = format!("code {:?} signal {:?}", out.code, out.signal);
+        (out.stdout, out.stderr, code)
     };
     let lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
     let mut seen = parse_events(&lines);
@@ -423,11 +439,46 @@ fn end_run(host: &Host, sub: &str, mut child: Child, record: &Record, progress: 
     if let Some(top) = top_seq(&seen) {
         progress.fetch_max(top, Ordering::SeqCst);
     }
+    log_run(host, sub, started_ms, &code, &seen, &stderr);
     lock(&record.runs).push(Run {
         host: host.name.clone(),
         subscription: sub.into(),
         seen,
     });
+}
+
+/// One consumer run's summary, appended to `runs-<sub>.log` in the host's
+/// directory (best effort: the log is evidence, not the check).
+fn log_run(host: &Host, sub: &str, started_ms: u64, code: &str, seen: &[Seen], stderr: &str) {
+    use std::io::Write as _;
+    let seqs: Vec<u64> = seen
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Event { seq, .. } => Some(*seq),
+            Seen::Gap { .. } => None,
+        })
+        .collect();
+    let mut text = format!(
+        "run {started_ms}..{} ms, {code}: {} event(s), seqs {:?}..{:?}, {} gap line(s)\n",
+        now_ms(),
+        seqs.len(),
+        seqs.iter().min(),
+        seqs.iter().max(),
+        seen.len() - seqs.len()
+    );
+    for l in stderr.lines() {
+        text.push_str("  | ");
+        text.push_str(l);
+        text.push('\n');
+    }
+    let path = host.env.root().join(format!("runs-{sub}.log"));
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = f.write_all(text.as_bytes());
+    }
 }
 
 /// The highest seq a run printed.

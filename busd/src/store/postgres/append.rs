@@ -11,7 +11,9 @@
 //! fenced like any append of a host that lost the lease.
 //!
 //! A batch whose `COMMIT` reached the server but whose answer was lost is
-//! found in the log on the next attempt (same seqs, same event ids) and
+//! found in the log on the next attempt (same seqs, byte for byte the same
+//! records — a generated event id alone is not enough: two hosts started in
+//! the same millisecond generate the same id for the same seq) and
 //! counts as written: never written twice, never reported lost — also when
 //! that next attempt finds the lease taken by another host meanwhile (the
 //! batch committed under this host's epoch before the takeover), so a
@@ -113,7 +115,7 @@ pub(super) async fn append_through_outage(
 /// nobody can tell in time (then [`OUTCOME_UNKNOWN`]). The lost attempt
 /// cannot commit any more by now: it gave up after [`super::STATEMENT_BOUND`],
 /// longer than its transaction may sit idle on the server.
-async fn settle(
+pub(super) async fn settle(
     conn: &mut Option<(Client, Driver)>,
     settings: &PgSettings,
     events: &[Arc<LoggedEvent>],
@@ -176,7 +178,10 @@ async fn found_after_lost_answer(
     }
 }
 
-/// Whether the log already holds exactly this batch (same seqs, same ids).
+/// Whether the log already holds exactly this batch: the same records at
+/// the same seqs, encoded bytes and receive time included. Ids and seqs
+/// alone could be another owner's batch: a generated id is the bus's start
+/// time and the seq, which two hosts can share.
 async fn already_in(
     client: &Client,
     settings: &PgSettings,
@@ -188,8 +193,11 @@ async fn already_in(
     let n = (last.seq - first.seq + 1) as i64;
     let rows = log::read_after(client, &settings.cluster, first.seq - 1, n).await?;
     Ok(rows.len() == events.len()
-        && rows
-            .iter()
-            .zip(events)
-            .all(|(r, e)| r.seq == e.seq && r.event_id == e.event_id && r.scope == e.scope))
+        && rows.iter().zip(events).all(|(r, e)| {
+            r.seq == e.seq
+                && r.event_id == e.event_id
+                && r.scope == e.scope
+                && r.received_at_unix_ms == e.received_at_unix_ms
+                && e.encoded().is_ok_and(|b| b[..] == r.encoded[..])
+        }))
 }

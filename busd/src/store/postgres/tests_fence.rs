@@ -143,3 +143,59 @@ async fn postgres_statements_on_a_black_holed_path_give_up_within_their_bound() 
     assert_eq!(log::read_after(&again, "c1", 0, 10).await.unwrap().len(), 1);
     drop(again.transaction().await.unwrap());
 }
+
+/// An event whose id was generated (`<bus start ms>-<seq>`) as host `b`
+/// appends it, with its own payload and receive time.
+fn generated(seq: u64, data: &'static [u8], received: i64) -> Arc<LoggedEvent> {
+    Arc::new(LoggedEvent {
+        seq,
+        event_type: "f.ev".into(),
+        received_at_unix_ms: received,
+        encoded: Bytes::from_static(data).into(),
+        scope: "".into(),
+        event_id: format!("1796663550000-{seq}").into(),
+        ..LoggedEvent::default()
+    })
+}
+
+/// Issue 50: host a's append of an id-less publish lost its answer; host b
+/// took the lease and appended its own id-less publish at the same seq,
+/// and both buses started in the same millisecond, so both generated the
+/// same event id. Settling a's batch must not take b's row for it (before
+/// the fix it did, and a's publisher was told "seq N" for an event the log
+/// does not hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_lost_answer_is_not_settled_by_another_owners_row_with_the_same_id() {
+    let server = tokio::task::block_in_place(PgServer::start);
+    let b = settings(&server, "b");
+    let (mut store, _d) = connect(&b, "store").await.unwrap();
+    migrate(&mut store).await.unwrap();
+    let lease = Lease::acquire_or_wait(&b, quick()).await.unwrap();
+    let theirs = generated(1, b"{\"t\":\"b-60\"}", 1_796_663_581_001);
+    assert_eq!(
+        log::append(&mut store, "c1", lease.epoch(), &[theirs.clone()]).await,
+        Ok(1)
+    );
+    let a = settings(&server, "a");
+    let mut conn = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let fenced = PgError::Fenced("another host took the lease".into());
+    let ours = generated(1, b"{\"t\":\"a-124\"}", 1_796_663_580_990);
+    let settled = within(
+        "settling a's batch",
+        super::append::settle(&mut conn, &a, &[ours], true, deadline, fenced.clone()),
+    )
+    .await;
+    assert_eq!(
+        settled,
+        Err(fenced.clone()),
+        "a's publish was answered with b's row at seq 1"
+    );
+    // The batch that is in the log byte for byte is found.
+    let settled = within(
+        "settling b's batch",
+        super::append::settle(&mut conn, &a, &[theirs], true, deadline, fenced),
+    )
+    .await;
+    assert_eq!(settled, Ok(()));
+}
