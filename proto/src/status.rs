@@ -51,7 +51,8 @@ pub struct ClusterDoc {
     pub owner_since_unix_ms: Option<i64>,
     /// Bumped by every takeover of the lease.
     pub epoch: i64,
-    /// The cluster log's head.
+    /// The cluster log's head: the database's at the read, or this host's
+    /// own log's when that is newer ([`ClusterDoc::at_least`]).
     pub head_seq: u64,
     pub hosts: Vec<ClusterHostDoc>,
     /// Every named subscription's cursor on every host that saved one.
@@ -106,6 +107,20 @@ impl ClusterDoc {
             }
         }
         doc
+    }
+
+    /// This document with the log's head at least `head` (the host's own
+    /// log, newer than the last read of the database): status never shows
+    /// the cluster's head behind the log it lists. Every per-host cursor's
+    /// lag counts from that head.
+    pub fn at_least(mut self, head: u64) -> ClusterDoc {
+        if head > self.head_seq {
+            self.head_seq = head;
+            for c in &mut self.cursors {
+                c.lag = head.saturating_sub(c.cursor);
+            }
+        }
+        self
     }
 }
 

@@ -252,9 +252,11 @@ impl Hub {
         let store = st.persist.info();
         let doc = StatusDoc {
             // As of now: a read a while ago has aged (its lease may have run out).
+            // The head is the newest known: the database's at the read, or
+            // this host's log since (the read lags it by up to a second).
             cluster: st.cluster.as_ref().map(|c| {
                 let age = crate::clock::now_ms().saturating_sub(c.read_at_unix_ms);
-                c.aged(u64::try_from(age).unwrap_or(0))
+                c.aged(u64::try_from(age).unwrap_or(0)).at_least(head)
             }),
             running: true,
             bus: BusDoc {

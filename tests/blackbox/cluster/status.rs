@@ -160,3 +160,25 @@ fn a_frozen_owner_is_never_shown_as_owner_past_its_lease() {
         "the fenced busd {pid} stopped"
     );
 }
+
+/// Issue 50: right after publishes, a host's status must not show the
+/// cluster's head behind its own log (it read the database up to a second
+/// before): the owner showed `head 1` while its log said `seq 1..2`. The
+/// head is the newest of the two, on the owner and on a follower.
+#[test]
+fn the_clusters_head_in_status_is_never_behind_the_hosts_own_log() {
+    let server = PgServer::start();
+    let (a, b) = two_hosts(&server, "10s");
+    for env in [&a, &b] {
+        for n in 0..5 {
+            env.publish("ls.x", "{}", &[]);
+            let st = env.status();
+            let (log, cluster) = (&st["log"]["head_seq"], &st["cluster"]["head_seq"]);
+            assert!(
+                cluster.as_u64() >= log.as_u64() && log.as_u64() > Some(n),
+                "the cluster's head {cluster} is behind this host's log head {log}: {:#}",
+                st["cluster"]
+            );
+        }
+    }
+}
