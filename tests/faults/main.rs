@@ -95,7 +95,7 @@ fn run_scenario(
         setup(&server);
         let mut cluster = Cluster::start(server, hosts, HOST_ENV, opts);
         let did = nemesis(&mut cluster, seed);
-        let (history, server, hosts) = cluster.finish();
+        let (history, server, hosts, shared_views) = cluster.finish();
         let answered = history
             .publishes
             .iter()
@@ -113,7 +113,8 @@ fn run_scenario(
             .iter()
             .map(|h| format!("--- {} ---\n{}", h.name, h.env.bus_log_tail()))
             .collect();
-        let evidence = evidence(&history, &violations);
+        let mut evidence = evidence(&history, &violations);
+        evidence.push_str(&shared_evidence(&violations, &server, &shared_views));
         let kept = keep::keep(name, seed, &history, &server, &hosts, &did);
         panic!(
             "fault scenario {name}, seed {seed}: {} violation(s), {answered} answered publishes ({kept})\n\
@@ -148,6 +149,7 @@ fn evidence(
             V::AnsweredWrongSeq {
                 token, answered, ..
             } => (*answered, token.clone()),
+            V::Missing { seq, token, .. } => (*seq, token.clone()),
             _ => continue,
         };
         let around: Vec<_> = history.log.range(seq.saturating_sub(2)..=seq + 2).collect();
@@ -165,6 +167,77 @@ fn evidence(
                 }
             }
         }
+    }
+    out.join("\n")
+}
+
+/// For events of a shared subscription that no host delivered: why, from
+/// their claims (never claimed, claimed by an incarnation whose claim then
+/// expired and was not taken again, still held, finished as acked or lost),
+/// in runs of consecutive seqs with the same reason, and each host's view of
+/// the subscription at the end (consumer attached, halted, what it holds).
+fn shared_evidence(
+    violations: &[dws_tests::history::Violation],
+    server: &PgServer,
+    views: &[String],
+) -> String {
+    use dws_tests::history::{Violation as V, SHARED_HOST};
+    let mut missing: Vec<(String, u64)> = violations
+        .iter()
+        .filter_map(|v| match v {
+            V::Missing {
+                host,
+                subscription,
+                seq,
+                ..
+            } if host == SHARED_HOST => Some((subscription.clone(), *seq)),
+            _ => None,
+        })
+        .collect();
+    if missing.is_empty() {
+        return String::new();
+    }
+    missing.sort();
+    let mut out = vec!["\n--- shared delivery at the end ---".to_owned()];
+    out.extend(views.iter().cloned());
+    let claims = server.psql(
+        "SELECT subscription, seq, host, incarnation, done, lost, deliveries, \
+         claimed_until < now() FROM dws_claim ORDER BY subscription, seq",
+    );
+    let by_seq: std::collections::HashMap<(String, u64), String> = claims
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            let seq = f.get(1)?.parse().ok()?;
+            let why = match (f.get(4)?, f.get(5)?, f.get(7)?) {
+                (_, &"t", _) => "marked lost".to_owned(),
+                (&"t", _, _) => format!("acked (done) on {}", f[2]),
+                (_, _, &"t") => format!(
+                    "claimed by {} (incarnation {}), expired, never taken again",
+                    f[2], f[3]
+                ),
+                _ => format!("still held by {} (incarnation {})", f[2], f[3]),
+            };
+            Some(((f[0].to_owned(), seq), why))
+        })
+        .collect();
+    // Runs of consecutive seqs with the same reason.
+    let mut runs: Vec<(String, u64, u64, String)> = vec![];
+    for (sub, seq) in missing {
+        let why = by_seq
+            .get(&(sub.clone(), seq))
+            .cloned()
+            .unwrap_or_else(|| "never claimed by any host".to_owned());
+        match runs.last_mut() {
+            Some((s, _, last, w)) if *s == sub && *last + 1 == seq && *w == why => *last = seq,
+            _ => runs.push((sub, seq, seq, why)),
+        }
+    }
+    for (sub, first, last, why) in runs.iter().take(20) {
+        out.push(format!("{sub}: seqs {first}..={last}: {why}"));
+    }
+    if runs.len() > 20 {
+        out.push(format!("… {} more runs", runs.len() - 20));
     }
     out.join("\n")
 }

@@ -220,8 +220,9 @@ impl Cluster {
     /// Stops the publishers, publishes one last event per host (retried
     /// until answered), waits until every consumer printed the highest
     /// answered seq (bounded), stops the consumers and returns the whole
-    /// history, the log read from the server.
-    pub fn finish(mut self) -> (History, PgServer, Vec<Arc<Host>>) {
+    /// history, the log read from the server, and each host's view of the
+    /// shared subscription at the end of the catch-up (for a diagnosis).
+    pub fn finish(mut self) -> (History, PgServer, Vec<Arc<Host>>, Vec<String>) {
         self.stop_publishing.store(true, Ordering::SeqCst);
         for p in self.publishers.drain(..) {
             p.join().expect("a publisher thread");
@@ -257,6 +258,11 @@ impl Cluster {
         {
             thread::sleep(Duration::from_millis(200));
         }
+        let shared_views: Vec<String> = if self.opts.shared {
+            self.hosts.iter().map(|h| shared_view(h)).collect()
+        } else {
+            vec![]
+        };
         self.stop_consuming.store(true, Ordering::SeqCst);
         for c in self.consumers.drain(..) {
             c.join().expect("a consumer thread");
@@ -275,8 +281,39 @@ impl Cluster {
             history.starts.insert((SHARED_HOST.into(), POOL.into()), 0);
             history.shared.insert(POOL.into());
         }
-        (history, self.server, self.hosts)
+        (history, self.server, self.hosts, shared_views)
     }
+}
+
+/// How `host` sees [`POOL`] now: its state, its workers and what it holds.
+fn shared_view(host: &Host) -> String {
+    let mut child = host
+        .env
+        .dws(["event", "subscription", "info", POOL, "--format", "json"])
+        .stdin_null()
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.is_running() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    if child.is_running() {
+        return format!("{}: {POOL}: no answer within 10 s", host.name);
+    }
+    let out = child.wait_exit(Duration::from_secs(5));
+    let Ok(v) = serde_json::from_str::<Value>(out.stdout.trim()) else {
+        let line = out.stderr.lines().next().unwrap_or("no answer").to_owned();
+        return format!("{}: {POOL}: {line}", host.name);
+    };
+    format!(
+        "{}: {POOL}: state {}, workers {}, pending {}, in flight {}, cursor {}, head {}",
+        host.name,
+        v["state"],
+        v["workers"],
+        v["pending"],
+        v["in_flight"],
+        v["cursor"],
+        v["head_seq"]
+    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
