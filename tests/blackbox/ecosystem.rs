@@ -1342,10 +1342,16 @@ fn examples_nack_a_failing_event_until_the_subscription_halts() {
         );
         verb(&["disable", "s2"]);
         verb(&["enable", "s2"]);
-        let seek = verb(&["seek", "s2", "--to", "earliest"]);
-        assert!(seek["seek"]["from_seq"].is_u64(), "{seek}");
         let replay = verb(&["replay-parked", "s2"]);
         assert_eq!(replay["replayed"], 1, "{replay}");
+        let seek = verb(&["seek", "s2", "--to", "earliest"]);
+        assert!(seek["seek"]["from_seq"].is_u64(), "{seek}");
+        // The seek offered the event again: pending once, parked nowhere.
+        assert_eq!(
+            (&seek["pending"], &seek["parked"]),
+            (&json!(1), &json!(0)),
+            "{seek}"
+        );
     }
 }
 

@@ -28,8 +28,8 @@
 //! `verbs`, shared delivery's claimed events in `shared`, the words of slow
 //! consumers (progress, term, backoff, delayed events kept from retention)
 //! in `slow`, unreported losses in `gap`; unit tests in `tests`,
-//! `slow_tests` and `exact_tests`, the property test against a model in
-//! `model`.
+//! `slow_tests` and `exact_tests`, the property tests against a model in
+//! `model` and `verbs_model`.
 
 mod check;
 #[cfg(test)]
@@ -56,6 +56,8 @@ mod tests_where;
 #[cfg(test)]
 mod tests_workers;
 mod verbs;
+#[cfg(test)]
+mod verbs_model;
 mod workers;
 
 pub use check::{check_snapshot, SnapshotError};

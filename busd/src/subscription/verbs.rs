@@ -20,6 +20,8 @@ impl Subscription {
         self.removed_at(i);
         self.acked_through = self.acked_through.max(entry.event.seq);
         self.counters.parked += 1;
+        // Parked once: a seq parked again (after a seek) replaces its entry.
+        self.parked.retain(|p| p.event.seq != entry.event.seq);
         if self.parked.len() >= MAX_PARKED {
             self.parked.pop_front();
             self.counters.parked_dropped += 1;
@@ -94,8 +96,11 @@ impl Subscription {
 
     /// Forgets everything pending (in flight included): the hub then offers
     /// the log again from `start_after + 1`. Earlier deliveries keep their
-    /// redelivered mark.
+    /// redelivered mark. Parked events past `start_after` leave the parked
+    /// list: the log offers them again, and a seq is pending or parked,
+    /// never both (a replay after the seek would deliver it twice).
     pub fn seek(&mut self, start_after: u64) {
+        self.parked.retain(|p| p.event.seq <= start_after);
         self.pending.clear();
         self.rescan();
         self.refilter();
@@ -112,7 +117,9 @@ impl Subscription {
     }
 
     /// Moves parked events (those in `seqs`, or all) back to pending, in seq
-    /// order, with their delivery counts reset. Returns how many.
+    /// order, with their delivery counts reset. Returns how many. One that
+    /// is pending already (a seek offered it again) stays pending once, as
+    /// it is: a seq is never pending twice.
     pub fn replay_parked(&mut self, seqs: &[u64]) -> usize {
         let mut moved = vec![];
         self.parked.retain(|p| {
@@ -124,10 +131,12 @@ impl Subscription {
             }
         });
         for event in &moved {
-            let at = self
+            let Err(at) = self
                 .pending
                 .binary_search_by_key(&event.seq, |e| e.event.seq)
-                .unwrap_or_else(|i| i);
+            else {
+                continue;
+            };
             self.pending.insert(
                 at,
                 Entry {
