@@ -41,6 +41,7 @@ pub async fn publish(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
     }
     proto::pattern::check_event_type(&args.event_type).map_err(CliError::usage)?;
     if let Some(id) = &args.id {
+        proto::limits::check_printable_id("--id", id).map_err(CliError::usage)?;
         proto::limits::check_event_id(id).map_err(|e| CliError::usage(format!("--id: {e}")))?;
     }
     // Without DATA, a piped stdin is the data (`echo '{…}' | dws event

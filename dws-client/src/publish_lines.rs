@@ -123,6 +123,7 @@ impl Tally {
 pub async fn run(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
     proto::pattern::check_event_type(&args.event_type).map_err(CliError::usage)?;
     if let Some(p) = &args.id_prefix {
+        proto::limits::check_printable_id("--id-prefix", p).map_err(CliError::usage)?;
         // The longest id it makes: PREFIX-<the largest line number>.
         proto::limits::check_event_id(&format!("{p}-{}", u64::MAX))
             .map_err(|e| CliError::usage(format!("--id-prefix: {e} for the longest id")))?;

@@ -147,8 +147,56 @@ pub fn check_event_id(id: &str) -> Result<(), String> {
     }
 }
 
+/// Characters an id a person types may not hold: control characters
+/// (newline, BEL, …) and the bidirectional-text controls (an RTL override
+/// makes an id read as another); anything else prints as itself.
+fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// An id given on the command line (`--id`, `--id-prefix`, named by
+/// `what`): non-empty and printable ([`unprintable`]), so the ids a bus
+/// shows are unambiguous.
+pub fn check_printable_id(what: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err(format!("{what} is empty: give at least one character"));
+    }
+    match id.chars().find(|&c| unprintable(c)) {
+        Some(c) => Err(format!(
+            "{what} {} holds the control character U+{:04X}: use printable characters",
+            quoted(id),
+            c as u32
+        )),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_typed_id_is_printable_and_not_empty() {
+        use super::check_printable_id as check;
+        for bad in [
+            "",
+            "a\nb",
+            "bell\u{7}",
+            "ab\u{202E}cd",
+            "\u{2066}x",
+            "tab\t",
+        ] {
+            assert!(check("--id-prefix", bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "job-7", "事件", "é", "a b"] {
+            assert_eq!(check("--id", good), Ok(()), "{good:?}");
+        }
+        let e = check("--id-prefix", "a\nb").unwrap_err();
+        assert!(e.contains("U+000A") && e.contains("--id-prefix"), "{e}");
+    }
+
     #[test]
     fn a_ttl_round_trips_through_milliseconds() {
         use std::time::Duration;

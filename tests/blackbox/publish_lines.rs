@@ -278,3 +278,35 @@ fn lines_refuses_data_an_id_and_an_id_prefix_alone() {
     }
     assert!(env.busd_pids().is_empty(), "no bus was started");
 }
+
+/// Issue 49, row 5: ids are printable and unambiguous — an `--id-prefix`
+/// (or `--id`) that is empty or holds a newline, BEL or an RTL override is
+/// a usage error (exit 2, one line naming the flag) before any bus starts.
+#[test]
+fn an_id_prefix_or_id_that_is_empty_or_unprintable_is_refused() {
+    let env = TestEnv::new();
+    for (flag, value) in [
+        ("--id-prefix", ""),
+        ("--id-prefix", "a\nb"),
+        ("--id-prefix", "bell\u{7}"),
+        ("--id-prefix", "ab\u{202E}cd"),
+        ("--id", "a\nb"),
+        ("--id", "x\u{202E}"),
+    ] {
+        let mut args = vec!["event", "publish", "plu.x"];
+        if flag == "--id" {
+            args.push("{}");
+        } else {
+            args.push("--lines");
+        }
+        args.extend([flag, value]);
+        let out = env
+            .dws(&args)
+            .stdin_bytes(b"x\n".to_vec())
+            .run_with_timeout(EXIT_TIMEOUT);
+        out.assert_error(2);
+        assert!(out.stderr.contains(flag), "{flag} {value:?}: {out}");
+        assert!(out.stdout.is_empty(), "{out}");
+    }
+    assert!(env.busd_pids().is_empty(), "no bus was started");
+}
