@@ -1,6 +1,7 @@
 //! `dws event publish EVENT_TYPE --lines`: one event per line of stdin,
 //! pipelined over one connection (up to [`WINDOW`] publishes in flight, not
-//! one round trip each), one summary object on stdout, each refused line on
+//! one round trip each, and at most [`READ_AHEAD`] bytes of line data read
+//! but not answered), one summary object on stdout, each refused line on
 //! stderr with its line number.
 //!
 //! A line is its bytes up to `\n` (a `\r` before it is dropped; a last line
@@ -39,6 +40,42 @@ pub const WINDOW: usize = 4096;
 /// Lines the stdin thread hands over at once, at most.
 const BATCH: usize = 512;
 
+/// The most line data read ahead of the bus's answers: the stdin thread
+/// stops reading while lines of this many bytes are read but not answered
+/// (one line always goes, so a line can pass it by at most one line).
+pub const READ_AHEAD: usize = 64 * 1024 * 1024;
+
+/// Bytes of line data read from stdin and not yet answered by the bus:
+/// the stdin thread [`Budget::take`]s each line's (waiting while
+/// [`READ_AHEAD`] is used), an answer [`Budget::give`]s it back.
+#[derive(Default)]
+struct Budget {
+    used: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl Budget {
+    fn take(&self, n: usize) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        while *used > 0 && *used + n > READ_AHEAD {
+            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+        }
+        *used += n;
+    }
+
+    /// Whether `n` more bytes may be taken now without waiting.
+    fn fits(&self, n: usize) -> bool {
+        let used = *self.used.lock().unwrap_or_else(|p| p.into_inner());
+        used == 0 || used + n <= READ_AHEAD
+    }
+
+    fn give(&self, n: usize) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used = used.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
+
 /// One line of stdin, as read.
 enum Data {
     Text(String),
@@ -52,7 +89,8 @@ struct Line {
     data: Data,
 }
 
-/// What the run did so far; `pending` maps a request id to its line.
+/// What the run did so far; `pending` maps a request id to its line and
+/// its data's size.
 #[derive(Default)]
 struct Tally {
     lines: u64,
@@ -63,7 +101,7 @@ struct Tally {
     first_seq: Option<u64>,
     last_seq: Option<u64>,
     first_refusal: Option<(u64, CliError)>,
-    pending: HashMap<u64, u64>,
+    pending: HashMap<u64, (u64, usize)>,
     input_done: bool,
     input_error: Option<String>,
 }
@@ -108,8 +146,8 @@ impl Tally {
 
     /// The lines sent but not answered, as `lines A–B` (or one line).
     fn unanswered(&self) -> String {
-        let lo = self.pending.values().min().copied().unwrap_or(0);
-        let hi = self.pending.values().max().copied().unwrap_or(0);
+        let lo = self.pending.values().map(|p| p.0).min().unwrap_or(0);
+        let hi = self.pending.values().map(|p| p.0).max().unwrap_or(0);
         let n = self.pending.len();
         let which = if lo == hi {
             format!("line {lo}")
@@ -130,9 +168,11 @@ pub async fn run(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
     }
     let mut bus = BusConn::open_or_spawn(endpoint).await?;
     let (tx, mut rx) = mpsc::channel(8);
+    let budget = std::sync::Arc::new(Budget::default());
+    let reader_budget = budget.clone();
     std::thread::Builder::new()
         .name("stdin".into())
-        .spawn(move || read_lines(&tx))
+        .spawn(move || read_lines(&tx, &reader_budget))
         .map_err(|e| CliError::runtime(format!("cannot start the stdin reader: {e}")))?;
 
     let tally = RefCell::new(Tally::default());
@@ -186,7 +226,10 @@ pub async fn run(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
                 };
                 permit.forget();
                 next_id += 1;
-                tally.borrow_mut().pending.insert(next_id, line.no);
+                tally
+                    .borrow_mut()
+                    .pending
+                    .insert(next_id, (line.no, data.len()));
                 let event_id = match &args.id_prefix {
                     Some(p) => format!("{p}-{}", line.no),
                     None => String::new(),
@@ -243,20 +286,22 @@ pub async fn run(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
             match kind {
                 S::PublishAck(ack) => {
                     let mut t = tally.borrow_mut();
-                    if t.pending.remove(&ack.request_id).is_none() {
+                    let Some((_, bytes)) = t.pending.remove(&ack.request_id) else {
                         return Err(CliError::runtime(format!(
                             "the bus answered request {} that was not asked",
                             ack.request_id
                         )));
-                    }
+                    };
+                    budget.give(bytes);
                     t.accepted(&ack);
                     window.add_permits(1);
                 }
                 S::Error(e) if e.request_id != 0 => {
                     let mut t = tally.borrow_mut();
-                    let Some(no) = t.pending.remove(&e.request_id) else {
+                    let Some((no, bytes)) = t.pending.remove(&e.request_id) else {
                         return Err(CliError::from_bus(e.code, &e.message));
                     };
+                    budget.give(bytes);
                     t.refuse(no, CliError::from_bus(e.code, &e.message));
                     window.add_permits(1);
                 }
@@ -304,7 +349,7 @@ pub async fn run(args: PublishArgs, endpoint: &Endpoint) -> Result<()> {
 /// The stdin thread: lines in batches, handed over whenever stdin has
 /// nothing more buffered (so a slow writer's lines go out at once) or a
 /// batch is full; a read error ends the input.
-fn read_lines(tx: &mpsc::Sender<std::result::Result<Vec<Line>, String>>) {
+fn read_lines(tx: &mpsc::Sender<std::result::Result<Vec<Line>, String>>, budget: &Budget) {
     let mut input = std::io::BufReader::with_capacity(256 * 1024, std::io::stdin());
     let mut batch = Vec::with_capacity(BATCH);
     let mut no = 0u64;
@@ -312,10 +357,18 @@ fn read_lines(tx: &mpsc::Sender<std::result::Result<Vec<Line>, String>>) {
         match read_capped(&mut input, MAX_DATA) {
             Ok(Some((bytes, len))) => {
                 no += 1;
-                batch.push(Line {
-                    no,
-                    data: classify(bytes, len, MAX_DATA),
-                });
+                let data = classify(bytes, len, MAX_DATA);
+                if let Data::Text(t) = &data {
+                    // Hand over what is read before waiting for room.
+                    if !batch.is_empty() && !budget.fits(t.len()) {
+                        let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                        if tx.blocking_send(Ok(full)).is_err() {
+                            return;
+                        }
+                    }
+                    budget.take(t.len());
+                }
+                batch.push(Line { no, data });
                 if batch.len() >= BATCH || input.buffer().is_empty() {
                     let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
                     if tx.blocking_send(Ok(full)).is_err() {

@@ -310,3 +310,81 @@ fn an_id_prefix_or_id_that_is_empty_or_unprintable_is_refused() {
     }
     assert!(env.busd_pids().is_empty(), "no bus was started");
 }
+
+/// Issue 49, row 4: `publish --lines` reads stdin ahead of the bus's
+/// answers by at most its read-ahead bound (64 MiB; docs/guide.md,
+/// Limits). With the bus stopped (SIGSTOP) after the first line, a writer
+/// offering 300 lines of about 1 MiB gets no further than the bound plus a few
+/// buffers, and dws's memory stays near it (before the fix it read all
+/// 300 MiB, and up to 18 GiB in principle); once the bus runs again every
+/// line is published.
+#[test]
+fn lines_read_ahead_of_a_stopped_bus_stays_within_its_bound() {
+    use nix::{sys::signal::kill, unistd::Pid};
+    use std::{
+        io::Write,
+        sync::{
+            atomic::{AtomicU64, Ordering},
+            Arc,
+        },
+        time::Instant,
+    };
+    const LINES: u64 = 300;
+    const MIB: u64 = 1024 * 1024;
+    let env = TestEnv::new();
+    env.publish("plu.warm", "{}", &[]);
+    let busd = env.bus_meta_pid().expect("the bus's pid");
+    let mut c = env
+        .dws(["event", "publish", "plu.big", "--lines"])
+        .stdin_pipe()
+        .spawn();
+    let mut stdin = c.take_stdin().expect("dws's stdin");
+    stdin.write_all(b"first\n").expect("the first line");
+    stdin.flush().expect("flush");
+    env.wait_until(T, "the first line is published", || {
+        env.status()["log"]["head_seq"] == 2
+    });
+    kill(Pid::from_raw(busd), nix::sys::signal::SIGSTOP).expect("stop the bus");
+    let written = Arc::new(AtomicU64::new(0));
+    let counter = written.clone();
+    let writer = std::thread::spawn(move || {
+        // Lines of a little less than 1 MiB, four per write: stdin always
+        // holds the start of the next line when one ends, as from a file.
+        let mut line = vec![b'x'; MIB as usize - 1001];
+        line.push(b'\n');
+        let four = line.repeat(4);
+        for _ in 0..LINES / 4 {
+            if stdin.write_all(&four).is_err() {
+                return;
+            }
+            counter.fetch_add(4 * MIB, Ordering::SeqCst);
+        }
+    });
+    // Until the writer is held up (no progress for 2 s), at most 30 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = (0, Instant::now());
+    while Instant::now() < deadline && written.load(Ordering::SeqCst) < LINES * MIB {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = written.load(Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+    }
+    let read = written.load(Ordering::SeqCst) / MIB;
+    let rss_mib = dws_tests::proc_kb(c.pid(), "VmRSS") / 1024;
+    kill(Pid::from_raw(busd), nix::sys::signal::SIGCONT).expect("continue the bus");
+    assert!(
+        read <= 80,
+        "dws read {read} MiB of stdin ahead of a stopped bus (bound 64 MiB)"
+    );
+    assert!(
+        rss_mib <= 200,
+        "dws holds {rss_mib} MiB ahead of a stopped bus"
+    );
+    writer.join().expect("the writer");
+    let out = c.wait_exit(T);
+    out.assert_code(0);
+    assert_eq!(summary(&out)["published"], LINES + 1, "{out}");
+}
