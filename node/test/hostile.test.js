@@ -146,3 +146,22 @@ test("a verb that does not answer is stopped, then killed, after its timeout", B
     return true;
   });
 });
+
+// Issue 49, row 6: the first stderr line is over the line limit (64 KiB),
+// then dws stays silent: the start ends within readyTimeoutMs (plus the
+// stop) with a typed error — ReadyTimeoutError when the line is not a
+// ready line, ContractError when it is one, cut.
+const SILENT_AFTER_LONG_LINE = {
+  not_ready: ["head -c 100000 /dev/zero | tr '\\0' x >&2", "echo >&2", "exec $SLEEP 120"],
+  ready_cut: ["printf '[event] ready ' >&2", "head -c 100000 /dev/zero | tr '\\0' x >&2", "echo >&2", "exec $SLEEP 120"],
+};
+for (const [name, body] of Object.entries(SILENT_AFTER_LONG_LINE)) {
+  test(`an over-long first stderr line, then silence, ends the start (${name})`, BOUND, async (t) => {
+    const dws = fakeDws(t)(body.join("\n"));
+    const want = name === "not_ready" ? ReadyTimeoutError : ContractError;
+    await assert.rejects(consume("k", { dws, readyTimeoutMs: 2000 }), (e) => {
+      assert.ok(e instanceof want, e.name);
+      return true;
+    });
+  });
+}

@@ -277,3 +277,34 @@ def test_a_verb_that_does_not_answer_is_stopped_then_killed(fake_dws) -> None:
             await AsyncDws(dws, timeout=1, stop_grace=1).status()
 
     arun(main())
+
+
+# Issue 49, row 6: the first stderr line is over the line limit (64 KiB),
+# then dws stays silent. Either way the run ends within ready_timeout (plus
+# the stop), with the library's typed error: ReadyTimeout when the line is
+# not a ready line, ContractError when it is one, cut.
+SILENT_AFTER_LONG_LINE = {
+    "not_ready": "head -c 100000 /dev/zero | tr '\\0' x >&2\necho >&2\nexec $SLEEP 120",
+    "ready_cut": "printf '[event] ready ' >&2\nhead -c 100000 /dev/zero | tr '\\0' x >&2\n"
+                 "echo >&2\nexec $SLEEP 120",
+}
+LONG_LINE_ERROR = {"not_ready": ReadyTimeout, "ready_cut": ContractError}
+
+
+@pytest.mark.parametrize("case", sorted(SILENT_AFTER_LONG_LINE))
+def test_an_over_long_first_stderr_line_then_silence_ends_the_start(fake_dws, case: str) -> None:
+    dws = fake_dws(SILENT_AFTER_LONG_LINE[case])
+    with pytest.raises(LONG_LINE_ERROR[case]):
+        bounded(lambda: consume(["k"], dws=dws, ready_timeout=2))
+
+
+@pytest.mark.parametrize("case", sorted(SILENT_AFTER_LONG_LINE))
+def test_async_an_over_long_first_stderr_line_then_silence_ends_the_start(fake_dws,
+                                                                        case: str) -> None:
+    dws = fake_dws(SILENT_AFTER_LONG_LINE[case])
+
+    async def main() -> None:
+        with pytest.raises(LONG_LINE_ERROR[case]):
+            await consume_async(["k"], dws=dws, ready_timeout=2)
+
+    arun(main())
