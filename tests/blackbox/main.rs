@@ -138,6 +138,7 @@ mod state_files;
 mod structure;
 mod subscriptions;
 mod test_ca;
+mod verb_flood;
 mod where_filter;
 mod where_limits;
 mod wire;

@@ -334,6 +334,11 @@ pub async fn serve(
     hub.unregister_conn(id);
 }
 
+/// Frames one connection decodes and handles before the serving thread
+/// turns to the other tasks, and the longest such turn.
+const TURN_FRAMES: usize = 64;
+const TURN_TIME: Duration = Duration::from_millis(2);
+
 /// The decode-stop rule: the next frame already read is decoded (and
 /// answered) only while the client has less than [`OUT_READ_PAUSE`] bytes of
 /// output unread and fewer than [`MAX_AWAITING`] replies wait for the store.
@@ -355,6 +360,7 @@ impl Connection {
     ) -> bool {
         let mut decoded = false;
         let mut held = false;
+        let mut turn = (Instant::now(), 0usize);
         while !self.closing {
             if !may_decode(self.out.len(), self.awaiting.len()) {
                 held = !input.is_empty();
@@ -364,6 +370,14 @@ impl Connection {
                 Ok(Some(frame)) => {
                     decoded = true;
                     self.handle(frame).await;
+                    // Pipelined requests take their turn with everyone
+                    // else's: the one serving thread goes round the other
+                    // tasks after a turn's frames or time.
+                    turn.1 += 1;
+                    if turn.1 >= TURN_FRAMES || turn.0.elapsed() >= TURN_TIME {
+                        tokio::task::yield_now().await;
+                        turn = (Instant::now(), 0);
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => self.bad_frame(&e),

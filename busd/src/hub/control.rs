@@ -1,6 +1,7 @@
-//! The operator verbs (`dws event subscription VERB ID`): show, parked,
-//! restart, skip, disable, enable, seek and replay-parked, applied to a copy
-//! of the subscription so a dry run or a refused verb changes nothing.
+//! The operator verbs (`dws event subscription VERB ID`): show and parked
+//! read the subscription as it is; restart, skip, disable, enable, seek and
+//! replay-parked are applied to a copy of it, so a dry run or a refused
+//! verb changes nothing.
 
 use super::{
     status::{subscription_doc, SeekDoc, VerbDoc},
@@ -56,13 +57,27 @@ impl Hub {
                 ),
             ));
         };
+        if matches!(req.verb.as_str(), "show" | "parked") {
+            // Read-only: shown from the subscription itself, never a copy
+            // (a copy of a large backlog on every verb stalled every client).
+            let doc = VerbDoc {
+                subscription: subscription_doc(current, head, req.verb == "parked"),
+                verb: &req.verb,
+                dry_run: req.dry_run,
+                changed: false,
+                skipped_seq: None,
+                seek: None,
+                replayed: None,
+            }
+            .to_json();
+            return Ok((doc, None));
+        }
         let mut sub = current.clone();
         let refuse = |m: String| Refusal::new(ErrorCode::BadRequest, m);
         let not_now = |m: String| Refusal::new(ErrorCode::FailedPrecondition, m);
         let (mut skipped_seq, mut seek, mut replayed) = (None, None, None);
         let mut filter = false;
         let changed = match req.verb.as_str() {
-            "show" | "parked" => false,
             "restart" => sub.restart().map(|()| true).map_err(not_now)?,
             "skip" => {
                 let seq = sub.skip().map_err(not_now)?;
