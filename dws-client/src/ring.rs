@@ -3,8 +3,9 @@
 //! file, SCM_RIGHTS), maps it read-only, and then expands the lines the
 //! bus names in `RingBatch` frames straight from it, instead of being sent
 //! their bytes. Taken only when everything checks out — the bus lists
-//! `line_ring`, the file is sealed against shrinking and growing, opened
-//! read-only, of the size the bus says — else the run goes on with bytes
+//! `line_ring`, the file is sealed against shrinking, growing and any
+//! write but the bus's own mapping, opened read-only, of the size the bus
+//! says — else the run goes on with bytes
 //! over the socket, as with an older bus. A batch that does not check out
 //! ([`RingView::batch`]) is an error, never a wrong line.
 
@@ -71,7 +72,10 @@ impl RingView {
         }
         let seals =
             SealFlag::from_bits_truncate(fcntl(fd.as_raw_fd(), FcntlArg::F_GET_SEALS).ok()?);
-        let sealed = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW;
+        // Nobody but the bus's own mapping may write it (no write, no new
+        // writable mapping, even through a descriptor reopened via /proc).
+        let sealed =
+            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_FUTURE_WRITE;
         if seals & sealed != sealed {
             return None;
         }
@@ -100,20 +104,31 @@ impl RingView {
     }
 
     /// The lines of `b`: their cuts and body (a batch of their own, as a
-    /// `LineBatch` holds them) and the first seq, checked against the
-    /// batch's header and checksum.
-    pub fn batch(&self, b: &v1::RingBatch) -> Result<(Header, &[u8], &[u8]), RingError> {
-        // SAFETY: the whole mapping, valid for `self`'s life; the bus never
-        // writes where a batch it named is until this consumer said it
-        // read it, and a batch that changed anyway fails its checksum.
+    /// `LineBatch` holds them) and the first seq, copied out of the ring and
+    /// checked on the copy against the batch's header and checksum: what
+    /// is printed is what was checked, whatever the ring holds meanwhile.
+    pub fn batch(&self, b: &v1::RingBatch) -> Result<(Header, Vec<u8>, Vec<u8>), RingError> {
+        // SAFETY: the whole mapping, valid for `self`'s life. Its bytes are
+        // only copied out here (the bus may write them meanwhile: a copy
+        // that changed under the copying fails its checks below).
         let all = unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len) };
-        let (h, cuts, body) = ring::read_batch(all, b.chunk, b.offset, b.batch)?;
+        let rest = ring::chunk_rest(all, b.chunk, b.offset)?;
+        let head: Vec<u8> = rest[..rest.len().min(ring::HEADER_LEN)].to_vec();
+        let len = ring::batch_len(&head).and_then(|n| {
+            if n <= rest.len() {
+                Ok(n)
+            } else {
+                Err(RingError("runs past its chunk"))
+            }
+        })?;
+        let copy = rest[..len].to_vec();
+        let (h, cuts, body) = ring::parse_batch(&copy, b.batch)?;
         let (cuts, body) = proto::lines::sub_batch(h.count, cuts, body, b.first_line, b.count)
             .map_err(|_| RingError("names lines it does not hold"))?;
         if h.first_seq.checked_add(u64::from(b.first_line)) != Some(b.first_seq) {
             return Err(RingError("is of other seqs than the frame says"));
         }
-        Ok((h, cuts, body))
+        Ok((h, cuts.to_vec(), body.to_vec()))
     }
 }
 
@@ -229,13 +244,41 @@ mod tests {
         }
     }
 
+    /// The bus's writable mapping of a test ring (made before the seals).
+    struct Writable(NonNull<std::ffi::c_void>);
+
+    impl Writable {
+        /// Writes `bytes` at `at`, as the bus writes its ring.
+        fn write_at(&self, at: usize, bytes: &[u8]) {
+            assert!(at + bytes.len() <= LEN);
+            // SAFETY: within the mapping of LEN bytes made in `ring_file`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    self.0.as_ptr().cast::<u8>().add(at),
+                    bytes.len(),
+                );
+            }
+        }
+    }
+
+    impl Drop for Writable {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made in `ring_file`, of LEN bytes.
+            unsafe {
+                let _ = munmap(self.0, LEN);
+            }
+        }
+    }
+
     /// A ring file as the bus makes it, with one batch at chunk 1, offset
-    /// 64; `seal`: its size sealed. Returns the file (writable) and a
+    /// 64; `seal`: sealed as the bus seals it (size, and every write but
+    /// the mapping made before). Returns the file, the bus's mapping and a
     /// read-only descriptor of it.
-    fn ring_file(seal: bool) -> (File, OwnedFd) {
+    fn ring_file(seal: bool) -> (File, Writable, OwnedFd) {
         let name = CString::new("test-ring").unwrap();
         let fd = memfd_create(&name, MemFdCreateFlag::MFD_ALLOW_SEALING).unwrap();
-        let mut f = File::from(fd);
+        let f = File::from(fd);
         f.set_len(LEN as u64).unwrap();
         let (cuts, body) = batch();
         let h = Header {
@@ -248,18 +291,31 @@ mod tests {
         };
         let mut bytes = vec![0u8; h.len()];
         ring::write_batch(&mut bytes, &h, &cuts, &body);
-        f.seek(std::io::SeekFrom::Start((CHUNK_SIZE + 64) as u64))
-            .unwrap();
-        f.write_all(&bytes).unwrap();
+        // SAFETY: a shared writable mapping of the whole file.
+        let map = unsafe {
+            mmap(
+                None,
+                NonZeroUsize::new(LEN).unwrap(),
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                f.as_fd(),
+                0,
+            )
+            .unwrap()
+        };
+        let w = Writable(map);
+        w.write_at(CHUNK_SIZE + 64, &bytes);
         if seal {
             fcntl(
                 f.as_raw_fd(),
-                FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+                FcntlArg::F_ADD_SEALS(
+                    SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_FUTURE_WRITE,
+                ),
             )
             .unwrap();
         }
         let ro = std::fs::File::open(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
-        (f, OwnedFd::from(ro))
+        (f, w, OwnedFd::from(ro))
     }
 
     fn batch() -> (Vec<u8>, Vec<u8>) {
@@ -290,7 +346,7 @@ mod tests {
 
     #[test]
     fn a_sealed_read_only_ring_is_read_in_place_and_a_rewritten_batch_refused() {
-        let (mut f, ro) = ring_file(true);
+        let (mut f, w, ro) = ring_file(true);
         let view = RingView::map(ro, &offer()).expect("a good ring is taken");
         let (h, cuts, body) = view.batch(&frame(1, 1, 101)).unwrap();
         assert_eq!(h.first_seq, 100);
@@ -300,21 +356,23 @@ mod tests {
         // Lines it does not hold, or other seqs than the frame says.
         assert!(view.batch(&frame(1, 2, 101)).is_err());
         assert!(view.batch(&frame(0, 1, 101)).is_err());
-        // Its bytes written over behind the consumer's back: refused.
+        // Nobody but the bus's mapping writes it any more.
         f.seek(std::io::SeekFrom::Start((CHUNK_SIZE + 64 + 60) as u64))
             .unwrap();
-        f.write_all(b"X").unwrap();
+        assert!(f.write_all(b"X").is_err(), "sealed against writes");
+        // Its bytes written over behind the consumer's back: refused.
+        w.write_at(CHUNK_SIZE + 64 + 60, b"X");
         assert!(view.batch(&frame(0, 2, 100)).is_err());
     }
 
     #[test]
     fn a_ring_that_is_not_sealed_or_not_read_only_or_of_another_size_is_not_taken() {
-        let (_f, ro) = ring_file(false);
+        let (_f, _w, ro) = ring_file(false);
         assert!(RingView::map(ro, &offer()).is_none(), "not sealed");
-        let (f, _ro) = ring_file(true);
+        let (f, _w, _ro) = ring_file(true);
         let rw = OwnedFd::from(f);
         assert!(RingView::map(rw, &offer()).is_none(), "writable");
-        let (_f, ro) = ring_file(true);
+        let (_f, _w, ro) = ring_file(true);
         let other = v1::RingOffer {
             chunks: 2,
             ..offer()

@@ -118,13 +118,32 @@ pub fn read_batch(
     offset: u32,
     batch: u64,
 ) -> Result<(Header, &[u8], &[u8]), RingError> {
+    parse_batch(chunk_rest(ring, chunk, offset)?, batch)
+}
+
+/// The bytes of chunk `chunk` of `ring` from `offset` to the chunk's end:
+/// where a batch named by a frame lies.
+pub fn chunk_rest(ring: &[u8], chunk: u32, offset: u32) -> Result<&[u8], RingError> {
     let chunk = chunk as usize;
     let offset = offset as usize;
     if chunk >= ring.len() / CHUNK_SIZE || offset + HEADER_LEN > CHUNK_SIZE {
         return Err(RingError("is outside the ring"));
     }
     let at = chunk * CHUNK_SIZE + offset;
-    let head = &ring[at..at + HEADER_LEN];
+    Ok(&ring[at..(chunk + 1) * CHUNK_SIZE])
+}
+
+/// How many bytes the batch whose header starts `head` says it takes:
+/// what a reader copies out (if its chunk holds that many) before it checks
+/// the copy ([`parse_batch`]).
+pub fn batch_len(head: &[u8]) -> Result<usize, RingError> {
+    Ok(header_of(head)?.len())
+}
+
+fn header_of(bytes: &[u8]) -> Result<Header, RingError> {
+    let head = bytes
+        .get(..HEADER_LEN)
+        .ok_or(RingError("runs past its chunk"))?;
     if u32_at(head, 0) != MAGIC {
         return Err(RingError("has no header"));
     }
@@ -133,24 +152,31 @@ pub fn read_batch(
         2 => Kind::Raw,
         _ => return Err(RingError("is of no known kind")),
     };
-    let h = Header {
+    Ok(Header {
         kind,
         batch: u64_at(head, 8),
         first_seq: u64_at(head, 16),
         count: u32_at(head, 24),
         cuts_len: u32_at(head, 28),
         body_len: u32_at(head, 32),
-    };
+    })
+}
+
+/// The batch `batch` at the start of `bytes` (the rest of its chunk, or a
+/// reader's copy of it): its header, cuts and body, once the header says
+/// it is that batch, it fits and its bytes check out.
+pub fn parse_batch(bytes: &[u8], batch: u64) -> Result<(Header, &[u8], &[u8]), RingError> {
+    let h = header_of(bytes)?;
     if h.batch != batch {
         return Err(RingError("was written over (another batch is there)"));
     }
-    if offset + h.len() > CHUNK_SIZE {
+    if h.len() > bytes.len() {
         return Err(RingError("runs past its chunk"));
     }
-    let cuts = &ring[at + HEADER_LEN..at + HEADER_LEN + h.cuts_len as usize];
-    let body_at = at + HEADER_LEN + h.cuts_len as usize;
-    let body = &ring[body_at..body_at + h.body_len as usize];
-    if checksum(cuts, body) != u32_at(head, 36) {
+    let cuts = &bytes[HEADER_LEN..HEADER_LEN + h.cuts_len as usize];
+    let body_at = HEADER_LEN + h.cuts_len as usize;
+    let body = &bytes[body_at..body_at + h.body_len as usize];
+    if checksum(cuts, body) != u32_at(bytes, 36) {
         return Err(RingError("fails its checksum"));
     }
     Ok((h, cuts, body))

@@ -85,12 +85,10 @@ impl Ring {
         file.set_len(LEN as u64)?;
         fcntl(
             file.as_raw_fd(),
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
         )?;
         // SAFETY: a fresh shared mapping of the whole file, whose size is
-        // sealed; unmapped only in Drop.
+        // sealed; unmapped only in Drop (or below, if it cannot be sealed).
         let map = unsafe {
             mmap(
                 None,
@@ -101,6 +99,22 @@ impl Ring {
                 0,
             )?
         };
+        // Once this mapping exists, nobody may write the file any more (a
+        // descriptor reopened read-write through /proc, a new writable
+        // mapping): only this mapping writes. A kernel without the seal
+        // (before Linux 5.1) gets no ring: consumers are sent bytes.
+        if let Err(e) = fcntl(
+            file.as_raw_fd(),
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_FUTURE_WRITE | SealFlag::F_SEAL_SEAL),
+        ) {
+            // SAFETY: the mapping made above, of that length, used by nobody.
+            unsafe {
+                let _ = munmap(map, LEN);
+            }
+            return Err(std::io::Error::other(format!(
+                "cannot seal the line ring against writes ({e}): the kernel predates F_SEAL_FUTURE_WRITE"
+            )));
+        }
         Ok(Ring {
             file,
             map: map.cast(),
@@ -282,7 +296,10 @@ mod tests {
         assert_eq!(f.metadata().unwrap().len(), LEN as u64);
         assert!(f.set_len(1).is_err(), "read-only, and sealed anyway");
         let seals = fcntl(fd.as_raw_fd(), FcntlArg::F_GET_SEALS).unwrap();
-        let want = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+        let want = SealFlag::F_SEAL_SHRINK
+            | SealFlag::F_SEAL_GROW
+            | SealFlag::F_SEAL_FUTURE_WRITE
+            | SealFlag::F_SEAL_SEAL;
         assert_eq!(SealFlag::from_bits_truncate(seals) & want, want);
         // SAFETY: a shared writable mapping of a read-only descriptor is refused.
         let w = unsafe {
@@ -296,5 +313,34 @@ mod tests {
             )
         };
         assert!(w.is_err());
+    }
+
+    /// Issue 49, row 3: a same-uid process reopening the ring read-write
+    /// through /proc cannot write it, by `write` or by a new writable
+    /// mapping; the bus's own mapping still writes.
+    #[test]
+    fn the_ring_reopened_read_write_through_proc_cannot_be_written() {
+        use std::io::Write as _;
+        let mut r = Ring::create().unwrap();
+        let path = format!("/proc/self/fd/{}", r.file.as_raw_fd());
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        assert!(f.write_all(b"forged").is_err(), "a write through /proc");
+        // SAFETY: an attempt at a shared writable mapping; refused.
+        let w = unsafe {
+            mmap(
+                None,
+                NonZeroUsize::new(4096).unwrap(),
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                f.as_fd(),
+                0,
+            )
+        };
+        assert!(w.is_err(), "a writable mapping through /proc");
+        assert!(r.write(Kind::Ndjson, 1, 1, &[], b"ok\n").is_some());
     }
 }

@@ -129,7 +129,7 @@ impl<'a> Formatter<'a> {
                         "the bus sent a ring batch of lines of another format",
                     ));
                 }
-                self.expand(b.first_seq, b.count, cuts, body)
+                self.expand(b.first_seq, b.count, &cuts, &body)
             });
         self.ring = Some(ring);
         self.ring_read = b.id;
