@@ -201,3 +201,52 @@ fn shared_delivery_on_one_host_is_a_work_queue_and_takes_where_there() {
         "{st:#}"
     );
 }
+
+/// Issue 50, the shared delivery that stopped for good: a host that starts
+/// after many events of a shared subscription were finished elsewhere tried
+/// them one window (16) per claims round (about two a second), so a host
+/// restarted more often than it could walk them never delivered again. Now
+/// it looks them up thousands at a time: with 600 finished events and no
+/// other consumer, the next event reaches the new host's consumer at once.
+#[test]
+fn a_host_started_after_many_finished_shared_events_delivers_the_next_at_once() {
+    const DONE: usize = 600;
+    let server = PgServer::start();
+    let a = host(&server, "host-a");
+    a.subscribe(&["sh.*", "--id", "work", "--delivery", "shared"]);
+    let lines: String = (0..DONE).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+    a.dws(["event", "publish", "sh.job", "--lines"])
+        .stdin_bytes(lines.into_bytes())
+        .run_with_timeout(Duration::from_secs(120))
+        .assert_code(0);
+    a.dws([
+        "event",
+        "consume",
+        "--subscribe-id",
+        "work",
+        "--max-events",
+        &DONE.to_string(),
+    ])
+    .run_with_timeout(Duration::from_secs(300))
+    .assert_code(0);
+    a.wait_until(Duration::from_secs(60), "every claim finished", || {
+        server.psql("SELECT count(*) FROM dws_claim WHERE done") == DONE.to_string()
+    });
+    let b = host(&server, "host-b");
+    wait_known(&b, "work");
+    let mut cb = b
+        .dws(["event", "consume", "--subscribe-id", "work"])
+        .spawn();
+    cb.wait_ready();
+    let t = Instant::now();
+    b.publish("sh.job", "{\"last\":true}", &["--id", "the-next"]);
+    wait_for("the next event on host b", &[&cb], |all| {
+        all[0].contains_key("the-next")
+    });
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "host b delivered the next event only after {took:?}"
+    );
+    assert_eq!(seen(&cb).len(), 1, "nothing finished is delivered again");
+}

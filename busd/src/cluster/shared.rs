@@ -22,7 +22,9 @@
 //!
 //! Woken by new events in the log (the hub's durable watch) and every
 //! [`ROUND`]; an event another host holds is not tried again before its
-//! claim could have expired, one finished (acked or lost) never.
+//! claim could have expired, one finished (acked or lost) never. Finished
+//! events are looked up [`DONE_SPAN`] seqs at a time before any claim, so a
+//! host that just started does not walk them a window at a time.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -61,12 +63,18 @@ pub(super) fn new_incarnation() -> String {
     format!("{}-{nanos:x}", std::process::id())
 }
 
+/// How many seqs of the log one round looks up finished claims for, per
+/// shared subscription (one range scan of the claims' primary key).
+const DONE_SPAN: u64 = 10_000;
+
 /// Per subscription, what not to try claiming: held elsewhere (until when),
-/// or done elsewhere (for good, until the log drops it).
+/// or done elsewhere (for good, until the log drops it); and through which
+/// seq the finished ones were looked up ([`DONE_SPAN`] at a time).
 #[derive(Default)]
 struct Skips {
     held: HashMap<(String, u64), Instant>,
     done: BTreeSet<(String, u64)>,
+    checked: HashMap<String, u64>,
 }
 
 impl Skips {
@@ -205,6 +213,31 @@ async fn round(
     for sub in link.hub.shared_attached() {
         let lost = claims::take_lost(c, &s.cluster, &sub).await?;
         link.hub.shared_lost(&sub, lost);
+    }
+    // What other hosts finished is skipped before anything is tried: a host
+    // that just started would otherwise try them a window at a time, and
+    // one restarted more often than it could walk the log's finished
+    // events delivered nothing at all (issue 50).
+    let oldest = link
+        .hub
+        .oldest_seq()
+        .unwrap_or_else(|| link.hub.head_seq() + 1);
+    let head = link.hub.head_seq();
+    for sub in link.hub.shared_attached() {
+        let from = skips
+            .checked
+            .get(&sub)
+            .copied()
+            .unwrap_or(0)
+            .max(oldest.saturating_sub(1));
+        if from < head {
+            let upto = head.min(from + DONE_SPAN);
+            let done = claims::done_between(c, &s.cluster, &sub, from, upto).await?;
+            skips
+                .done
+                .extend(done.into_iter().map(|seq| (sub.clone(), seq)));
+            skips.checked.insert(sub, upto);
+        }
     }
     let now = Instant::now();
     let wants = link.hub.shared_wants(|sub, seq| skips.skip(sub, seq, now));

@@ -114,6 +114,36 @@ pub async fn done_of(
     .await
 }
 
+/// The finished (acked or lost) events of `subscription` with seqs in
+/// `(after, upto]`: what a host that just started skips at once instead of
+/// trying a window of them at a time.
+pub async fn done_between(
+    client: &impl GenericClient,
+    cluster: &str,
+    subscription: &str,
+    after: u64,
+    upto: u64,
+) -> Result<Vec<u64>, PgError> {
+    crate::store::postgres::bounded("done_between", async move {
+        let (after, upto) = (after as i64, upto as i64);
+        let rows = client
+            .query_typed(
+                "SELECT seq FROM dws_claim WHERE cluster = $1 AND subscription = $2 \
+             AND seq > $3 AND seq <= $4 AND done",
+                &[
+                    (&cluster, Type::TEXT),
+                    (&subscription, Type::TEXT),
+                    (&after, Type::INT8),
+                    (&upto, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(q)?;
+        Ok(rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect())
+    })
+    .await
+}
+
 const RENEW_SQL: &str = "UPDATE dws_claim c
     SET claimed_until = now() + make_interval(secs => $5)
     FROM unnest($3::text[], $4::bigint[]) AS h(subscription, seq)

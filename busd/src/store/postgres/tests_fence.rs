@@ -173,7 +173,13 @@ async fn postgres_a_lost_answer_is_not_settled_by_another_owners_row_with_the_sa
     let lease = Lease::acquire_or_wait(&b, quick()).await.unwrap();
     let theirs = generated(1, b"{\"t\":\"b-60\"}", 1_796_663_581_001);
     assert_eq!(
-        log::append(&mut store, "c1", lease.epoch(), std::slice::from_ref(&theirs)).await,
+        log::append(
+            &mut store,
+            "c1",
+            lease.epoch(),
+            std::slice::from_ref(&theirs)
+        )
+        .await,
         Ok(1)
     );
     let a = settings(&server, "a");
