@@ -152,6 +152,64 @@ fn idle_timeout_does_not_fire_while_a_consumer_is_attached() {
     c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("signal", 1);
 }
 
+/// Issue 44, item 3: reading status is not activity. With a 2 s idle
+/// timeout and `status` every 0.3 s, the bus still leaves about 2 s after
+/// the publish that started it (before, it stayed up as long as anyone
+/// looked at it).
+#[test]
+fn status_polling_does_not_keep_an_idle_bus_up() {
+    let env = TestEnv::with_env(&[("DWS_EVENT_BUS_IDLE_TIMEOUT", "2s")]);
+    env.publish("idle.k", "x", &[]);
+    let pid = env.bus_meta_pid().expect("bus.meta names the pid");
+    let started = std::time::Instant::now();
+    while dws_tests::is_live(pid) && started.elapsed() < Duration::from_secs(12) {
+        let _ = env
+            .dws(["event", "status", "--format", "json"])
+            .run_with_timeout(EXIT_TIMEOUT);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        !dws_tests::is_live(pid),
+        "the bus stayed up under status polling for {:?}",
+        started.elapsed()
+    );
+}
+
+/// Issue 44, item 3: with a local source on the disk store, a named
+/// subscription does not keep the bus up (it is on disk, and nothing
+/// reaches it without a publish, which starts the bus again); on the
+/// memory store, where leaving would lose it, it does.
+#[test]
+fn a_named_subscription_keeps_a_local_bus_up_only_on_the_memory_store() {
+    for (store, stays) in [("disk", false), ("memory", true)] {
+        let env = TestEnv::with_env(&[
+            ("DWS_EVENT_BUS_IDLE_TIMEOUT", "2s"),
+            ("DWS_EVENT_BUS_STORE", store),
+        ]);
+        env.subscribe(&["keep.*", "--id", "kept"]);
+        let pid = env.bus_meta_pid().expect("bus.meta names the pid");
+        // Time-based on purpose: three times the idle timeout.
+        std::thread::sleep(Duration::from_secs(6));
+        assert_eq!(dws_tests::is_live(pid), stays, "store {store}");
+        if !stays {
+            // The next publish starts it again, and the subscription got it.
+            env.publish("keep.x", "back", &[]);
+            let out = env
+                .dws([
+                    "event",
+                    "consume",
+                    "--subscribe-id",
+                    "kept",
+                    "--max-events",
+                    "1",
+                ])
+                .run_with_timeout(EXIT_TIMEOUT);
+            out.assert_code(0);
+            assert!(out.stdout.contains("back"), "{out}");
+        }
+    }
+}
+
 #[test]
 fn kill_9_of_a_consumer_leaves_its_subscription_resumable_without_loss() {
     let env = TestEnv::new();

@@ -52,6 +52,9 @@ impl Connection {
             };
             return self.hello(hello);
         }
+        if counts_as_activity(&kind) {
+            self.hub.mark_active(self.id);
+        }
         match kind {
             C::Hello(_) => self.error(0, ErrorCode::BadRequest, "Hello sent twice"),
             C::Subscribe(req) => self.subscribe(req).await,
@@ -347,5 +350,24 @@ impl Connection {
             duplicate: appended.duplicate,
         });
         self.reply_after(req.request_id, Some(Until::Seq(appended.seq)), reply);
+    }
+}
+
+/// Whether a request keeps the bus up (resets its idle timer): consuming,
+/// publishing and changing things do; reading status, an event, the ring's
+/// descriptor or a subscription (`show`, `parked`, a dry run), a heartbeat
+/// and goodbye do not.
+fn counts_as_activity(kind: &C) -> bool {
+    match kind {
+        C::Subscribe(_) | C::Unsubscribe(_) | C::Ack(_) | C::Publish(_) | C::StopRequest(_) => true,
+        C::SubscriptionControl(req) => {
+            !req.dry_run && !matches!(req.verb.as_str(), "show" | "parked")
+        }
+        C::Hello(_)
+        | C::Bye(_)
+        | C::StatusRequest(_)
+        | C::GetEvent(_)
+        | C::RingRequest(_)
+        | C::Heartbeat(_) => false,
     }
 }

@@ -1,5 +1,7 @@
 //! Housekeeping: the idle timer (the bus exits after `idle_timeout` with
-//! no connections and no subscriptions) and the TTL reaper (a detached
+//! no connection that counts — a consumer, a publisher, a change; reading
+//! status does not — and no subscription that holds it: any, unless the
+//! source is local and the store durable) and the TTL reaper (a detached
 //! subscription is removed when its TTL runs out, releasing its upstream
 //! binding; each removal is logged, and counted for status by the
 //! registry).
@@ -32,6 +34,12 @@ impl Hub {
     /// next deadline or a change in activity: no polling.
     pub async fn housekeeping(self, mut shutdown: crate::shutdown::Shutdown) {
         let idle_timeout = self.shared.config.idle_timeout;
+        // Subscriptions keep the bus up only where leaving loses something:
+        // an upstream that delivers only while the bus runs, or a store
+        // that keeps nothing. A local source on a durable store has nothing
+        // to receive until a publish, which starts the bus again.
+        let cfg = &self.shared.config;
+        let subs_hold = cfg.source_kind != "local" || cfg.inline_commit;
         let mut idle_since: Option<(Instant, u64)> = None;
         loop {
             let notified = self.shared.housekeeping.notified();
@@ -55,7 +63,7 @@ impl Hub {
                     self.mark_subs_dirty(&mut st);
                 }
                 (
-                    st.registry.busy(),
+                    st.registry.busy(subs_hold),
                     st.registry.activity(),
                     st.registry.next_expiry(),
                 )
@@ -73,7 +81,7 @@ impl Hub {
                 // An idle timeout too long for the clock is no timeout.
                 let idle_at = since.checked_add(idle_timeout);
                 if idle_at.is_some_and(|t| t <= now) {
-                    tracing::info!(timeout = ?idle_timeout, "idle: no consumers and no subscriptions");
+                    tracing::info!(timeout = ?idle_timeout, "idle: no consumers, publishers or subscriptions that keep the bus");
                     self.shared.shutdown.trigger(ByeReason::Idle);
                     return;
                 }

@@ -394,11 +394,19 @@ impl Hub {
 
     // ------------------------------------------------------------ connections
 
+    /// A new connection: not activity yet (a client that only reads status
+    /// never keeps the bus up), until [`Hub::mark_active`].
     pub fn register_conn(&self) -> (ConnId, Arc<ConnHandle>) {
+        self.state().registry.register()
+    }
+
+    /// `conn` did something that keeps the bus up (it consumes, publishes,
+    /// or changes something): the idle timer starts again when it leaves.
+    pub fn mark_active(&self, conn: ConnId) {
         let mut st = self.state();
-        let conn = st.registry.register();
-        self.touch(&mut st);
-        conn
+        if st.registry.mark_active(conn) {
+            self.touch(&mut st);
+        }
     }
 
     pub fn identify_conn(&self, conn: ConnId, pid: u32, name: &str) {
@@ -407,9 +415,12 @@ impl Hub {
 
     pub fn unregister_conn(&self, conn: ConnId) {
         let mut st = self.state();
+        let active = st.registry.was_active(conn);
         let wake = self.detach_and_mark(&mut st, conn);
         st.registry.unregister(conn);
-        self.touch(&mut st);
+        if active {
+            self.touch(&mut st);
+        }
         drop(st);
         wake_all(wake);
     }
@@ -419,7 +430,10 @@ impl Hub {
     pub fn detach(&self, conn: ConnId) {
         let mut st = self.state();
         let wake = self.detach_and_mark(&mut st, conn);
-        self.touch(&mut st);
+        // A goodbye after reading status is not activity.
+        if st.registry.was_active(conn) {
+            self.touch(&mut st);
+        }
         drop(st);
         wake_all(wake);
     }

@@ -91,6 +91,8 @@ pub(super) struct Conn {
     delivered: u64,
     redelivered: u64,
     acked: u64,
+    /// It did something that keeps the bus up (see [`Registry::busy`]).
+    active: bool,
 }
 
 impl Conn {
@@ -204,9 +206,27 @@ impl Registry {
         self.activity_gen
     }
 
-    /// A connection or a subscription exists: the bus is not idle.
-    pub(super) fn busy(&self) -> bool {
-        !self.conns.is_empty() || !self.subs.is_empty()
+    /// The bus is not idle: a connection did something that counts (a
+    /// consumer, a publisher, a change — not a client that only reads
+    /// status), or, when `subs_hold`, a subscription exists.
+    pub(super) fn busy(&self, subs_hold: bool) -> bool {
+        self.conns.values().any(|c| c.active) || (subs_hold && !self.subs.is_empty())
+    }
+
+    /// `conn` did something that keeps the bus up; `true` the first time.
+    pub(super) fn mark_active(&mut self, conn: ConnId) -> bool {
+        match self.conns.get_mut(&conn) {
+            Some(c) if !c.active => {
+                c.active = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `conn` ever counted as activity.
+    pub(super) fn was_active(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn).is_some_and(|c| c.active)
     }
 
     // ------------------------------------------------------------- connections
@@ -227,6 +247,7 @@ impl Registry {
                 delivered: 0,
                 redelivered: 0,
                 acked: 0,
+                active: false,
             },
         );
         (id, handle)

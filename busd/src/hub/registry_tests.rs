@@ -48,19 +48,32 @@ fn attach(r: &mut Registry, conn: u64, id: &str) {
 }
 
 #[test]
-fn connections_get_distinct_ids_and_make_the_bus_busy() {
+fn connections_get_distinct_ids_and_make_the_bus_busy_once_they_do_something() {
     let mut r = Registry::new(BTreeMap::new());
-    assert!(!r.busy());
+    assert!(!r.busy(true));
     let (a, _) = r.register();
     let (b, _) = r.register();
     assert_ne!(a, b);
-    assert!(r.busy());
+    assert!(
+        !r.busy(true),
+        "a connection that only reads status is not activity"
+    );
+    assert!(r.mark_active(a));
+    assert!(!r.mark_active(a), "once");
+    assert!(r.busy(true) && r.busy(false));
     r.identify(a, 42, &"x".repeat(100));
     assert_eq!(r.conn(a).map(|c| c.pid()), Some(42));
     assert_eq!(r.unregister(a), Detached::default());
     assert_eq!(r.unregister(b), Detached::default());
-    assert!(!r.busy());
+    assert!(!r.busy(true));
     assert_eq!(r.conn_count(), 0);
+}
+
+#[test]
+fn subscriptions_keep_the_bus_busy_only_where_they_hold_it() {
+    let r = registry(vec![sub("named", false, Duration::MAX)]);
+    assert!(r.busy(true));
+    assert!(!r.busy(false));
 }
 
 #[test]
