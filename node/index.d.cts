@@ -5,7 +5,15 @@
 /** A CLI duration: a string as dws reads it ("30s", "2m"), or seconds. */
 export type Duration = string | number;
 
-export type Reason = "limit" | "timeout" | "signal" | "bus_shutdown" | "source_lost" | "halted";
+export type Reason =
+  | "limit"
+  | "timeout"
+  | "signal"
+  | "bus_shutdown"
+  | "stopped"
+  | "taken_over"
+  | "source_lost"
+  | "halted";
 export type Action =
   | "done" | "stopped" | "restart" | "retry" | "alert" | "inspect-poison"
   | "fix-usage" | "fix-permissions" | "inspect";

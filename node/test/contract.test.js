@@ -49,6 +49,7 @@ test("actions match the README table", () => {
   assert.equal(classify(0, "bus_shutdown", true)[0], "restart");
   assert.equal(classify(0, "signal", false)[0], "stopped");
   assert.equal(classify(0, "taken_over", false)[0], "done");
+  assert.equal(classify(0, "stopped", false)[0], "done");
   assert.equal(classify(0, "halted", false)[0], "inspect-poison");
   assert.equal(classify(0, "newer", false)[0], "inspect");
   assert.equal(classify(1, null, false)[0], "retry");

@@ -105,7 +105,12 @@ ACTIONS: Dict[str, Tuple[str, str]] = {
     "bus_shutdown": (
         "restart",
         "the bus stopped (dws event stop, SIGTERM) or this consumer was"
-        " unsubscribed or stopped: run again (a durable --subscribe-id resumes)",
+        " unsubscribed: run again (a durable --subscribe-id resumes)",
+    ),
+    "stopped": (
+        "done",
+        "an operator stopped this consumer (dws event stop --subscribe-id):"
+        " do not restart it",
     ),
     "taken_over": (
         "done",

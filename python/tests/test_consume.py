@@ -143,6 +143,27 @@ def test_consume_forever_restarts_after_a_crashed_bus_and_resumes(dws: Dws) -> N
     assert sub(dws, "s1")["attached_pid"] is None
 
 
+def test_consume_forever_ends_when_an_operator_stops_the_consumer(dws: Dws) -> None:
+    """Issue 44, item 5: `dws event stop --subscribe-id` drains a worker:
+    the run ends with reason `stopped` and consume_forever does not attach
+    again (with `bus_shutdown` it re-attached within a second)."""
+    dws.subscribe("op.*", id="s1")
+    readies: List[Ready] = []
+
+    def on_ready(r: Ready) -> None:
+        readies.append(r)
+        dws.publish("op.a", "one")
+
+    got = []
+    started = time.monotonic()
+    for ev in consume_forever(subscribe_id="s1", on_ready=on_ready):
+        got.append(ev.data)
+        dws.stop("s1")
+    assert got == ["one"] and len(readies) == 1, (got, readies)
+    assert time.monotonic() - started < 30
+    assert sub(dws, "s1")["attached_pid"] is None
+
+
 def test_a_secret_others_can_read_is_permission_denied(bus_env) -> None:  # type: ignore[no-untyped-def]
     cfg = bus_env / "config.toml"
     cfg.write_text('[profiles.default]\nsource = "dingtalk"\nclient_id = "x"\nclient_secret = "y"\n')

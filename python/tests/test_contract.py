@@ -49,6 +49,7 @@ def test_actions_match_the_readme_table() -> None:
     assert classify(0, "bus_shutdown", True)[0] == "restart"
     assert classify(0, "signal", False)[0] == "stopped"
     assert classify(0, "taken_over", False)[0] == "done"
+    assert classify(0, "stopped", False)[0] == "done"
     assert classify(0, "halted", False)[0] == "inspect-poison"
     assert classify(0, "newer", False)[0] == "inspect"
     assert classify(1, None, False)[0] == "retry"

@@ -237,8 +237,7 @@ fn real_output_of_every_json_command_matches_its_schema() {
     );
     assert_valid("stop", &one);
     assert_eq!(one["scope"], "subscriptions", "{one}");
-    c.wait_exit(EXIT_TIMEOUT)
-        .assert_clean_exit("bus_shutdown", 2);
+    c.wait_exit(EXIT_TIMEOUT).assert_clean_exit("stopped", 2);
     let missing = env
         .dws([
             "event",

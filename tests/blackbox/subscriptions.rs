@@ -698,8 +698,9 @@ fn stop_subscribe_id_closes_only_that_consumer_and_keeps_the_subscription() {
     env.dws(["event", "stop", "--subscribe-id", "X"])
         .run_with_timeout(EXIT_TIMEOUT)
         .assert_code(0);
-    cx.wait_exit(EXIT_TIMEOUT)
-        .assert_clean_exit("bus_shutdown", 0);
+    // Issue 44, item 5: `stopped`, which an orchestrator does not restart
+    // (it was `bus_shutdown`, read as "restart").
+    cx.wait_exit(EXIT_TIMEOUT).assert_clean_exit("stopped", 0);
     assert!(
         cy.is_running(),
         "Y's consumer is untouched\n{}",

@@ -48,7 +48,7 @@ pub struct Exited {
 }
 
 /// The exit reasons of the contract.
-pub const REASONS: [&str; 7] = [
+pub const REASONS: [&str; 8] = [
     "limit",
     "timeout",
     "signal",
@@ -56,6 +56,7 @@ pub const REASONS: [&str; 7] = [
     "source_lost",
     "halted",
     "taken_over",
+    "stopped",
 ];
 
 impl Exited {

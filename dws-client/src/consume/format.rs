@@ -222,6 +222,7 @@ impl<'a> Formatter<'a> {
                 return Ok(Some(match reason {
                     ByeReason::SourceLost => Reason::SourceLost,
                     ByeReason::TakenOver => Reason::TakenOver,
+                    ByeReason::SubscriptionStopped => Reason::Stopped,
                     ByeReason::Halted => {
                         stderr_line(self.plan.quiet, &b.message);
                         Reason::Halted

@@ -53,6 +53,9 @@ pub enum Reason {
     /// Another consumer attached with `--takeover`: restarting this one
     /// would take the subscription back, so do not.
     TakenOver,
+    /// An operator stopped this consumer (`dws event stop --subscribe-id`):
+    /// draining a worker, so do not restart it.
+    Stopped,
 }
 
 impl Reason {
@@ -65,6 +68,7 @@ impl Reason {
             Reason::SourceLost => "source_lost",
             Reason::Halted => "halted",
             Reason::TakenOver => "taken_over",
+            Reason::Stopped => "stopped",
         }
     }
 
@@ -72,7 +76,11 @@ impl Reason {
     fn bus_ended(self) -> bool {
         matches!(
             self,
-            Reason::BusShutdown | Reason::SourceLost | Reason::Halted | Reason::TakenOver
+            Reason::BusShutdown
+                | Reason::SourceLost
+                | Reason::Halted
+                | Reason::TakenOver
+                | Reason::Stopped
         )
     }
 }
