@@ -38,6 +38,7 @@ pub mod output;
 pub mod publish_lines;
 pub mod pump;
 pub mod reading;
+pub mod recorded;
 pub mod restart;
 pub mod ring;
 pub mod spawn;
@@ -248,6 +249,9 @@ fn run(cli: Cli) -> Result<()> {
         )),
         _ => CliError::runtime(e.to_string()),
     })?;
+    // Another shell's environment may compute another socket than the one
+    // the running bus listens on: bus.meta says which (`recorded`).
+    let endpoint = recorded::prefer_recorded(endpoint, uid);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -353,3 +353,41 @@ fn restart_without_a_bus_starts_one() {
     );
     assert_eq!(env.busd_pids().len(), 1);
 }
+
+/// Issue 44, item 1: a shell whose environment computes another socket (no
+/// or another `XDG_RUNTIME_DIR`: cron, ssh, `sudo -u`) finds the running
+/// bus through the socket `bus.meta` records: status says it runs (same
+/// pid), doctor does not call it stale, and a publish reaches it instead
+/// of failing on its lock.
+#[test]
+fn another_shells_runtime_dir_finds_the_running_bus_through_bus_meta() {
+    let env = TestEnv::new();
+    env.publish("other.k", "first", &[]);
+    let pid = env.bus_meta_pid().expect("bus.meta names the pid");
+    let other = env.root().join("run2");
+    std::fs::create_dir(&other).expect("another runtime dir");
+    std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("chmod");
+    let elsewhere = |args: &[&str]| {
+        env.dws(args)
+            .env("XDG_RUNTIME_DIR", &other)
+            .run_with_timeout(EXIT_TIMEOUT)
+    };
+    let st = elsewhere(&["event", "status", "--format", "json"]);
+    st.assert_code(0);
+    let doc: serde_json::Value = serde_json::from_str(&st.stdout).expect("status JSON");
+    assert_eq!(
+        (doc["running"].as_bool(), doc["bus"]["pid"].as_i64()),
+        (Some(true), Some(pid as i64)),
+        "{st}"
+    );
+    let doctor = elsewhere(&["event", "doctor"]);
+    assert!(
+        !doctor.stdout.contains("stale") && !doctor.stdout.contains("kill"),
+        "{doctor}"
+    );
+    let published = elsewhere(&["event", "publish", "other.k", "second"]);
+    published.assert_code(0);
+    assert_eq!(env.busd_pids(), vec![pid], "one bus");
+    assert_eq!(env.status()["log"]["head_seq"], 2);
+}
