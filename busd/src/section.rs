@@ -187,8 +187,8 @@ fn check_private_meta(
 fn duration(field: &str, v: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
     match v {
         None => Ok(default),
-        Some(s) => humantime::parse_duration(s)
-            .map_err(|e| format!("{e} (expected a duration like 30s, 5m)"))
+        Some(s) => proto::duration::parse(s)
+            .map_err(|e| e.to_string())
             .and_then(|d| proto::limits::check_duration("it", d))
             .map_err(|e| invalid(format!("{field} = {s:?}: {e}"))),
     }

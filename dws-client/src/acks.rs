@@ -51,7 +51,7 @@ pub fn parse(line: &str) -> Result<AckLine, String> {
             let delay = match words.next() {
                 None => Duration::ZERO,
                 Some("0") => Duration::ZERO,
-                Some(d) => humantime::parse_duration(d)
+                Some(d) => proto::duration::parse(d)
                     .ok()
                     .filter(|&d| d <= proto::limits::MAX_DURATION)
                     .ok_or_else(|| {

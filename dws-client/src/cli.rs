@@ -89,7 +89,7 @@ pub enum EventCmd {
 ///
 /// stderr carries exactly a ready line, after the subscription is confirmed
 /// and before any event, and an exited line with the reason (limit, timeout,
-/// signal, bus_shutdown, source_lost, halted); on failure it carries one `Error:` line
+/// signal, bus_shutdown, stopped, taken_over, source_lost, halted); on failure it carries one `Error:` line
 /// instead, with exit code 1 (runtime), 2 (usage) or 3 (permission). A bus
 /// that vanished without saying goodbye (crash, kill -9) adds the line
 /// `[event] bus connection lost without goodbye` before the exited line.
@@ -101,6 +101,9 @@ pub enum EventCmd {
 /// ends: `dws event consume KEY --duration 1h < <(tail -f /dev/null)`. Do
 /// not use `kill -9`: the run cannot clean up, and its subscription lingers
 /// until its TTL expires.
+///
+/// DUR, here and in every dws command: a number and a unit (ms, s, m, h, d),
+/// or several: 30s, 5m, 1h30m, 2d.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
     /// Event keys: exact (im.message), prefix (im.*) or all (*); no empty segment (a..b, .a, a.).

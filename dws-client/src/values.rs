@@ -25,10 +25,10 @@ pub fn parse_ttl(s: &str) -> Result<Duration, String> {
 }
 
 /// What a duration looks like, for messages.
-const LIKE: &str = "use one like 30s, 5m, 1h (a number, then a unit)";
+const LIKE: &str = "use a number and a unit (ms, s, m, h, d), or several: 30s, 5m, 1h30m";
 
-/// A humantime duration (`30s`, `5m`, `1h 30m`), more than zero and at
-/// most 100 years (`proto::limits::MAX_DURATION`).
+/// A duration (`proto::duration`: `30s`, `5m`, `1h30m`), more than zero
+/// and at most 100 years (`proto::limits::MAX_DURATION`).
 pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if let Some(rest) = t.strip_prefix('-') {
@@ -38,20 +38,18 @@ pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
             format!("a value is missing ({t} is a flag): {LIKE}")
         });
     }
-    match humantime::parse_duration(t) {
+    use proto::duration::DurationError as E;
+    match proto::duration::parse(t) {
         Ok(d) if d.is_zero() => Err(format!("must be more than 0: {LIKE}")),
         Ok(d) => proto::limits::check_duration(&crate::exit::quoted(t), d),
-        // humantime's message repeats the unit it did not know, whole.
-        Err(humantime::DurationError::UnknownUnit { unit, .. }) if !unit.is_empty() => {
-            Err(format!(
-                "unknown time unit {}: {LIKE}; units: ms, s, m, h, d",
-                crate::exit::quoted(&unit)
-            ))
-        }
-        Err(humantime::DurationError::NumberOverflow) => Err("too long: at most 100 years".into()),
-        Err(humantime::DurationError::Empty) => Err(format!("empty: {LIKE}")),
-        // "expected number at 0" and the like: a position in a word.
-        Err(_) => Err(format!("not a duration: {LIKE}")),
+        Err(E::UnknownUnit(unit)) => Err(format!(
+            "unknown time unit {}: {LIKE}",
+            crate::exit::quoted(&unit)
+        )),
+        Err(E::TooLong) => Err("too long: at most 100 years".into()),
+        Err(E::Empty) => Err(format!("empty: {LIKE}")),
+        Err(E::NoUnit) => Err(format!("a number without a unit: {LIKE}")),
+        Err(E::NoNumber) => Err(format!("not a duration: {LIKE}")),
     }
 }
 
@@ -91,7 +89,7 @@ mod tests {
         assert_eq!(parse_ttl("never"), Ok(Duration::MAX));
         assert_eq!(parse_ttl("2s"), Ok(Duration::from_secs(2)));
         assert!(parse_ttl("0").is_err());
-        let err = parse_ttl("500000000000years").unwrap_err();
+        let err = parse_ttl("50000000000d").unwrap_err();
         assert!(err.contains("100 years") && err.contains("never"), "{err}");
         assert_eq!(
             proto::limits::ttl_to_ms(Duration::MAX),
@@ -102,10 +100,15 @@ mod tests {
     #[test]
     fn a_bad_duration_says_what_a_duration_is() {
         for (input, says) in [
-            ("forever", "not a duration: use one like 30s"),
+            ("forever", "not a duration: use a number and a unit"),
             ("-1s", "cannot be negative"),
             ("--quiet", "a value is missing (--quiet is a flag)"),
             ("5x", "unknown time unit \"x\""),
+            // Issue 44, item 4: one grammar — no months, no words, no
+            // number without its unit; combinations are fine.
+            ("5M", "unknown time unit \"M\""),
+            ("1hour", "unknown time unit \"hour\""),
+            ("1h30", "a number without a unit"),
             ("0s", "must be more than 0"),
             ("", "empty"),
         ] {
@@ -113,6 +116,10 @@ mod tests {
             assert!(e.contains(says), "{input:?}: {e}");
             assert!(!e.contains(" at 0"), "{input:?}: {e}");
         }
+        assert_eq!(
+            parse_nonzero_duration("1h30m"),
+            Ok(Duration::from_secs(5400))
+        );
         let e = parse_ttl("forever").unwrap_err();
         assert!(e.ends_with(", or never (lives until removed)"), "{e}");
     }

@@ -17,6 +17,7 @@
 //! This crate does no socket I/O.
 
 pub mod codec;
+pub mod duration;
 pub mod json;
 pub mod limits;
 pub mod lines;

@@ -835,3 +835,36 @@ fn a_durable_subscription_keeps_events_published_while_nobody_is_attached() {
         "{out}"
     );
 }
+
+/// Issue 44, item 4: one duration grammar for every flag and variable —
+/// a number and a unit (ms, s, m, h, d), or several (`1h30m`). `5M` was
+/// 152 days (months), `1hour` was accepted and `1h30` refused.
+#[test]
+fn every_duration_takes_one_grammar_and_refuses_months_words_and_bare_numbers() {
+    let env = TestEnv::new();
+    for bad in ["5M", "1y", "1hour", "1h30", "1 hour"] {
+        let out = env
+            .dws(["event", "consume", "g.k", "--duration", bad])
+            .run_with_timeout(EXIT_TIMEOUT);
+        out.assert_error(2);
+        assert!(out.stderr.contains("ms, s, m, h, d"), "{bad}: {out}");
+    }
+    let ok = env
+        .dws([
+            "event",
+            "consume",
+            "g.k",
+            "--duration",
+            "1h30m",
+            "--dry-run",
+        ])
+        .run_with_timeout(EXIT_TIMEOUT);
+    ok.assert_code(0);
+    assert!(ok.stdout.contains("5400"), "{ok}");
+    let out = env
+        .dws(["event", "publish", "g.k", "{}"])
+        .env("DWS_EVENT_BUS_IDLE_TIMEOUT", "5M")
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_error(2);
+    assert!(env.busd_pids().is_empty(), "no bus started");
+}

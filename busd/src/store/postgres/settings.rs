@@ -105,11 +105,8 @@ pub const LEASE_MAX: Duration = Duration::from_secs(600);
 
 /// A lease bound (`value`, from `from`), within [`LEASE_MIN`]..=[`LEASE_MAX`].
 pub fn lease_bound(value: &str, from: &str) -> Result<Duration, ConfigError> {
-    let d = humantime::parse_duration(value.trim()).map_err(|e| {
-        ConfigError::Invalid(format!(
-            "{from} = {}: not a duration ({e}); use e.g. \"10s\"",
-            quoted(value)
-        ))
+    let d = proto::duration::parse(value).map_err(|e| {
+        ConfigError::Invalid(format!("{from} = {}: not a duration ({e})", quoted(value)))
     })?;
     if !(LEASE_MIN..=LEASE_MAX).contains(&d) {
         return Err(ConfigError::Invalid(format!(
