@@ -127,6 +127,38 @@ impl Args {
     }
 }
 
+/// A flag error's message naming the flag (`'--idle-timeout <DUR>'`) when
+/// the value came from its environment variable, which the user set (they
+/// never typed the flag): the variable is named instead.
+pub fn name_the_variable(message: &str, argv: &[String]) -> String {
+    for arg in Args::command().get_arguments() {
+        let (Some(long), Some(var)) = (arg.get_long(), arg.get_env()) else {
+            continue;
+        };
+        let flag = format!("--{long}");
+        let typed = argv
+            .iter()
+            .any(|a| a == &flag || a.starts_with(&format!("{flag}=")));
+        let quoted = format!("'{flag}");
+        let Some(at) = message.find(&quoted) else {
+            continue;
+        };
+        if typed || std::env::var_os(var).is_none() {
+            continue;
+        }
+        let Some(len) = message[at + 1..].find('\'') else {
+            continue;
+        };
+        return format!(
+            "{}{}{}",
+            &message[..at],
+            var.to_string_lossy(),
+            &message[at + len + 2..]
+        );
+    }
+    message.to_owned()
+}
+
 /// The effective idle timeout: `given` unless it is only the default and the
 /// bus runs under a service manager, where idling out would look like a crash.
 pub fn idle_timeout(given: Duration, explicit: bool, supervised: bool) -> Duration {

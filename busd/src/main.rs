@@ -53,6 +53,7 @@ fn main() -> ExitCode {
                 .unwrap_or(&msg)
                 .trim_start_matches("error: ")
                 .to_owned();
+            let first = busd::config::name_the_variable(&first, &argv);
             if let Ok(mut pipe) =
                 busd::ready::ReadyPipe::from_fd(busd::config::ready_fd_from_argv(&argv))
             {

@@ -64,17 +64,54 @@ pub fn profile_names(config_root: &Path) -> Result<Vec<String>, ConfigError> {
     parse_file(&config_root.join("config.toml")).map(|f| f.profiles.into_keys().collect())
 }
 
-/// Checks one profile's section, `None` when the file has none.
+/// Checks one profile's section: empty when the file names no profile at
+/// all or this is the default profile; a file that names profiles but not
+/// this one is refused (a mistyped `--profile` would otherwise start a new,
+/// empty bus beside the intended one).
 fn section_of(file: FileConfig, profile: &str, path: &Path) -> Result<ProfileSection, ConfigError> {
+    let named: Vec<String> = file.profiles.keys().cloned().collect();
     match file.profiles.into_iter().find(|(k, _)| k == profile) {
-        None => Ok(ProfileSection::default()),
+        None if named.is_empty() || profile == proto::paths::DEFAULT_PROFILE => {
+            Ok(ProfileSection::default())
+        }
+        None => Err(invalid(format!(
+            "{}: has no profile {} (it has {}): check the name, or add [profiles.{profile}] \
+             to use a new one",
+            path.display(),
+            proto::limits::quoted(profile),
+            named.join(", ")
+        ))),
         Some((_, value)) => ProfileSection::deserialize(value).map_err(|e| {
             invalid(format!(
                 "{}: [profiles.{profile}]: {}",
                 path.display(),
-                e.to_string().replace('\n', " ").trim()
+                nearest_key(e.to_string().replace('\n', " ").trim())
             ))
         }),
+    }
+}
+
+/// serde's "unknown field `stroe`, expected one of `source`, `store`, …"
+/// (31 keys) as one short line: the key and the nearest valid one, when one
+/// is near (`unknown key \`stroe\` (did you mean \`store\`?)`), else the key
+/// and the valid ones.
+fn nearest_key(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_owned();
+    };
+    let Some((key, expected)) = rest.split_once("`, expected one of ") else {
+        return message.to_owned();
+    };
+    let best = expected
+        .split(", ")
+        .map(|k| k.trim_matches('`'))
+        .map(|k| (strsim::damerau_levenshtein(key, k), k))
+        .min();
+    match best {
+        Some((d, k)) if d <= 2.max(key.len() / 3) => {
+            format!("unknown key `{key}` (did you mean `{k}`?)")
+        }
+        _ => format!("unknown key `{key}`; the keys are {expected}"),
     }
 }
 
@@ -252,7 +289,12 @@ mod tests {
             0o644,
         );
         let err = load(tmp.path(), "p", &EnvOverrides::default()).unwrap_err();
-        assert!(err.to_string().contains("unknown field"), "{err}");
+        // Issue 44, item 6: the nearest key, not a list of 31.
+        assert!(
+            err.to_string()
+                .ends_with("unknown key `comand` (did you mean `command`?)"),
+            "{err}"
+        );
         write(tmp.path(), "[profiles.p]\nsource = \"nope\"\n", 0o644);
         assert!(load(tmp.path(), "p", &EnvOverrides::default())
             .unwrap_err()

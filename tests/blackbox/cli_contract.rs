@@ -868,3 +868,51 @@ fn every_duration_takes_one_grammar_and_refuses_months_words_and_bare_numbers() 
     out.assert_error(2);
     assert!(env.busd_pids().is_empty(), "no bus started");
 }
+
+/// Issue 44, item 6: what a user set is what an error names. A bad
+/// `DWS_EVENT_BUS_IDLE_TIMEOUT` names the variable (not busd's
+/// `--idle-timeout`, never typed); a mistyped key names the nearest one;
+/// a `--profile` that config.toml does not name is refused (it silently
+/// started a new, empty bus) unless it is the default.
+#[test]
+fn errors_name_the_variable_the_nearest_key_and_a_profile_the_file_lacks() {
+    let env = TestEnv::new();
+    let out = env
+        .dws(["event", "publish", "e.k", "{}"])
+        .env("DWS_EVENT_BUS_IDLE_TIMEOUT", "10")
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_error(2);
+    assert!(
+        out.stderr.contains("DWS_EVENT_BUS_IDLE_TIMEOUT") && !out.stderr.contains("--idle-timeout"),
+        "{out}"
+    );
+
+    env.write_private("config.toml", "[profiles.default]\nstroe = \"disk\"\n");
+    let out = env
+        .dws(["event", "publish", "e.k", "{}"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_error(2);
+    assert!(out.stderr.contains("did you mean `store`?"), "{out}");
+    assert!(
+        !out.stderr.contains("client_secret"),
+        "no list of every key: {out}"
+    );
+
+    env.write_private("config.toml", "[profiles.default]\n\n[profiles.mits]\n");
+    let out = env
+        .dws(["event", "publish", "e.k", "{}", "--profile", "mits2"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    out.assert_error(2);
+    assert!(
+        out.stderr
+            .contains("has no profile \"mits2\" (it has default, mits)"),
+        "{out}"
+    );
+    assert!(
+        !env.cfg_dir().join("events/mits2").exists(),
+        "no work dir made"
+    );
+    env.dws(["event", "publish", "e.k", "{}", "--profile", "mits"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+}

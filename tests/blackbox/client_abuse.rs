@@ -212,7 +212,7 @@ fn huge_invalid_input_is_echoed_only_in_part() {
     assert_short_usage_error(
         &env,
         &["event", "consume", "k", "--duration", &duration],
-        &["--duration", "bytes)", "use one like 30s"],
+        &["--duration", "bytes)", "(ms, s, m, h, d)"],
     );
     let flag = format!("--{}", "f".repeat(HUGE));
     assert_short_usage_error(

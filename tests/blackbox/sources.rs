@@ -110,7 +110,7 @@ fn config_errors_are_exit_2_with_the_reason_and_start_no_bus() {
     let cases: &[(&str, &str)] = &[
         ("[profiles.default]\nsource = \"nope\"\n", "unknown source \"nope\""),
         ("[profiles.default]\nsource = \"exec\"\n", "the exec source needs a command"),
-        ("[profiles.default]\nsource = \"exec\"\ncomand = [\"x\"]\n", "unknown field `comand`"),
+        ("[profiles.default]\nsource = \"exec\"\ncomand = [\"x\"]\n", "unknown key `comand` (did you mean `command`?)"),
         (
             "[profiles.default]\nsource = \"exec\"\ncommand = [\"x\"]\nrestart_min = \"soon\"\n",
             "restart_min = \"soon\"",

@@ -113,7 +113,7 @@ pub fn checks(config_root: &Path, current: &str, env: &EnvOverrides, network: bo
 
 fn failed(check: &'static str, profile: &str, e: &ConfigError) -> Check {
     let hint = match e {
-        ConfigError::Invalid(_) => "fix the key or value named (see docs/guide.md Configuration)",
+        ConfigError::Invalid(_) => "fix the key or value the message names",
         ConfigError::Permission(_) => "chmod 600 the file named, or make it readable by you",
     };
     Check {
