@@ -22,17 +22,19 @@
 # this text, then every flag of dws-bench once it is built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/target-dir.sh
+release="$(cargo_target_dir)/release"
 case "${1:-}" in
     -h|--help)
         awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
-        if [ -x target/release/dws-bench ]; then
+        if [ -x "$release/dws-bench" ]; then
             echo
-            exec target/release/dws-bench --help
+            exec "$release/dws-bench" --help
         fi
         echo
-        echo "(dws-bench is not built yet: scripts/bench.sh builds it first; its flags: target/release/dws-bench --help)"
+        echo "(dws-bench is not built yet: scripts/bench.sh builds it first; its flags: dws-bench --help in cargo's release dir)"
         exit 0
         ;;
 esac
 cargo build --release --workspace --bins --features dws-tests/peers --quiet
-exec target/release/dws-bench --bin-dir "$PWD/target/release" "$@"
+exec "$release/dws-bench" --bin-dir "$release" "$@"

@@ -10,8 +10,9 @@
 # (consumers, bus, fake) and removes the dir on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/target-dir.sh
 cargo build --workspace --bins --quiet
-bin="$PWD/target/debug"
+bin="$(cargo_target_dir)/debug"
 demo=$(mktemp -d /tmp/dws-dingtalk-demo.XXXXXX)
 export DWS_CONFIG_DIR="$demo/cfg" XDG_RUNTIME_DIR="$demo/run"
 # Short reconnect backoff for the demo (default 1 s doubling to 60 s).

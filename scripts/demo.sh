@@ -4,11 +4,12 @@
 # Runs in a private temp config/runtime dir and stops its bus at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x target/debug/dws ] || [ ! -x target/debug/busd ]; then
+. scripts/target-dir.sh
+bin="$(cargo_target_dir)/debug"
+if [ ! -x "$bin/dws" ] || [ ! -x "$bin/busd" ]; then
   echo "demo.sh: building dws and busd (debug); the first build takes a few minutes" >&2
 fi
 cargo build --workspace --bins
-bin="$PWD/target/debug"
 demo=$(mktemp -d /tmp/dws-demo.XXXXXX)
 export DWS_CONFIG_DIR="$demo/cfg" XDG_RUNTIME_DIR="$demo/run"
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"

@@ -41,7 +41,8 @@ cargo build --workspace --bins
 cargo test --workspace "$@"
 
 # The client libraries, each test against a private bus of the dws just built.
-export DWS_BIN="$PWD/target/debug/dws"
+. scripts/target-dir.sh
+export DWS_BIN="$(cargo_target_dir)/debug/dws"
 if ! python3 -m pytest --version >/dev/null 2>&1; then
   echo "scripts/test.sh: installing pytest for the Python library's tests" >&2
   python3 -m pip install --quiet pytest || {

@@ -692,3 +692,29 @@ fn the_test_script_prints_its_usage_on_help_instead_of_running() {
     out.assert_code(0);
     assert!(out.stdout.contains("Usage: scripts/test.sh"), "{out}");
 }
+
+/// Issue 44, item 8: a script finds the binaries where cargo built them
+/// (`scripts/target-dir.sh`: CARGO_TARGET_DIR, a config's build.target-dir,
+/// or ./target). demo.sh ran `./target/debug/dws` after building elsewhere
+/// (exit 127).
+#[test]
+fn no_script_assumes_the_target_directory_is_dot_target() {
+    let scripts = workspace().join("scripts");
+    let mut offenders = vec![];
+    for entry in std::fs::read_dir(&scripts).expect("scripts/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "sh") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a script");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if !code.starts_with('#')
+                && (code.contains("target/debug") || code.contains("target/release"))
+            {
+                offenders.push(format!("{}:{}: {line}", path.display(), n + 1));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
