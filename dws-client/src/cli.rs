@@ -8,7 +8,9 @@ use crate::values::{
     parse_count, parse_interval, parse_nonzero_duration, parse_seq, parse_step, parse_ttl,
 };
 
+mod logs;
 mod publish;
+pub use logs::LogsArgs;
 pub use publish::PublishArgs;
 
 /// `dws --version`: the build and the protocol version it speaks, the same
@@ -75,6 +77,7 @@ pub enum EventCmd {
     Subscribe(SubscribeArgs),
     Unsubscribe(UnsubscribeArgs),
     Get(GetArgs),
+    Logs(LogsArgs),
     /// The running bus's subscription ids, one a line (for completion
     /// scripts; prints nothing without a bus, never starts one).
     #[command(name = "__subscription-ids", hide = true)]

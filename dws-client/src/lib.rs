@@ -33,6 +33,7 @@ pub mod doctor;
 pub mod exit;
 pub mod files;
 pub mod human;
+pub mod logs;
 pub mod metrics;
 pub mod output;
 pub mod publish_lines;
@@ -273,6 +274,7 @@ fn run(cli: Cli) -> Result<()> {
         EventCmd::Subscribe(args) => runtime.block_on(commands::subscribe(args, &endpoint)),
         EventCmd::Unsubscribe(args) => runtime.block_on(commands::unsubscribe(args, &endpoint)),
         EventCmd::Get(args) => runtime.block_on(reading::get(args, &endpoint)),
+        EventCmd::Logs(args) => logs::run(args, &endpoint),
         EventCmd::SubscriptionIds => runtime.block_on(docs::subscription_ids(&endpoint)),
         EventCmd::Subscription(verb) => runtime.block_on(subscription::run(verb, &endpoint)),
     }

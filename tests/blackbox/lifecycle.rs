@@ -391,3 +391,33 @@ fn another_shells_runtime_dir_finds_the_running_bus_through_bus_meta() {
     assert_eq!(env.busd_pids(), vec![pid], "one bus");
     assert_eq!(env.status()["log"]["head_seq"], 2);
 }
+
+/// Issue 44, item 9: `dws event logs [-n N] [-f]` prints the profile's
+/// bus.log (a user hunted for the file), its last N lines, and with -f what
+/// the bus writes next; a profile whose bus never ran has no log (exit 1).
+#[test]
+fn logs_prints_the_bus_log_its_tail_and_follows_it() {
+    let env = TestEnv::new();
+    env.dws(["event", "logs"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_error(1);
+    env.publish("log.k", "x", &[]);
+    let all = env.dws(["event", "logs"]).run_with_timeout(EXIT_TIMEOUT);
+    all.assert_code(0);
+    assert!(all.stdout.contains("bus ready"), "{all}");
+    let one = env
+        .dws(["event", "logs", "-n", "1"])
+        .run_with_timeout(EXIT_TIMEOUT);
+    one.assert_code(0);
+    assert_eq!(one.stdout.lines().count(), 1, "{one}");
+    assert!(all.stdout.ends_with(&one.stdout), "{one}");
+    let mut f = env.dws(["event", "logs", "-f", "-n", "1"]).spawn();
+    f.wait_stdout_lines(1, EXIT_TIMEOUT);
+    env.dws(["event", "stop"])
+        .run_with_timeout(EXIT_TIMEOUT)
+        .assert_code(0);
+    f.wait_stdout_line("the stop, followed", EXIT_TIMEOUT, |l| {
+        l.contains("shutting down")
+    });
+    f.signal(Sig::SIGTERM);
+}
