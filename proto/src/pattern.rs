@@ -92,7 +92,7 @@ fn check_key(k: &str, segments: bool) -> Result<(), &'static str> {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/'))
     {
-        return Err("use letters, digits and . _ - : / only");
+        return Err("it holds a character other than letters, digits and . _ - : /");
     }
     if segments && k.split('.').any(str::is_empty) {
         return Err("it has an empty segment (two dots in a row, or a dot at its start or end)");
@@ -115,7 +115,7 @@ pub fn check_event_type(t: &str) -> Result<(), String> {
             crate::limits::quoted(t)
         )),
         Err(why) => Err(format!(
-            "invalid event type {}: {why}; use letters, digits and . _ - : / (no wildcards), e.g. im.message",
+            "invalid event type {}: {why}; publish one exact type (no wildcards), e.g. im.message",
             crate::limits::quoted(t)
         )),
     }
@@ -131,6 +131,9 @@ mod tests {
         assert!(check_event_type("a.*")
             .unwrap_err()
             .contains("no wildcards"));
+        // Issue 44, item 7: the rule once, not twice.
+        let e = check_event_type("bad key").unwrap_err();
+        assert_eq!(e.matches("letters, digits").count(), 1, "{e}");
     }
 
     #[test]
