@@ -7,7 +7,9 @@
 //! write but the bus's own mapping, opened read-only, of the size the bus
 //! says — else the run goes on with bytes
 //! over the socket, as with an older bus. A batch that does not check out
-//! ([`RingView::batch`]) is an error, never a wrong line.
+//! ([`RingView::batch`]) is never printed: the consumer drops it, asks for
+//! its events again (`Ack.ring_off` with their nacks: they come back as
+//! bytes, marked redelivered) and reads the ring no more that run.
 
 use std::{
     io::{IoSliceMut, Write},
@@ -228,7 +230,7 @@ impl Reader {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
     use proto::ring::{Header, Kind};
@@ -236,7 +238,7 @@ mod tests {
 
     const LEN: usize = CHUNKS * CHUNK_SIZE;
 
-    fn offer() -> v1::RingOffer {
+    pub(crate) fn offer() -> v1::RingOffer {
         v1::RingOffer {
             request_id: 1,
             chunks: CHUNKS as u32,
@@ -245,11 +247,11 @@ mod tests {
     }
 
     /// The bus's writable mapping of a test ring (made before the seals).
-    struct Writable(NonNull<std::ffi::c_void>);
+    pub(crate) struct Writable(NonNull<std::ffi::c_void>);
 
     impl Writable {
         /// Writes `bytes` at `at`, as the bus writes its ring.
-        fn write_at(&self, at: usize, bytes: &[u8]) {
+        pub(crate) fn write_at(&self, at: usize, bytes: &[u8]) {
             assert!(at + bytes.len() <= LEN);
             // SAFETY: within the mapping of LEN bytes made in `ring_file`.
             unsafe {
@@ -275,7 +277,7 @@ mod tests {
     /// 64; `seal`: sealed as the bus seals it (size, and every write but
     /// the mapping made before). Returns the file, the bus's mapping and a
     /// read-only descriptor of it.
-    fn ring_file(seal: bool) -> (File, Writable, OwnedFd) {
+    pub(crate) fn ring_file(seal: bool) -> (File, Writable, OwnedFd) {
         let name = CString::new("test-ring").unwrap();
         let fd = memfd_create(&name, MemFdCreateFlag::MFD_ALLOW_SEALING).unwrap();
         let f = File::from(fd);
@@ -332,7 +334,12 @@ mod tests {
         (cuts, body)
     }
 
-    fn frame(first_line: u32, count: u32, first_seq: u64) -> v1::RingBatch {
+    /// The ring of `ro`, as a consumer maps it.
+    pub(crate) fn view(ro: OwnedFd) -> RingView {
+        RingView::map(ro, &offer()).expect("a good ring is taken")
+    }
+
+    pub(crate) fn frame(first_line: u32, count: u32, first_seq: u64) -> v1::RingBatch {
         v1::RingBatch {
             id: 1,
             batch: 9,

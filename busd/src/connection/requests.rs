@@ -72,6 +72,10 @@ impl Connection {
                 if ack.ring_read > 0 {
                     self.ring_read(ack.ring_read);
                 }
+                if ack.ring_off {
+                    // Before its nacks: what they give back comes as bytes.
+                    self.ring_batches = false;
+                }
                 self.hub.ack(self.id, &ack)
             }
             C::RingRequest(req) => self.ring_offer(req.request_id),

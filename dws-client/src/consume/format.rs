@@ -38,6 +38,12 @@ pub(super) struct Formatter<'a> {
     /// The last `RingBatch` read out of the ring (what `Ack.ring_read`
     /// tells the bus).
     pub(super) ring_read: u64,
+    /// The seqs of ring batches that failed their check (dropped, never
+    /// printed): the run asks for them again as bytes (`Ack.ring_off` and
+    /// nacks) and reads the ring no more.
+    pub(super) ring_dropped: Vec<u64>,
+    /// A ring batch failed its check this run (told once on stderr).
+    ring_off: bool,
 }
 
 impl<'a> Formatter<'a> {
@@ -49,6 +55,8 @@ impl<'a> Formatter<'a> {
         Formatter {
             ring,
             ring_read: 0,
+            ring_dropped: Vec::new(),
+            ring_off: false,
             plan,
             writer: EventWriter::new(plan.format, plan.data),
             chunk: Chunk::default(),
@@ -119,21 +127,37 @@ impl<'a> Formatter<'a> {
                 "the bus sent a ring batch to a consumer that does not read its ring",
             ));
         };
-        let read = ring
-            .batch(b)
-            .map_err(|e| CliError::runtime(format!("the bus sent {e}")))
-            .and_then(|(h, cuts, body)| {
-                let raw = self.plan.format == crate::cli::Format::Raw;
-                if (h.kind == proto::ring::Kind::Raw) != raw {
-                    return Err(CliError::runtime(
-                        "the bus sent a ring batch of lines of another format",
-                    ));
-                }
-                self.expand(b.first_seq, b.count, &cuts, &body)
-            });
-        self.ring = Some(ring);
         self.ring_read = b.id;
-        read
+        let (h, cuts, body) = match ring.batch(b) {
+            Ok(c) => c,
+            Err(e) => {
+                // Dropped, never printed: its events are asked for again as
+                // bytes, and the ring is read no more this run.
+                if !self.ring_off {
+                    self.ring_off = true;
+                    stderr_line(
+                        self.plan.quiet,
+                        &format!(
+                            "[event] {e}: its {} event(s) come again as bytes, and this run \
+                             reads the line ring no more",
+                            b.count
+                        ),
+                    );
+                }
+                self.ring_dropped
+                    .extend((0..u64::from(b.count)).map(|i| b.first_seq + i));
+                self.ring = Some(ring);
+                return Ok(None);
+            }
+        };
+        self.ring = Some(ring);
+        let raw = self.plan.format == crate::cli::Format::Raw;
+        if (h.kind == proto::ring::Kind::Raw) != raw {
+            return Err(CliError::runtime(
+                "the bus sent a ring batch of lines of another format",
+            ));
+        }
+        self.expand(b.first_seq, b.count, &cuts, &body)
     }
 
     fn expand(
@@ -318,6 +342,22 @@ mod tests {
         bad.count = 3;
         let mut f = Formatter::new(&plan, "s1", None);
         assert!(f.handle(Some(S::LineBatch(bad))).is_err());
+        assert!(f.chunk.bytes.is_empty() && f.take_seqs().is_empty());
+    }
+
+    /// Issue 49, row 3: a ring batch that fails its check is dropped (no
+    /// line printed, nothing to ack) and its events asked for again; the
+    /// run goes on (it used to end with exit 1, blaming the bus).
+    #[test]
+    fn a_ring_batch_that_fails_its_check_is_dropped_and_asked_for_again() {
+        use crate::ring::tests::{frame, ring_file, view};
+        let plan = plan(&["--quiet"]);
+        let (_file, w, ro) = ring_file(true);
+        let mut f = Formatter::new(&plan, "s1", Some(view(ro)));
+        w.write_at(proto::ring::CHUNK_SIZE + 64 + 60, b"X");
+        assert_eq!(f.handle(Some(S::RingBatch(frame(0, 2, 100)))), Ok(None));
+        assert_eq!(f.ring_dropped, [100, 101]);
+        assert_eq!(f.ring_read, 1, "the batch is released");
         assert!(f.chunk.bytes.is_empty() && f.take_seqs().is_empty());
     }
 

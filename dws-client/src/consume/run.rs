@@ -193,6 +193,23 @@ pub async fn run(plan: Plan, endpoint: &Endpoint, stdin_armed: bool) -> Result<(
                         Err(e) => ended = Some(Err(e)),
                     }
                 }
+                // A ring batch that failed its check: its events again, as
+                // bytes, and no more ring (with the batches read so far).
+                if !out.ring_dropped.is_empty() {
+                    ring_read.read = ring_read.read.max(out.ring_read);
+                    let ack = v1::Ack {
+                        nacks: out
+                            .ring_dropped
+                            .drain(..)
+                            .map(|seq| v1::Nack { seq, delay_ms: 0 })
+                            .collect(),
+                        ring_off: true,
+                        ring_read: ring_read.read,
+                        ..v1::Ack::default()
+                    };
+                    ring_read.told = ring_read.read;
+                    let _ = bus.send(C::Ack(ack)).await;
+                }
                 // Ring batches read out: the bus may write over them soon.
                 if out.ring_read > ring_read.read {
                     ring_read.read = out.ring_read;
