@@ -718,3 +718,17 @@ fn no_script_assumes_the_target_directory_is_dot_target() {
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
+
+/// ARCHITECTURE.md stays short: at most 20,000 characters (file-level
+/// detail lives in each module's `//!` header; the cluster's invariants in
+/// docs/cluster.md).
+#[test]
+fn architecture_stays_within_20k_characters() {
+    let arch =
+        std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let n = arch.chars().count();
+    assert!(
+        n <= 20_000,
+        "ARCHITECTURE.md has {n} characters (at most 20,000)"
+    );
+}
