@@ -59,25 +59,7 @@ impl From<std::io::Error> for OpenError {
     }
 }
 
-/// What a file type is, in words.
-pub fn describe(ft: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
-}
+pub use proto::file_type::describe;
 
 /// Opens `path` with `options` (its mode and flags kept) plus `O_NONBLOCK`,
 /// `O_CLOEXEC` and, unless `follow`, `O_NOFOLLOW`; refuses anything but a

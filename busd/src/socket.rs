@@ -18,7 +18,7 @@ use std::{
     io,
     os::{
         fd::AsRawFd,
-        unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     },
     path::Path,
 };
@@ -154,21 +154,7 @@ pub fn refuse_unless_regular(path: &Path, ft: fs::FileType) -> Result<(), StartE
     )))
 }
 
-fn describe(ft: fs::FileType) -> &'static str {
-    if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_file() {
-        "a regular file"
-    } else {
-        "a device"
-    }
-}
+use proto::file_type::describe;
 
 /// Binds the socket (removing a stale file first: the caller holds the lock,
 /// so no live bus can own it) and makes it 0600.

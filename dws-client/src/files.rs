@@ -10,7 +10,7 @@ use std::{
     fmt,
     fs::{File, OpenOptions},
     io::Read,
-    os::unix::fs::{FileTypeExt, OpenOptionsExt},
+    os::unix::fs::OpenOptionsExt,
     path::Path,
 };
 
@@ -38,24 +38,7 @@ impl fmt::Display for ReadError {
     }
 }
 
-/// What a file type is, in words.
-pub fn describe(ft: std::fs::FileType) -> &'static str {
-    if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
-}
+pub use proto::file_type::describe;
 
 /// Opens `path` for reading: non-blocking, `O_NOFOLLOW`, regular files only.
 pub fn open(path: &Path) -> Result<File, ReadError> {

@@ -18,6 +18,7 @@
 
 pub mod codec;
 pub mod duration;
+pub mod file_type;
 pub mod json;
 pub mod limits;
 pub mod lines;
