@@ -198,39 +198,11 @@ fn busd_modules_import_each_other_without_a_circle() {
             }
         }
     }
-    // Depth-first search for a back edge; report the circle it closes.
-    fn visit(
-        n: &str,
-        edges: &BTreeMap<String, BTreeSet<String>>,
-        path: &mut Vec<String>,
-        done: &mut BTreeSet<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(at) = path.iter().position(|p| p == n) {
-            let mut c = path[at..].to_vec();
-            c.push(n.to_owned());
-            return Some(c);
-        }
-        if done.contains(n) {
-            return None;
-        }
-        path.push(n.to_owned());
-        for m in edges.get(n).into_iter().flatten() {
-            if let Some(c) = visit(m, edges, path, done) {
-                return Some(c);
-            }
-        }
-        path.pop();
-        done.insert(n.to_owned());
-        None
-    }
-    let mut done = BTreeSet::new();
-    for n in edges.keys() {
-        if let Some(circle) = visit(n, &edges, &mut vec![], &mut done) {
-            panic!(
-                "busd's modules import each other in a circle: {}\n(edges: {edges:?})",
-                circle.join(" -> ")
-            );
-        }
+    if let Some(circle) = super::structure::circle(&edges) {
+        panic!(
+            "busd's modules import each other in a circle: {}\n(edges: {edges:?})",
+            circle.join(" -> ")
+        );
     }
 }
 

@@ -13,8 +13,8 @@ use std::{
 
 use super::repo::{crate_refs, files, workspace};
 
-/// The first circle in `edges`, if any.
-fn circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+/// The first circle in `edges`, if any (also `repo`'s busd check).
+pub(crate) fn circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
         n: &str,
         edges: &BTreeMap<String, BTreeSet<String>>,
