@@ -187,6 +187,42 @@ pub struct SubRecord {
     pub ack_wait_ms: Option<u64>,
 }
 
+#[cfg(test)]
+impl SubRecord {
+    /// A test's record: `id` on `pattern`, everything acked up to `cursor`,
+    /// active, nothing parked or pending; tests change what they look at
+    /// with `SubRecord { field, ..SubRecord::for_test(…) }`.
+    pub fn for_test(id: &str, pattern: &str, cursor: u64) -> SubRecord {
+        SubRecord {
+            id: id.into(),
+            patterns: vec![pattern.into()],
+            filter: String::new(),
+            ttl_ms: 600_000,
+            created_at_unix_ms: 0,
+            upstream_id: None,
+            cursor,
+            pinned: vec![],
+            max_sent_seq: cursor,
+            gap_lost: 0,
+            detached_since_unix_ms: None,
+            counters: SubCounters::default(),
+            max_deliver: 0,
+            on_poison: default_on_poison(),
+            state: default_state(),
+            halt: None,
+            deliveries: vec![],
+            parked: vec![],
+            acked: vec![],
+            shared: false,
+            backoff_ms: vec![],
+            delayed: vec![],
+            shared_from: 0,
+            where_exprs: vec![],
+            ack_wait_ms: None,
+        }
+    }
+}
+
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }

@@ -193,35 +193,13 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::{store::SubCounters, subscription::Subscription};
+    use crate::subscription::Subscription;
 
     fn record(id: &str) -> SubRecord {
         SubRecord {
-            id: id.into(),
-            patterns: vec!["a.b".into()],
-            filter: String::new(),
-            where_exprs: vec![],
-            ack_wait_ms: None,
-            ttl_ms: 600_000,
             created_at_unix_ms: 1,
-            upstream_id: None,
-            cursor: 5,
-            pinned: vec![],
-            max_sent_seq: 5,
-            gap_lost: 0,
             detached_since_unix_ms: Some(2),
-            counters: SubCounters::default(),
-            max_deliver: 0,
-            on_poison: "halt".into(),
-            state: "active".into(),
-            halt: None,
-            deliveries: vec![],
-            parked: vec![],
-            acked: vec![],
-            shared: false,
-            backoff_ms: vec![],
-            delayed: vec![],
-            shared_from: 0,
+            ..SubRecord::for_test(id, "a.b", 5)
         }
     }
 

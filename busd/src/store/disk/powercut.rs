@@ -29,7 +29,7 @@ use proptest::prelude::*;
 use super::{simfs::SimFs, DiskStore};
 use crate::{
     eventlog::LoggedEvent,
-    store::{Durability, Recovered, Snapshot, Store, SubCounters, SubRecord, SNAPSHOT_FORMAT},
+    store::{Durability, Recovered, Snapshot, Store, SubRecord, SNAPSHOT_FORMAT},
 };
 
 const SEGMENT: u64 = 700;
@@ -64,31 +64,8 @@ fn snapshot(head: u64, floor: u64, cursor: u64) -> Snapshot {
         log_floor: floor,
         saved_at_unix_ms: head as i64,
         subscriptions: vec![SubRecord {
-            id: "s".into(),
-            patterns: vec!["*".into()],
-            filter: String::new(),
-            where_exprs: vec![],
-            ack_wait_ms: None,
             ttl_ms: 0,
-            created_at_unix_ms: 0,
-            upstream_id: None,
-            cursor,
-            pinned: vec![],
-            max_sent_seq: cursor,
-            gap_lost: 0,
-            detached_since_unix_ms: None,
-            counters: SubCounters::default(),
-            max_deliver: 0,
-            on_poison: "halt".into(),
-            state: "active".into(),
-            halt: None,
-            deliveries: vec![],
-            parked: vec![],
-            acked: vec![],
-            shared: false,
-            backoff_ms: vec![],
-            delayed: vec![],
-            shared_from: 0,
+            ..SubRecord::for_test("s", "*", cursor)
         }],
     }
 }

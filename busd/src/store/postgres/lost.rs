@@ -43,23 +43,7 @@ mod tests {
 
     fn rec(id: &str, cursor: u64, parked: &[u64]) -> SubRecord {
         SubRecord {
-            id: id.into(),
-            patterns: vec!["a.*".into()],
-            filter: String::new(),
             ttl_ms: 60_000,
-            created_at_unix_ms: 0,
-            upstream_id: None,
-            cursor,
-            pinned: vec![],
-            max_sent_seq: cursor,
-            gap_lost: 0,
-            detached_since_unix_ms: None,
-            counters: Default::default(),
-            max_deliver: 0,
-            on_poison: "halt".into(),
-            state: "active".into(),
-            halt: None,
-            deliveries: vec![],
             parked: parked
                 .iter()
                 .map(|&seq| ParkedRecord {
@@ -69,13 +53,7 @@ mod tests {
                     reason: None,
                 })
                 .collect(),
-            acked: vec![],
-            shared: false,
-            backoff_ms: vec![],
-            delayed: vec![],
-            shared_from: 0,
-            where_exprs: vec![],
-            ack_wait_ms: None,
+            ..SubRecord::for_test(id, "a.*", cursor)
         }
     }
 

@@ -47,21 +47,9 @@ fn evs(seqs: std::ops::RangeInclusive<u64>) -> Vec<Arc<LoggedEvent>> {
 
 fn sub(id: &str, cursor: u64) -> SubRecord {
     SubRecord {
-        shared: false,
-        shared_from: 0,
-        where_exprs: vec![],
-        ack_wait_ms: None,
-        id: id.into(),
-        patterns: vec!["a.*".into()],
-        filter: String::new(),
-        ttl_ms: 600_000,
         created_at_unix_ms: 1_700_000_000_000,
-        upstream_id: None,
-        cursor,
-        pinned: vec![],
         max_sent_seq: cursor + 2,
         gap_lost: 1,
-        detached_since_unix_ms: None,
         counters: SubCounters {
             matched: 9,
             delivered: 8,
@@ -70,8 +58,6 @@ fn sub(id: &str, cursor: u64) -> SubRecord {
         },
         max_deliver: 3,
         on_poison: "park".into(),
-        state: "active".into(),
-        halt: None,
         deliveries: vec![(cursor + 1, 2)],
         parked: vec![ParkedRecord {
             seq: cursor + 3,
@@ -82,6 +68,7 @@ fn sub(id: &str, cursor: u64) -> SubRecord {
         acked: vec![cursor + 2],
         backoff_ms: vec![1_000, 60_000],
         delayed: vec![(cursor + 1, 1_700_000_100_000)],
+        ..SubRecord::for_test(id, "a.*", cursor)
     }
 }
 
