@@ -182,6 +182,7 @@ fn shared_evidence(
     views: &[String],
 ) -> String {
     use dws_tests::history::{Violation as V, SHARED_HOST};
+    use std::collections::BTreeSet;
     let mut missing: Vec<(String, u64)> = violations
         .iter()
         .filter_map(|v| match v {
@@ -204,6 +205,19 @@ fn shared_evidence(
         "SELECT subscription, seq, host, incarnation, done, lost, deliveries, \
          claimed_until < now() FROM dws_claim ORDER BY subscription, seq",
     );
+    // The incarnations running now: a claim of any other is a dead run's.
+    let live: BTreeSet<String> = server
+        .psql("SELECT incarnation FROM dws_host")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let whose = |host: &str, inc: &str| {
+        if live.contains(inc) {
+            format!("{host} (incarnation {inc}, running)")
+        } else {
+            format!("{host} (incarnation {inc}, a dead run)")
+        }
+    };
     let by_seq: std::collections::HashMap<(String, u64), String> = claims
         .lines()
         .filter_map(|l| {
@@ -213,10 +227,10 @@ fn shared_evidence(
                 (_, &"t", _) => "marked lost".to_owned(),
                 (&"t", _, _) => format!("acked (done) on {}", f[2]),
                 (_, _, &"t") => format!(
-                    "claimed by {} (incarnation {}), expired, never taken again",
-                    f[2], f[3]
+                    "claimed by {}, expired, never taken again",
+                    whose(f[2], f[3])
                 ),
-                _ => format!("still held by {} (incarnation {})", f[2], f[3]),
+                _ => format!("still held by {}", whose(f[2], f[3])),
             };
             Some(((f[0].to_owned(), seq), why))
         })
