@@ -6,7 +6,8 @@
 use super::*;
 use bytes::Bytes;
 
-fn ev(seq: u64) -> Arc<LoggedEvent> {
+/// An `a.x` event at `seq` (also the slow and verb tests' event).
+pub(super) fn ev(seq: u64) -> Arc<LoggedEvent> {
     Arc::new(LoggedEvent {
         seq,
         event_type: "a.x".into(),

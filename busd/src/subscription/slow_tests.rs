@@ -4,16 +4,8 @@
 //! with their due time and are kept from retention within a bound.
 
 use super::*;
-use bytes::Bytes;
 
-fn ev(seq: u64) -> Arc<LoggedEvent> {
-    Arc::new(LoggedEvent {
-        seq,
-        event_type: "a.x".into(),
-        encoded: Bytes::from_static(b"x").into(),
-        ..LoggedEvent::default()
-    })
-}
+use super::exact_tests::ev;
 
 const S: Duration = Duration::from_secs(1);
 

@@ -10,8 +10,8 @@
 
 use std::collections::BTreeSet;
 
+use super::exact_tests::ev as event;
 use super::*;
-use bytes::Bytes;
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -45,15 +45,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Skip),
         1 => Just(Op::Restart),
     ]
-}
-
-fn event(seq: u64) -> Arc<LoggedEvent> {
-    Arc::new(LoggedEvent {
-        seq,
-        event_type: "a.x".into(),
-        encoded: Bytes::from_static(b"e").into(),
-        ..LoggedEvent::default()
-    })
 }
 
 proptest! {
