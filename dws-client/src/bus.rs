@@ -10,6 +10,7 @@ use proto::{
     ClientCodec,
 };
 use tokio::{
+    io::AsyncReadExt,
     net::{
         unix::{OwnedReadHalf, OwnedWriteHalf},
         UnixStream,
@@ -32,6 +33,9 @@ pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 /// However little of [`CONNECT_DEADLINE`] is left, one dial gets at least
 /// this long (a bus spawned at the end of the budget still gets to answer).
 const DIAL_FLOOR: Duration = Duration::from_secs(2);
+
+/// How long [`BusConn::bye`] waits for the bus to close its end.
+const BYE_DRAIN: Duration = Duration::from_secs(1);
 
 /// Whether a first request may be sent again to a fresh bus when the bus
 /// went away without answering it.
@@ -275,14 +279,28 @@ impl BusConn {
         }
     }
 
-    /// Says goodbye (best effort: the bus may already be gone).
+    /// Says goodbye (best effort: the bus may already be gone), then reads
+    /// and drops what the bus still sends until it closes its end, within
+    /// [`BYE_DRAIN`]. The bus closes once it has read everything before the
+    /// Bye: closing first could leave the bus's write to us failing before
+    /// it read our last frames (the last acks of a run, lost, and their
+    /// events delivered again).
     pub async fn bye(&mut self) {
-        let _ = self
+        let sent = self
             .send(C::Bye(v1::Bye {
                 reason: ByeReason::ClientDone as i32,
                 message: String::new(),
             }))
             .await;
+        if sent.is_err() {
+            return;
+        }
+        let reader = self.reader.get_mut();
+        let _ = tokio::time::timeout(BYE_DRAIN, async {
+            let mut buf = vec![0u8; 64 * 1024];
+            while matches!(reader.read(&mut buf).await, Ok(n) if n > 0) {}
+        })
+        .await;
     }
 }
 

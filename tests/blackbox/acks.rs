@@ -536,3 +536,39 @@ fn poison_flags_are_checked_before_anything_is_created() {
         .contains("apply to a subscription this run creates"));
     assert!(env.busd_pids().is_empty(), "no bus was started");
 }
+
+/// A run that ends at `--max-events` acks what it printed before it goes:
+/// the next run starts after it, nothing printed comes again. The bus has
+/// more for the consumer than it reads (large events, the bytes path), so
+/// the run closes with the bus still writing to it — which lost the last
+/// ack when the bus's write failed before it read that ack.
+#[test]
+fn a_run_ended_by_max_events_with_more_on_the_way_acks_what_it_printed() {
+    let env = TestEnv::new();
+    dws_tests::common::subscribe_ok(&env, &["big.*", "--id", "s1"], "s1");
+    let data = format!("{{\"pad\":\"{}\"}}", "x".repeat(16 * 1024));
+    let items: Vec<(String, String)> = (1..=400).map(|i| (format!("b{i}"), data.clone())).collect();
+    dws_tests::common::publish_parallel(&env, "big.e", &items, 2);
+    for want in 1..=40u64 {
+        let out = env
+            .dws([
+                "event",
+                "consume",
+                "--subscribe-id",
+                "s1",
+                "--max-events",
+                "1",
+            ])
+            .env("DWS_LINE_RING", "off")
+            .run_with_timeout(EXIT_TIMEOUT);
+        out.assert_code(0);
+        let line = json(out.stdout.trim());
+        // (It may be marked redelivered: the run before read it ahead.)
+        assert_eq!(
+            line["seq"].as_u64(),
+            Some(want),
+            "run {want} printed again what an earlier run printed: {}",
+            out.stderr
+        );
+    }
+}
