@@ -14,16 +14,16 @@
 use std::{thread, time::Instant};
 
 use crate::{
-    hub::{CommitWork, Hub},
+    hub::{CommitPort, CommitWork},
     store::{dedup_ids::DedupIds, Store},
 };
 
-/// Starts the committer. It returns after [`Hub::close_store`] (having
+/// Starts the committer. It returns after the hub closes the store (having
 /// flushed everything and saved a clean snapshot) or after a store failure.
 /// `dedup` (the disk store): where the dedup window's ids go before their
 /// segments are released.
 pub fn spawn(
-    hub: Hub,
+    hub: CommitPort,
     store: Box<dyn Store>,
     dedup: Option<DedupIds>,
 ) -> std::io::Result<thread::JoinHandle<()>> {
@@ -32,10 +32,10 @@ pub fn spawn(
         .spawn(move || run(&hub, store, dedup))
 }
 
-fn run(hub: &Hub, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
+fn run(hub: &CommitPort, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
     let mut last_save = Instant::now();
     loop {
-        let work = hub.next_commit_work(last_save);
+        let work = hub.next_work(last_save);
         // A body the log could not read back: the store failed.
         if let Some(why) = store.take_read_failure() {
             return hub.store_failed(why);
@@ -85,9 +85,9 @@ fn run(hub: &Hub, mut store: Box<dyn Store>, mut dedup: Option<DedupIds>) {
 
 /// Runs one append and records how long it took (failures too: a slow
 /// failing disk is what the histogram is for).
-fn timed<T>(hub: &Hub, append: impl FnOnce() -> T) -> T {
+fn timed<T>(hub: &CommitPort, append: impl FnOnce() -> T) -> T {
     let start = std::time::Instant::now();
     let out = append();
-    hub.append_latency().record(start.elapsed());
+    hub.append_took(start.elapsed());
     out
 }

@@ -70,7 +70,7 @@ use tokio_util::task::TaskTracker;
 use crate::{
     config::Args,
     eventlog::Retention,
-    hub::{Hub, HubConfig},
+    hub::{HubConfig, HubOwner},
     lock::{BusLock, TryLock},
     ready::{ReadyPipe, StartError},
     source::SourceContext,
@@ -467,7 +467,7 @@ async fn serve(
     };
 
     let source = source::from_config(&profile.source);
-    let hub = Hub::new(
+    let hub = HubOwner::new(
         HubConfig {
             profile: endpoint.profile.clone(),
             socket: endpoint.socket_path.clone(),
@@ -508,7 +508,7 @@ async fn serve(
     store
         .save(&hub.startup_snapshot())
         .map_err(|e| StartError::runtime(format!("cannot write the store: {e}")))?;
-    let committer = commit::spawn(hub.clone(), store, dedup_ids)
+    let committer = commit::spawn(hub.commit_port(), store, dedup_ids)
         .map_err(|e| StartError::runtime(format!("cannot start the committer thread: {e}")))?;
     // `--where` runs in its own thread and worker process, never under the
     // hub lock; restored events it must judge again wait for it there.
@@ -523,17 +523,17 @@ async fn serve(
     );
     ready.ready();
     unready.disarm();
-    notify::ready(&notifier, &hub, &endpoint, shutdown.clone());
+    notify::ready(&notifier, &hub.status_reader(), &endpoint, shutdown.clone());
 
     let tracker = TaskTracker::new();
-    let housekeeping = tokio::spawn(hub.clone().housekeeping(shutdown.clone()));
+    let housekeeping = tokio::spawn(hub.housekeeping(shutdown.clone()));
     // Runs as long as the runtime: the committer's wake-ups go through it.
-    tokio::spawn(hub.clone().wake_relay());
+    tokio::spawn(hub.wake_relay());
     // In a cluster only the lease holder runs the upstream source: a fresh
     // one each time it becomes the owner.
     let (source_task, link) = match profile.store.postgres.clone() {
         Some(pg) => {
-            let link = cluster::Link::new(pg, hub.clone(), epoch);
+            let link = cluster::Link::new(pg, hub.replica_port(), epoch);
             drop(source);
             let config = profile.source.clone();
             let make: cluster::SourceFactory = Box::new(move || source::from_config(&config));
@@ -548,7 +548,7 @@ async fn serve(
             (Some(task), None)
         }
     };
-    let reason = server::run(listener, hub.clone(), link, shutdown, &tracker).await;
+    let reason = server::run(listener, hub.sessions(), link, shutdown, &tracker).await;
     tracing::info!(reason = proto::bye_reason_name(reason), "shutting down");
     notify::stopping(&notifier, reason);
 

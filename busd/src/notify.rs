@@ -25,7 +25,7 @@ use std::{ffi::OsStr, io, os::unix::net::UnixDatagram, sync::Arc, time::Duration
 use proto::{paths::Endpoint, v1::ByeReason};
 use sd_notify::NotifyState;
 
-use crate::{hub::Hub, ratelimit::LogLimit, shutdown::Shutdown};
+use crate::{hub::StatusReader, ratelimit::LogLimit, shutdown::Shutdown};
 
 /// How often the `STATUS=` line is refreshed (only sent when it changed).
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(2);
@@ -139,7 +139,7 @@ pub fn ping_interval(timeout: Duration) -> Duration {
 /// service manager asked for it (`WATCHDOG_USEC`, and `WATCHDOG_PID` unset
 /// or ours). The pings run on the runtime that serves every connection and
 /// take the hub's lock, so a stuck runtime or a lock never released stops them.
-fn watchdog(n: Notifier, hub: Hub, mut shutdown: Shutdown) {
+fn watchdog(n: Notifier, hub: StatusReader, mut shutdown: Shutdown) {
     let Some(timeout) = sd_notify::watchdog_enabled() else {
         return;
     };
@@ -160,7 +160,7 @@ fn watchdog(n: Notifier, hub: Hub, mut shutdown: Shutdown) {
 /// `READY=1` with a first `STATUS=`; then keeps the status current until the
 /// shutdown starts, and pings the watchdog if one is set. Call after the
 /// socket listens (the ready pipe's `R`).
-pub fn ready(n: &Notifier, hub: &Hub, endpoint: &Endpoint, mut shutdown: Shutdown) {
+pub fn ready(n: &Notifier, hub: &StatusReader, endpoint: &Endpoint, mut shutdown: Shutdown) {
     if !n.enabled() {
         return;
     }
@@ -193,7 +193,7 @@ pub fn stopping(n: &Notifier, reason: ByeReason) {
 }
 
 /// The one-line status: profile, counts, source state, socket.
-fn summary(hub: &Hub, endpoint: &Endpoint) -> String {
+fn summary(hub: &StatusReader, endpoint: &Endpoint) -> String {
     // Lists are not needed: with none listed, `truncated` carries the totals.
     let doc = hub.status_json(0);
     let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);

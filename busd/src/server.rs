@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::{
     cluster::Link,
     connection,
-    hub::{Hub, RefusedKind},
+    hub::{RefusedKind, Sessions},
     lines::Lines,
     ratelimit::LogLimit,
     shutdown::Shutdown,
@@ -34,14 +34,14 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// Accepts until the shutdown fires; returns its reason.
 pub async fn run(
     listener: UnixListener,
-    hub: Hub,
+    sessions: Sessions,
     link: Option<Arc<Link>>,
     mut shutdown: Shutdown,
     tracker: &TaskTracker,
 ) -> ByeReason {
     // The bus's renderings of its lines, shared by every connection, and
     // the limits of their warnings and of the accept loop's.
-    let rendered = Lines::with_a_ring(hub.line_bytes());
+    let rendered = Lines::with_a_ring(sessions.line_bytes());
     let client_warnings = Arc::new(LogLimit::new(Duration::from_secs(10)));
     let accept_warnings = LogLimit::new(Duration::from_secs(10));
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -58,18 +58,18 @@ pub async fn run(
                     backoff = Duration::ZERO;
                     match permits.clone().try_acquire_owned() {
                         Ok(permit) => {
-                            let hub = hub.clone();
+                            let session = sessions.open();
                             let link = link.clone();
                             let rendered = rendered.clone();
                             let warnings = client_warnings.clone();
                             let sd = shutdown.clone();
                             tracker.spawn(async move {
-                                connection::serve(stream, hub, link, rendered, warnings, sd)
+                                connection::serve(stream, session, link, rendered, warnings, sd)
                                     .await;
                                 drop(permit);
                             });
                         }
-                        Err(_) => refuse(stream, &hub, &refusals, &accept_warnings),
+                        Err(_) => refuse(stream, &sessions, &refusals, &accept_warnings),
                     }
                 }
                 Err(e) => {
@@ -95,8 +95,8 @@ const REFUSAL_LINGER: Duration = Duration::from_millis(500);
 /// one non-blocking write, then (within [`MAX_REFUSALS`]) a short linger
 /// that reads and discards what the client sent, since closing a socket
 /// with unread input would reset it and could lose the Error frame.
-fn refuse(stream: UnixStream, hub: &Hub, refusals: &Arc<Semaphore>, warnings: &LogLimit) {
-    hub.count_refused(RefusedKind::Connections);
+fn refuse(stream: UnixStream, sessions: &Sessions, refusals: &Arc<Semaphore>, warnings: &LogLimit) {
+    sessions.count_refused(RefusedKind::Connections);
     warn_limited!(
         warnings,
         limit = MAX_CONNECTIONS,

@@ -5,7 +5,7 @@
 //!
 //! Who calls what: a connection [`UpstreamControl::acquire`]s an upstream
 //! subscription before it asks the hub to create a local one bound to it
-//! (`Hub::upstream_for`, `Hub::subscribe`); the hub
+//! (`Session::upstream_for`, `Session::subscribe`); the hub
 //! [`UpstreamControl::release`]s it when that local subscription is not
 //! created after all, is removed, or expires. The hub depends only on this
 //! module, never on the sources; sources use the hub's handle API.

@@ -3,7 +3,9 @@
 //! the Python package's modules import each other in a circle, and no
 //! busd room keeps process-wide mutable state (a `static` or
 //! `thread_local!` is allowed only with a `// process-wide:` reason right
-//! above it, for a constant set once or a per-thread scratch buffer).
+//! above it, for a constant set once or a per-thread scratch buffer),
+//! and no busd file outside `hub/` names the `Hub`: each caller holds the
+//! handle of its role.
 //! Each checker is a function, itself tested on text that breaks its rule.
 
 use std::{
@@ -217,6 +219,42 @@ fn no_busd_room_keeps_process_wide_mutable_state() {
     );
 }
 
+/// The lines of `text` that name the `Hub` type itself (not `HubConfig`,
+/// `HubOwner` or the `hub` module), comments included.
+fn names_the_hub(text: &str) -> Vec<String> {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    text.lines()
+        .filter(|line| {
+            line.match_indices("Hub").any(|(at, _)| {
+                let before = line[..at].chars().next_back();
+                let after = line[at + 3..].chars().next();
+                !before.is_some_and(is_word) && !after.is_some_and(is_word)
+            })
+        })
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+#[test]
+fn no_busd_file_outside_the_hub_names_the_hub() {
+    let mut found = vec![];
+    for f in files(&["busd/src"]) {
+        if f.components().any(|c| c.as_os_str() == "hub") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for l in names_the_hub(&text) {
+            found.push(format!("{}: {l}", f.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "hold the handle of the role (Session, CommitPort, ReplicaPort, SourceHandle, \
+         FilterHandle, StatusReader, HubOwner), not the Hub:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_checkers_find_what_breaks_their_rules() {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -240,4 +278,9 @@ fn the_checkers_find_what_breaks_their_rules() {
     let in_tests =
         "fn f() {}\n#[cfg(test)]\nmod tests {\n    static X: Mutex<u8> = Mutex::new(0);\n}\n";
     assert!(unexplained_statics(in_tests).is_empty());
+    assert_eq!(
+        names_the_hub("use crate::hub::Hub;\n// the [`Hub`]\nfn f(h: HubOwner, c: HubConfig) {}\n"),
+        ["use crate::hub::Hub;", "// the [`Hub`]"]
+    );
+    assert!(names_the_hub("let hub = Hubs; // ThisHub hub::Session").is_empty());
 }

@@ -14,7 +14,7 @@ use proto::v1::{self, ErrorCode};
 use super::Link;
 use crate::{
     clock::now_ms,
-    hub::Hub,
+    hub::ReplicaPort,
     pattern::Selector,
     store::{
         postgres::{self, definitions, store::instance_for_host},
@@ -31,7 +31,8 @@ impl Link {
     /// existing subscription, an invalid one the hub refuses anyway) pass.
     /// `true`: this call made the definition (give it back with
     /// [`Link::release_definition`] if the request is refused after all).
-    pub async fn claim_definition(&self, hub: &Hub, req: &v1::Subscribe) -> Result<bool, Refusal> {
+    pub async fn claim_definition(&self, req: &v1::Subscribe) -> Result<bool, Refusal> {
+        let hub = &self.hub;
         let id = req.subscription_id.as_str();
         if req.owned || req.must_exist || !proto::is_valid_id(id) || hub.has_subscription(id) {
             return Ok(false);
@@ -106,7 +107,7 @@ impl Link {
 
 /// The definition this host would save for `req`: its spec, starting where
 /// the hub's new subscription would.
-fn definition_record(hub: &Hub, req: &v1::Subscribe, selector: &Selector) -> SubRecord {
+fn definition_record(hub: &ReplicaPort, req: &v1::Subscribe, selector: &Selector) -> SubRecord {
     let head = hub.head_seq();
     let start_after = match v1::StartPosition::try_from(req.start).unwrap_or_default() {
         v1::StartPosition::StartLatest => head,

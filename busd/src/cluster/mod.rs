@@ -1,6 +1,6 @@
 //! A host's part in a cluster (`store = "postgres"`): everything that runs
 //! beside the hub to keep it in step with the other hosts. The hub itself
-//! does not know about the cluster beyond [`Hub::replicated`] (events another
+//! does not know about the cluster beyond [`ReplicaPort::replicated`] (events another
 //! host appended) and the [`Link`] its connections forward publishes through.
 //!
 //! Roles, decided by the upstream lease (`cluster::db::lease`):
@@ -46,7 +46,7 @@ use tokio::sync::Notify;
 
 use self::db::hosts;
 use crate::{
-    hub::Hub,
+    hub::ReplicaPort,
     shutdown::Shutdown,
     source::{Source, SourceContext},
     store::postgres::{self, definitions, PgError, PgSettings},
@@ -71,7 +71,7 @@ pub struct Link {
     /// delivery's claims are the incarnation's, never a later run's, and
     /// with a ticket it makes a forwarded publish's idempotency key.
     incarnation: String,
-    hub: Hub,
+    hub: ReplicaPort,
     /// The epoch this host appends under; 0 while it is a follower. The
     /// store reads it for every append.
     epoch: Arc<AtomicI64>,
@@ -93,7 +93,7 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(settings: PgSettings, hub: Hub, epoch: Arc<AtomicI64>) -> Arc<Link> {
+    pub fn new(settings: PgSettings, hub: ReplicaPort, epoch: Arc<AtomicI64>) -> Arc<Link> {
         Arc::new(Link {
             settings,
             incarnation: shared::new_incarnation(),

@@ -1,7 +1,7 @@
 //! Shared delivery's claims, on every host: one task that, while a consumer
 //! of a shared subscription is attached here, claims matching events for it
 //! (`cluster::db::claims`), hands the claimed ones to the hub
-//! ([`Hub::offer_claimed`](crate::hub::Hub::offer_claimed)), marks acked
+//! ([`ReplicaPort::offer_claimed`](crate::hub::ReplicaPort::offer_claimed)), marks acked
 //! ones done, gives back what a leaving consumer held, records events
 //! retention evicted before any host delivered them as lost (and reports
 //! the losses to a consumer here by a gap; so are expired claims of events

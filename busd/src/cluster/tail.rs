@@ -1,5 +1,5 @@
 //! The follower's tail: reads the shared log past this host's head into the
-//! hub ([`Hub::replicated`](crate::hub::Hub::replicated)), woken by
+//! hub ([`ReplicaPort::replicated`](crate::hub::ReplicaPort::replicated)), woken by
 //! `NOTIFY dws_log` (one per committed batch) and by a poll every
 //! [`TAIL_POLL`] that also covers notifications missed while the listening
 //! session was down. It stops when this host becomes the owner (the lease

@@ -17,7 +17,7 @@ use proto::{
     v1::{self, server_frame::Kind as S, ByeReason, ErrorCode},
 };
 
-use super::{replies::store_failed_message, Connection, Phase};
+use super::{consumer::Consumer, replies::store_failed_message, Connection, Phase};
 use crate::eventlog::LoggedEvent;
 
 /// Stop pulling events into the outbound buffer above this many bytes: the
@@ -49,8 +49,8 @@ impl Connection {
     /// Sends the source state if it changed since this connection last saw it.
     /// The generation is read without the hub lock: this runs on every wake-up.
     fn source_state_if_changed(&mut self) {
-        if self.hub.source_gen() != self.source_gen {
-            let (state, gen) = self.hub.source_state();
+        if self.session.source_gen() != self.source_gen {
+            let (state, gen) = self.session.source_state();
             self.source_gen = gen;
             self.send(S::SourceState(state));
         }
@@ -63,7 +63,7 @@ impl Connection {
         // a forwarded publish the owner may still append must read
         // "outcome unknown", not this "failed" (the fault suite's
         // `busd_sessions_terminated` saw one told failed, then appended).
-        if let Some(why) = self.hub.store_error() {
+        if let Some(why) = self.session.store_error() {
             self.answer_durable();
             self.error(0, ErrorCode::Internal, store_failed_message(&why));
             self.closing = true;
@@ -80,29 +80,41 @@ impl Connection {
         self.closing = true;
     }
 
-    /// Moves deliverable events (and gaps, and source-state changes) from the
-    /// hub into the outbound buffer, within the high-water mark.
+    /// When what its consumer holds back becomes deliverable.
+    pub(super) fn redeliver_at(&self) -> Option<std::time::Instant> {
+        self.consumer.as_ref().and_then(|c| c.redeliver_at)
+    }
+
+    /// Moves source-state changes and, to a consumer, deliverable events
+    /// and gaps from the hub into the outbound buffer, within the
+    /// high-water mark.
     pub(super) fn fill(&mut self) {
         self.source_state_if_changed();
+        if let Some(mut c) = self.consumer.take() {
+            self.fill_for(&mut c);
+            self.consumer = Some(c);
+        }
+    }
+
+    fn fill_for(&mut self, c: &mut Consumer) {
         if self.out.len() >= OUT_HIGH_WATER {
             // Nothing taken now, but what this consumer holds past its ack
             // wait still goes to others (a stopped consumer's buffer
             // fills): at the time the last pull named.
-            if self
-                .redeliver_at
+            if c.redeliver_at
                 .is_some_and(|t| t <= std::time::Instant::now())
             {
-                self.redeliver_at = self.hub.expire_held(self.id);
+                c.redeliver_at = self.session.expire_held();
             }
             return;
         }
-        self.redeliver_at = None;
+        c.redeliver_at = None;
         while self.out.len() < OUT_HIGH_WATER {
             // Bytes as well as events: a consumer that never reads must
             // not make the bus copy 256 large events into its buffer.
             let room = OUT_HIGH_WATER - self.out.len();
-            let (d, next_due) = self.hub.pull(self.id, PULL_BATCH, room);
-            self.redeliver_at = next_due;
+            let (d, next_due) = self.session.pull(PULL_BATCH, room);
+            c.redeliver_at = next_due;
             let Some(d) = d else {
                 break;
             };
@@ -110,26 +122,27 @@ impl Connection {
                 self.send(S::Gap(gap));
             }
             if let Some(notice) = d.where_notice {
-                if self.where_notices {
+                if c.form.where_notices {
                     self.send(S::WhereNotice(notice));
                 }
             }
             let damaged = d.damaged;
             let n = d.events.len();
-            let shared = self
+            let shared = c
+                .form
                 .line_batches
                 .and_then(|kind| Some((kind, self.rendered.shareable(&d.events, kind)?)));
             if let Some((kind, delivery)) = shared {
                 match self
                     .rendered
-                    .pieces(&d.events, delivery, kind, self.ring_batches)
+                    .pieces(&d.events, delivery, kind, c.form.ring_batches)
                 {
-                    Ok(pieces) => self.queue_pieces(pieces),
+                    Ok(pieces) => self.queue_pieces(c, pieces),
                     // Nothing of this pull is sent; the bus stops.
-                    Err(e) => return self.hub.store_failed(e.to_string()),
+                    Err(e) => return self.session.store_failed(e.to_string()),
                 }
-            } else if self.lines {
-                self.send_lines(&d.subscription_id, &d.events);
+            } else if c.form.lines {
+                self.send_lines(c, &d.subscription_id, &d.events);
             } else {
                 for (event, redelivered, delivery) in &d.events {
                     self.send_event(event, &d.subscription_id, *redelivered, *delivery);
@@ -146,7 +159,7 @@ impl Connection {
                     reason: ByeReason::Halted as i32,
                     message: line,
                 }));
-                self.hub.detach(self.id);
+                self.session.detach();
                 self.closing = true;
                 break;
             }
@@ -167,7 +180,7 @@ impl Connection {
         // the bus stops; the event stays unacknowledged.
         let encoded = match event.encoded() {
             Ok(b) => b,
-            Err(e) => return self.hub.store_failed(e.to_string()),
+            Err(e) => return self.session.store_failed(e.to_string()),
         };
         if let Err(e) = encode_event_frame(
             &encoded,
@@ -183,17 +196,22 @@ impl Connection {
     /// One `EventLines` frame for a pulled batch: each event's line is its
     /// shared rendered parts plus this delivery's fields. A line too large
     /// for a frame goes as an `Event` frame (the client formats it).
-    fn send_lines(&mut self, subscription_id: &str, events: &[(Arc<LoggedEvent>, bool, u32)]) {
+    fn send_lines(
+        &mut self,
+        c: &mut Consumer,
+        subscription_id: &str,
+        events: &[(Arc<LoggedEvent>, bool, u32)],
+    ) {
         const FRAME_BUDGET: usize = 1 << 20;
         let mut seqs = Vec::with_capacity(events.len());
         let counted = self.rendered.counted();
-        let mut buf = std::mem::take(&mut self.line_buf);
+        let mut buf = std::mem::take(&mut c.line_buf);
         buf.clear();
         for (event, redelivered, delivery) in events {
             let (head, tail) = match event.line_parts(&counted) {
                 Ok(parts) => parts,
                 Err(e) => {
-                    self.hub.store_failed(e.to_string());
+                    self.session.store_failed(e.to_string());
                     break;
                 }
             };
@@ -218,7 +236,7 @@ impl Connection {
             }
         }
         self.flush_lines(&mut seqs, &mut buf);
-        self.line_buf = buf;
+        c.line_buf = buf;
     }
 
     fn flush_lines(&mut self, seqs: &mut Vec<u64>, buf: &mut Vec<u8>) {

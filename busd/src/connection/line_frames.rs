@@ -1,7 +1,8 @@
 //! The frames of lines rendered once for every consumer (`crate::lines`):
 //! a piece whose run is in the line ring goes to a consumer that reads the
 //! ring as a `RingBatch` (where the lines are; the connection holds that
-//! batch until the consumer's `Ack.ring_read` says it read it), any other
+//! batch until the consumer's `Ack.ring_read` says it read it: see
+//! `consumer`), any other
 //! as a `LineBatch` (the bytes, shared when large enough, copied
 //! otherwise). And the ring itself, for a consumer that asks for it on a
 //! connection of its own: a `RingOffer` with a read-only descriptor of
@@ -13,18 +14,16 @@ use proto::{
     v1::{self, server_frame::Kind as S, ErrorCode},
 };
 
-use super::Connection;
+use super::{consumer::Consumer, Connection};
 use crate::lines::{Piece, MIN_SHARED_SLICE};
 
 impl Connection {
     /// Queues one frame per piece.
-    pub(super) fn queue_pieces(&mut self, pieces: Vec<Piece>) {
+    pub(super) fn queue_pieces(&mut self, c: &mut Consumer, pieces: Vec<Piece>) {
         for p in pieces {
             match p.ring {
                 Some((slot, first_line)) => {
-                    let id = self.next_ring_id;
-                    self.next_ring_id += 1;
-                    self.ring_holds.push_back((id, slot.chunk));
+                    let id = c.hold(slot.chunk);
                     self.send(S::RingBatch(v1::RingBatch {
                         id,
                         batch: slot.batch,
@@ -62,19 +61,6 @@ impl Connection {
             out.push_shared(p.body);
         } else {
             out.buf().extend_from_slice(&p.body);
-        }
-    }
-
-    /// The consumer read every ring batch up to frame `id`: they are free.
-    pub(super) fn ring_read(&mut self, id: u64) {
-        let mut freed = Vec::new();
-        while self.ring_holds.front().is_some_and(|(i, _)| *i <= id) {
-            if let Some((_, chunk)) = self.ring_holds.pop_front() {
-                freed.push(chunk);
-            }
-        }
-        if !freed.is_empty() {
-            self.rendered.release(freed);
         }
     }
 

@@ -1,12 +1,16 @@
-//! One client connection: reads `ClientFrame`s, answers them through the
-//! [`Hub`], and streams deliveries to an attached consumer.
+//! One client connection: reads `ClientFrame`s, answers them through its
+//! [`Session`] of the hub, and streams deliveries to an attached consumer.
 //!
 //! This module owns [`serve`]: the `select!` loop of one connection, its
 //! deadlines and the buffering of its input with the bounds on it. The rest
 //! is split by job:
 //! - `requests`: frame dispatch (Hello, subscribe, publish, stop, status,
 //!   subscription control) and bad frames;
-//! - `replies`: replies that wait for the store (`Awaited`);
+//! - `replies`: replies that wait for the store (`Awaited`) — a
+//!   publisher's and a subscriber's, and a publish forwarded through the
+//!   cluster's `Link`;
+//! - `consumer`: an attached consumer's own state (`Consumer`, made when
+//!   it attaches: its frames' form, its ring holds, freed on drop);
 //! - `delivery`: the outbound buffer — events pulled from the hub, NDJSON
 //!   line batches, source-state changes, `Error` and `Bye`;
 //! - `line_frames`: the frames of lines rendered once for every consumer
@@ -36,6 +40,7 @@
 //! say Hello within [`HELLO_DEADLINE`] and finish a started frame within
 //! [`FRAME_DEADLINE`].
 
+mod consumer;
 mod delivery;
 mod line_frames;
 mod outbox;
@@ -46,6 +51,7 @@ mod socket;
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use bytes::BytesMut;
+use consumer::Consumer;
 use outbox::Outbox;
 use proto::{time::sleep_until_opt, v1::ErrorCode, CodecError, ServerCodec};
 use tokio::{net::UnixStream, sync::watch, time::Instant};
@@ -53,7 +59,7 @@ use tokio_util::codec::Decoder;
 
 use crate::{
     cluster::Link,
-    hub::{ConnId, Durable, Hub, RefusedKind},
+    hub::{ConnId, Durable, RefusedKind, Session},
     lines::Lines,
     ratelimit::LogLimit,
     shutdown::Shutdown,
@@ -88,7 +94,8 @@ enum Phase {
 }
 
 pub struct Connection {
-    hub: Hub,
+    /// This connection's end of the hub (unregisters it when dropped).
+    session: Session,
     /// `store = "postgres"`: where publishes go while this host does not
     /// own the cluster's log (the hub itself knows nothing of the cluster).
     link: Option<Arc<Link>>,
@@ -103,26 +110,10 @@ pub struct Connection {
     /// Of `awaiting`, the publishes forwarded to the cluster's owner.
     forwards_waiting: usize,
     durable: watch::Receiver<Durable>,
-    /// When an event held back (a nack's delay, an explicit ack's wait)
-    /// becomes deliverable: the connection wakes then.
-    redeliver_at: Option<std::time::Instant>,
-    /// The consumer takes NDJSON lines rendered here (`EventLines`).
-    lines: bool,
-    /// It also takes lines rendered once for every consumer (`LineBatch`).
-    line_batches: Option<crate::lines::LineKind>,
-    /// Reused buffer for a batch of lines.
-    line_buf: Vec<u8>,
-    /// The consumer takes `WhereNotice` frames.
-    where_notices: bool,
+    /// Made when the connection attaches as a consumer (see `consumer`).
+    consumer: Option<Consumer>,
     /// The bus's renderings (shared by every connection).
     rendered: Lines,
-    /// The consumer reads the line ring: first deliveries go as `RingBatch`.
-    ring_batches: bool,
-    /// The ring batches it was told of and has not said it read: their
-    /// frame number and chunk, oldest first.
-    ring_holds: VecDeque<(u64, u32)>,
-    /// The number of the next `RingBatch` frame.
-    next_ring_id: u64,
     /// A descriptor to pass with the next write (the ring, to a consumer
     /// that asked for it).
     pass_fd: Option<std::os::fd::OwnedFd>,
@@ -133,15 +124,16 @@ pub struct Connection {
 /// Serves one accepted connection until it closes. Errors stay here.
 pub async fn serve(
     stream: UnixStream,
-    hub: Hub,
+    session: Session,
     link: Option<Arc<Link>>,
     rendered: Lines,
     warnings: Arc<LogLimit>,
     mut shutdown: Shutdown,
 ) {
-    let (id, handle) = hub.register_conn();
+    let id = session.id();
+    let durable = session.durable();
     let mut conn = Connection {
-        hub: hub.clone(),
+        session,
         link,
         id,
         out: Outbox::with_capacity(8 * 1024),
@@ -150,16 +142,9 @@ pub async fn serve(
         source_gen: 0,
         awaiting: VecDeque::new(),
         forwards_waiting: 0,
-        durable: hub.durable(),
-        redeliver_at: None,
-        lines: false,
-        line_batches: None,
-        line_buf: Vec::new(),
-        where_notices: false,
+        durable,
+        consumer: None,
         rendered,
-        ring_batches: false,
-        ring_holds: VecDeque::new(),
-        next_ring_id: 1,
         pass_fd: None,
         warnings,
     };
@@ -186,7 +171,7 @@ pub async fn serve(
         Ok(halves) => halves,
         Err(e) => {
             tracing::warn!(conn = id, cause = %e, "cannot set up the connection's socket");
-            return hub.unregister_conn(id);
+            return;
         }
     };
     let mut codec = ServerCodec::new();
@@ -202,7 +187,7 @@ pub async fn serve(
     loop {
         conn.answer_durable();
         if !conn.closing {
-            if let Some(reason) = handle.take_kick() {
+            if let Some(reason) = conn.session.take_kick() {
                 conn.bye(reason);
             } else if matches!(conn.phase, Phase::Ready) {
                 conn.fill();
@@ -234,7 +219,7 @@ pub async fn serve(
         let can_read = !conn.closing && !backed_up && !held;
         let pause = backed_up && !conn.closing;
         if pause != paused {
-            hub.reader_paused(pause);
+            conn.session.reader_paused(pause);
             paused = pause;
         }
         let client_deadline = if conn.closing {
@@ -245,6 +230,7 @@ pub async fn serve(
             hello.into_iter().chain(frame).min()
         };
         let deadline = drain_deadline.into_iter().chain(client_deadline).min();
+        let redeliver_at = conn.redeliver_at();
         tokio::select! {
             reason = shutdown.recv(), if !conn.closing => conn.bye(reason),
             res = conn.out.write_to(&mut wr, conn.pass_fd.as_ref()), if !conn.out.is_empty() => {
@@ -280,9 +266,9 @@ pub async fn serve(
                         .decode_input(&mut codec, &mut input, &mut frame_started)
                         .await;
                     let over = input.capacity().saturating_sub(READ_CAPACITY);
-                    if !hub.charge_input(&mut charged, over) {
+                    if !conn.session.charge_input(&mut charged, over) {
                         warn_limited!(conn.warnings, conn = id, "input bound reached; client refused");
-                        hub.count_refused(RefusedKind::InputBudget);
+                        conn.session.count_refused(RefusedKind::InputBudget);
                         conn.error(
                             0,
                             ErrorCode::ResourceExhausted,
@@ -300,15 +286,15 @@ pub async fn serve(
                     break;
                 }
             },
-            _ = handle.wake.notified() => {}
+            _ = conn.session.wake().notified() => {}
             _ = conn.durable.changed(), if !conn.awaiting.is_empty() => {}
-            _ = sleep_until_opt(conn.redeliver_at.map(Instant::from_std)), if !conn.closing => {}
+            _ = sleep_until_opt(redeliver_at.map(Instant::from_std)), if !conn.closing => {}
             _ = sleep_until_opt(deadline) => {
                 if conn.closing {
                     warn_limited!(conn.warnings, conn = id, "drain timed out; dropping connection");
                     break;
                 }
-                hub.count_refused(RefusedKind::SlowClient);
+                conn.session.count_refused(RefusedKind::SlowClient);
                 let message = if matches!(conn.phase, Phase::AwaitHello) {
                     format!("no Hello within {}s; closing", HELLO_DEADLINE.as_secs())
                 } else {
@@ -323,15 +309,13 @@ pub async fn serve(
             }
         }
     }
-    hub.charge_input(&mut charged, 0);
+    conn.session.charge_input(&mut charged, 0);
     if paused {
-        hub.reader_paused(false);
+        conn.session.reader_paused(false);
     }
     drop(wr);
-    // What its consumer was told of in the ring is free again.
-    conn.rendered
-        .release(conn.ring_holds.drain(..).map(|(_, chunk)| chunk));
-    hub.unregister_conn(id);
+    // Dropping the connection frees what its consumer was told of in the
+    // ring and unregisters its session.
 }
 
 /// Frames one connection decodes and handles before the serving thread

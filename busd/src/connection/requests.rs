@@ -11,11 +11,15 @@ use std::time::Duration;
 
 use proto::{
     limits::MAX_EVENT_ID_LEN,
-    v1::{self, client_frame::Kind as C, server_frame::Kind as S, ByeReason, ErrorCode},
+    v1::{self, client_frame::Kind as C, server_frame::Kind as S, ErrorCode},
     CodecError,
 };
 
-use super::{replies::Until, Connection, Phase};
+use super::{
+    consumer::{Consumer, Form},
+    replies::Until,
+    Connection, Phase,
+};
 use crate::{
     hub::{NewEvent, RefusedKind},
     pattern::Pattern,
@@ -27,7 +31,7 @@ impl Connection {
     /// socket still allows it) and closes the connection.
     pub(super) fn bad_frame(&mut self, e: &CodecError) {
         warn_limited!(self.warnings, conn = self.id, cause = %e, "bad frame; closing connection");
-        self.hub.count_refused(RefusedKind::BadFrame);
+        self.session.count_refused(RefusedKind::BadFrame);
         match e {
             CodecError::TooLarge => self.error(0, ErrorCode::FrameTooLarge, e.to_string()),
             CodecError::Decode(_) | CodecError::Truncated => {
@@ -53,14 +57,13 @@ impl Connection {
             return self.hello(hello);
         }
         if counts_as_activity(&kind) {
-            self.hub.mark_active(self.id);
+            self.session.mark_active();
         }
         match kind {
             C::Hello(_) => self.error(0, ErrorCode::BadRequest, "Hello sent twice"),
             C::Subscribe(req) => self.subscribe(req).await,
             C::Unsubscribe(req) => {
-                let (removed, not_found, save) =
-                    self.hub.unsubscribe(self.id, &req.subscription_ids);
+                let (removed, not_found, save) = self.session.unsubscribe(&req.subscription_ids);
                 let reply = S::Unsubscribed(v1::Unsubscribed {
                     request_id: req.request_id,
                     removed,
@@ -69,17 +72,19 @@ impl Connection {
                 self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
             }
             C::Ack(ack) => {
-                if ack.ring_read > 0 {
-                    self.ring_read(ack.ring_read);
+                if let Some(c) = self.consumer.as_mut() {
+                    if ack.ring_read > 0 {
+                        c.ring_read(ack.ring_read);
+                    }
+                    if ack.ring_off {
+                        // Before its nacks: what they give back comes as bytes.
+                        c.form.ring_batches = false;
+                    }
                 }
-                if ack.ring_off {
-                    // Before its nacks: what they give back comes as bytes.
-                    self.ring_batches = false;
-                }
-                self.hub.ack(self.id, &ack)
+                self.session.ack(&ack)
             }
             C::RingRequest(req) => self.ring_offer(req.request_id),
-            C::SubscriptionControl(req) => match self.hub.control(&req) {
+            C::SubscriptionControl(req) => match self.session.control(&req) {
                 Ok((doc, save)) => {
                     let reply = S::SubscriptionState(v1::SubscriptionState {
                         request_id: req.request_id,
@@ -90,7 +95,7 @@ impl Connection {
                 Err(r) => self.error(req.request_id, r.code, r.message),
             },
             C::Bye(_) => {
-                self.hub.detach(self.id);
+                self.session.detach();
                 self.closing = true;
             }
             C::StatusRequest(req) => {
@@ -100,7 +105,7 @@ impl Connection {
                     json,
                 }));
             }
-            C::GetEvent(req) => match self.hub.get_event(req.seq) {
+            C::GetEvent(req) => match self.session.get_event(req.seq) {
                 Some(event) => self.send(S::EventReply(v1::EventReply {
                     request_id: req.request_id,
                     event: Some(event),
@@ -108,7 +113,7 @@ impl Connection {
                 None => {
                     // A seq past the head was never given: say so, not
                     // "not retained".
-                    let head = self.hub.head_seq();
+                    let head = self.session.head_seq();
                     let why = if req.seq > head {
                         format!(
                             "seq {} is beyond the head, {head} (no event has it yet)",
@@ -136,7 +141,7 @@ impl Connection {
         // before anything is bound upstream or created here.
         let mut claimed = None;
         if let Some(link) = self.link.clone() {
-            match link.claim_definition(&self.hub, &req).await {
+            match link.claim_definition(&req).await {
                 Ok(true) => claimed = Some(link),
                 Ok(false) => {}
                 Err(r) => return self.error(req.request_id, r.code, r.message),
@@ -155,7 +160,7 @@ impl Connection {
     /// Whether the request was answered with `Subscribed`.
     async fn subscribe_here(&mut self, req: &v1::Subscribe) -> bool {
         let mut upstream_id = None;
-        match (self.hub.upstream_for(req), &req.upstream) {
+        match (self.session.upstream_for(req), &req.upstream) {
             (Some(ctl), Some(spec)) => {
                 // Only an explicit TTL bounds the upstream subscription: the
                 // bus's default TTL is about detached *local* subscriptions,
@@ -179,40 +184,36 @@ impl Connection {
                     ErrorCode::BadRequest,
                     format!(
                         "the {} source needs an upstream rule for a new subscription (--rule and its target)",
-                        self.hub.config().source_kind
+                        self.session.config().source_kind
                     ),
                 );
                 return false;
             }
-            (None, Some(_)) if !self.hub.has_upstream_control() => {
+            (None, Some(_)) if !self.session.has_upstream_control() => {
                 self.error(
                     req.request_id,
                     ErrorCode::BadRequest,
                     format!(
                         "the {} source has no upstream subscriptions: --rule, --user, --open-dingtalk-id, \
                          --group, --query and --filter-json apply to the personal source",
-                        self.hub.config().source_kind
+                        self.session.config().source_kind
                     ),
                 );
                 return false;
             }
             (None, _) => {}
         }
-        match self.hub.subscribe(self.id, req, upstream_id) {
+        match self.session.subscribe(req, upstream_id) {
             // A named subscription is on disk before anyone is told it exists.
             Ok((reply, save)) => {
-                self.lines = req.attach && req.ndjson_lines;
-                self.where_notices = req.attach && req.where_notices;
-                // Only a consumer that took the ring on a connection of its
-                // own asks; a consumer of an older dws never does.
-                self.ring_batches = req.attach && req.ring_batches;
-                self.line_batches =
-                    match (req.attach, req.raw_lines, self.lines && req.line_batches) {
-                        (false, _, _) => None,
-                        (true, true, _) => Some(crate::lines::LineKind::Raw),
-                        (true, false, true) => Some(crate::lines::LineKind::Ndjson),
-                        (true, false, false) => None,
-                    };
+                // Attached: a consumer from now on, in the form it asked
+                // (attaching again on this connection changes only that).
+                if let Some(form) = Form::of(req) {
+                    match self.consumer.as_mut() {
+                        Some(c) => c.form = form,
+                        None => self.consumer = Some(Consumer::new(form, self.rendered.clone())),
+                    }
+                }
                 self.reply_after(
                     req.request_id,
                     save.map(Until::SubsGen),
@@ -242,11 +243,10 @@ impl Connection {
             self.closing = true;
             return;
         }
-        self.hub
-            .identify_conn(self.id, hello.client_pid, &hello.client_name);
-        let (state, gen) = self.hub.source_state();
+        self.session.identify(hello.client_pid, &hello.client_name);
+        let (state, gen) = self.session.source_state();
         self.source_gen = gen;
-        let cfg = self.hub.config();
+        let cfg = self.session.config();
         self.send(S::HelloAck(v1::HelloAck {
             protocol_version: proto::PROTOCOL_VERSION,
             bus_pid: std::process::id(),
@@ -263,17 +263,19 @@ impl Connection {
         if req.subscription_ids.is_empty() {
             let reply = v1::StopReply {
                 request_id: req.request_id,
-                consumer_pids: self.hub.consumer_pids(),
+                consumer_pids: self.session.consumer_pids(),
                 bus_stopping: !req.dry_run,
                 ..Default::default()
             };
             self.send(S::StopReply(reply));
             if !req.dry_run {
                 tracing::info!("stop requested by a client");
-                self.hub.shutdown_trigger().trigger(ByeReason::StopRequest);
+                self.session.stop_bus();
             }
         } else {
-            let mut reply = self.hub.stop_consumers(&req.subscription_ids, req.dry_run);
+            let mut reply = self
+                .session
+                .stop_consumers(&req.subscription_ids, req.dry_run);
             reply.request_id = req.request_id;
             self.send(S::StopReply(reply));
         }
@@ -283,13 +285,13 @@ impl Connection {
     fn status_that_fits(&self) -> String {
         let mut listed = usize::MAX;
         loop {
-            let mut doc = self.hub.status_json(listed);
+            let mut doc = self.session.status_json(listed);
             doc["lines"] = serde_json::to_value(self.rendered.stats()).unwrap_or_default();
             let json = doc.to_string();
             if json.len() + 64 <= proto::MAX_FRAME_LEN || listed == 0 {
                 return json;
             }
-            let doc = self.hub.status_json(usize::MAX);
+            let doc = self.session.status_json(usize::MAX);
             let n = doc["subscriptions"]
                 .as_array()
                 .map_or(0, Vec::len)
@@ -340,7 +342,7 @@ impl Connection {
             let placeholder = S::PublishAck(v1::PublishAck::default());
             return self.reply_after(req.request_id, Some(Until::Forwarded(ticket)), placeholder);
         }
-        let appended = self.hub.append(event);
+        let appended = self.session.append(event);
         let appended = match appended {
             Ok(a) => a,
             Err(r) => return self.error(req.request_id, r.code, r.message),

@@ -23,13 +23,13 @@ pub(super) fn first_at_or_after(log: &crate::eventlog::EventLog, ms: i64) -> u64
 impl Hub {
     /// [`first_at_or_after`] on this hub's log: where a subscription
     /// created with `START_TIME` starts.
-    pub fn seq_at_time(&self, ms: i64) -> u64 {
+    pub(super) fn seq_at_time(&self, ms: i64) -> u64 {
         first_at_or_after(&self.state().log, ms)
     }
 
     /// `dws event get SEQ`: the retained event with this seq, without its
     /// per-delivery fields; `None` when it is not retained or damaged.
-    pub fn get_event(&self, seq: u64) -> Option<v1::Event> {
+    pub(super) fn get_event(&self, seq: u64) -> Option<v1::Event> {
         let logged = self.state().log.get(seq)?;
         if logged.damaged {
             return None;
@@ -40,7 +40,7 @@ impl Hub {
     /// `dws event subscription VERB ID`: applies the verb (or, with
     /// `dry_run`, shows what it would do) and returns the subscription's
     /// state after it, with the generation to save before replying.
-    pub fn control(
+    pub(super) fn control(
         &self,
         req: &v1::SubscriptionControl,
     ) -> Result<(serde_json::Value, Option<u64>), Refusal> {

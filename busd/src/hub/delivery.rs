@@ -46,7 +46,7 @@ impl Hub {
     ///
     /// An event whose deliveries would not fit in a frame is refused here,
     /// at the door, so nothing is ever acked that cannot be delivered.
-    pub fn append(&self, ev: NewEvent) -> Result<Appended, Refusal> {
+    pub(super) fn append(&self, ev: NewEvent) -> Result<Appended, Refusal> {
         let mut st = self.state();
         let appended = match st.ingest.stage(ev, self.shared.started_at_ms) {
             Ok(a) => a,
@@ -77,7 +77,7 @@ impl Hub {
 
     /// A batch is durable: append it to the log, fan it out, apply
     /// retention, and tell the waiters.
-    pub fn committed(&self, batch: Vec<Arc<LoggedEvent>>, info: StoreInfo) {
+    pub(super) fn committed(&self, batch: Vec<Arc<LoggedEvent>>, info: StoreInfo) {
         let mut st = self.state();
         st.persist.set_info(info);
         let (wake, head) = fan_out_locked(&mut st, batch, &self.shared.filter_wake);
@@ -93,7 +93,7 @@ impl Hub {
     /// does not start right after the head found a hole (the owner's
     /// retention deleted those seqs before this host read them): every
     /// subscription counts them lost and reports a gap, never a silent skip.
-    pub fn replicated(&self, batch: Vec<Arc<LoggedEvent>>) {
+    pub(super) fn replicated(&self, batch: Vec<Arc<LoggedEvent>>) {
         let mut st = self.state();
         let head = st.log.head_seq();
         let batch: Vec<_> = batch.into_iter().filter(|e| e.seq > head).collect();
@@ -136,24 +136,24 @@ impl Hub {
 
     /// The count of the log's rendered line parts (they count against
     /// retention's bytes), for those who render them (`crate::lines`).
-    pub fn line_bytes(&self) -> crate::eventlog::LineBytes {
+    pub(super) fn line_bytes(&self) -> crate::eventlog::LineBytes {
         self.state().log.line_bytes()
     }
 
     /// The oldest seq still in this host's log.
-    pub fn oldest_seq(&self) -> Option<u64> {
+    pub(super) fn oldest_seq(&self) -> Option<u64> {
         self.state().log.oldest_seq()
     }
 
     /// The newest seq in this host's log.
-    pub fn head_seq(&self) -> u64 {
+    pub(super) fn head_seq(&self) -> u64 {
         self.state().log.head_seq()
     }
 
     /// Takes what `conn` may send now: a pending Gap and up to its credit of
     /// events, at most `max_events` and, past the first, `max_bytes`
     /// encoded. Marks them in flight.
-    pub fn pull(
+    pub(super) fn pull(
         &self,
         conn: ConnId,
         max_events: usize,
@@ -167,9 +167,9 @@ impl Hub {
         let Some((c, sub)) = registry.attached_mut(conn) else {
             return (None, None);
         };
-        if !sub.act_as(conn) {
+        let Some(mut sub) = sub.worker_mut(conn) else {
             return (None, None);
-        }
+        };
         sub.bound_in_flight_bytes(self.shared.config.retention.max_bytes);
         let pulled = sub.pull_within(max_events, max_bytes, head, Instant::now());
         // Events left for the other workers of a shared subscription (past
@@ -257,15 +257,13 @@ impl Hub {
     /// `conn` takes nothing now (its outbound buffer is full): what waited
     /// past its ack wait still expires, and goes to the other consumers.
     /// Returns when `conn`'s next in-flight event's wait runs out.
-    pub fn expire_held(&self, conn: ConnId) -> Option<Instant> {
+    pub(super) fn expire_held(&self, conn: ConnId) -> Option<Instant> {
         let mut st = self.state();
         let State {
             registry, persist, ..
         } = &mut *st;
         let (_, sub) = registry.attached_mut(conn)?;
-        if !sub.act_as(conn) {
-            return None;
-        }
+        let mut sub = sub.worker_mut(conn)?;
         let (expired, next) = sub.expire_held(Instant::now());
         if !expired {
             return next;
@@ -288,7 +286,7 @@ impl Hub {
     /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`),
     /// nacks (deliver again after a delay or the backoff step), progress
     /// (still working: the ack wait starts again) and terms (parked now).
-    pub fn ack(&self, conn: ConnId, ack: &v1::Ack) {
+    pub(super) fn ack(&self, conn: ConnId, ack: &v1::Ack) {
         let mut st = self.state();
         let State {
             registry,
@@ -298,9 +296,9 @@ impl Hub {
         let Some((c, sub)) = registry.attached_mut(conn) else {
             return;
         };
-        if !sub.act_as(conn) {
+        let Some(mut sub) = sub.worker_mut(conn) else {
             return;
-        }
+        };
         // A cumulative ack settles what was delivered up to that seq's
         // delivery (delivery order); `seqs` name events one by one.
         let mut shared_acked = if ack.seq > 0 {

@@ -43,7 +43,7 @@ pub struct FilterHandle {
 
 impl Hub {
     /// The handle the filter thread runs with.
-    pub fn filter_handle(&self) -> FilterHandle {
+    pub(super) fn filter_handle(&self) -> FilterHandle {
         FilterHandle { hub: self.clone() }
     }
 

@@ -32,7 +32,7 @@ pub fn requested_ttl(req: &v1::Subscribe, default_ttl: Duration) -> Duration {
 impl Hub {
     /// Runs the idle timer and the TTL reaper until shutdown. Sleeps until the
     /// next deadline or a change in activity: no polling.
-    pub async fn housekeeping(self, mut shutdown: crate::shutdown::Shutdown) {
+    pub(super) async fn housekeeping(self, mut shutdown: crate::shutdown::Shutdown) {
         let idle_timeout = self.shared.config.idle_timeout;
         // Subscriptions keep the bus up only where leaving loses something:
         // an upstream that delivers only while the bus runs, or a store

@@ -1,7 +1,7 @@
 //! [`Hub`]: the bus's shared state — event log, dedup window, subscriptions,
 //! connections, source state and counters — behind one cloneable handle.
-//! This file owns the handle, the state it guards and the constructor
-//! (recovery from what the store returned).
+//! This file owns the handle and the state it guards; its constructor
+//! (recovery from what the store returned) is `recover`.
 //!
 //! The state is a few owned parts, each a struct with private fields and
 //! `&mut self` methods, in the file that does its job:
@@ -31,8 +31,19 @@
 //! - `shared`: the hub's side of shared delivery (cluster claims);
 //! - `filtering`: what the `--where` filter thread takes and gives back.
 //!
-//! Sources get a [`SourceHandle`] (`source_handle`), the filter thread a
-//! [`FilterHandle`] (`filtering`), never the `Hub`.
+//! `Hub` is private to this module: each caller holds the handle of its
+//! role, in the file of that role, and can call only what the role may do:
+//!
+//! - [`Session`] (`session`): one client connection — publish, subscribe,
+//!   pull and ack, verbs, status; opened by the accept loop's [`Sessions`],
+//!   unregistered on drop;
+//! - [`CommitPort`] (`commit_port`): the committer thread;
+//! - [`ReplicaPort`] (`replica_port`): a cluster host's link;
+//! - [`SourceHandle`] (`source_handle`): a source;
+//! - [`FilterHandle`] (`filtering`): the `--where` filter thread;
+//! - [`StatusReader`] (`status_reader`): the service manager's notifier;
+//! - [`HubOwner`] (`owner`): the bus's main — makes the hub, hands out the
+//!   handles, runs its tasks, closes the store.
 //!
 //! Locking: one `std::sync::Mutex`. Every critical section is short and
 //! synchronous; no lock is ever held across an `.await`, and wake-ups
@@ -52,6 +63,7 @@
 //! if any, and only releases through it; it depends on `crate::upstream`,
 //! never on the sources.
 
+mod commit_port;
 mod control;
 mod dedup;
 mod delivery;
@@ -59,20 +71,24 @@ mod filtering;
 mod housekeeping;
 pub use housekeeping::requested_ttl;
 mod ingest;
+mod owner;
+mod recover;
 mod refused;
 mod registry;
 mod relay;
+mod replica_port;
+mod session;
 mod shared;
 mod source_handle;
 mod source_state;
 mod status;
+mod status_reader;
 mod store_work;
 mod subscribe;
 #[cfg(test)]
 mod tests;
 
 use std::{
-    collections::BTreeMap,
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize},
@@ -84,26 +100,27 @@ use std::{
 use tokio::sync::{watch, Notify};
 
 pub use self::{
+    commit_port::CommitPort,
     delivery::{halted_line, Delivery},
     filtering::{FilterBatch, FilterHandle},
     ingest::{Appended, MAX_EVENT_TYPES, OTHER_TYPES},
+    owner::HubOwner,
     refused::{Refused, RefusedKind, MAX_BUFFERED_INPUT},
     registry::ConnHandle,
+    replica_port::ReplicaPort,
+    session::{Session, Sessions},
     shared::{SharedWant, SharedWork},
     source_handle::SourceHandle,
     source_state::SourceInfo,
+    status_reader::StatusReader,
     store_work::{CommitWork, Durable, SAVE_INTERVAL},
 };
 use self::{ingest::Ingest, registry::Registry, source_state::SourcePart, store_work::Persistence};
 pub use crate::eventlog::NewEvent;
 pub use crate::subscription::ConnId;
 use crate::{
-    clock::now_ms,
     eventlog::{EventLog, Retention},
-    pattern::Selector,
     shutdown::ShutdownTrigger,
-    store::{Recovered, StoreInfo, SubRecord},
-    subscription::Subscription,
     upstream::UpstreamControl,
 };
 
@@ -206,27 +223,10 @@ struct Shared {
     relay_on: AtomicBool,
 }
 
-/// Acknowledged seqs the store lost (`Recovered::lost`): `sub` counts the
-/// ones it had not read as lost and reports them with a gap. Below the
-/// snapshot's `floor` only its pinned events were still wanted (the rest
-/// was already counted lost to retention).
-fn report_lost(sub: &mut Subscription, rec: &SubRecord, lost: &[(u64, u64)], floor: u64) {
-    let mut pinned = rec.pinned.clone();
-    pinned.sort_unstable();
-    for &(a, b) in lost {
-        for &p in pinned.iter().filter(|&&p| p >= a && p <= b && p < floor) {
-            sub.missed(p, p);
-        }
-        let from = a.max(floor);
-        if from <= b {
-            sub.missed(from, b);
-        }
-    }
-}
-
-/// Cloneable handle to the bus state.
+/// Cloneable handle to the bus state. Private to this module: every
+/// caller outside holds the handle of its role (see the module header).
 #[derive(Clone)]
-pub struct Hub {
+struct Hub {
     shared: Arc<Shared>,
 }
 
@@ -238,129 +238,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Hub {
-    /// A hub over what the store recovered: the retained log, the dedup
-    /// window, the named subscriptions and the seq counter. What recovery
-    /// had to repair is logged.
-    pub fn new(
-        config: HubConfig,
-        shutdown: ShutdownTrigger,
-        upstream: Option<Arc<dyn UpstreamControl>>,
-        recovered: Recovered,
-        store: StoreInfo,
-    ) -> Hub {
-        for note in &recovered.notes {
-            tracing::warn!("store recovery: {note}");
-        }
-        let mut dedup = dedup::Dedup::new(config.dedup_capacity, config.dedup_keeps_retained);
-        let events = recovered.events;
-        let (floor, snap_head, clean) = recovered
-            .snapshot
-            .as_ref()
-            .map_or((0, 0, true), |s| (s.log_floor, s.head_seq, s.clean));
-        let last_seq = events.last().map_or(0, |e| e.seq);
-        let head = last_seq.max(snap_head);
-        let first_kept = events.iter().find(|e| e.seq >= floor).map(|e| e.seq);
-        let mut log = EventLog::with_head(config.retention, first_kept.map_or(head, |f| f - 1));
-        for e in &events {
-            if !e.scope.is_empty() && !e.damaged {
-                dedup.put((e.scope.to_string(), e.event_id.to_string()), e.seq);
-            }
-            if e.seq >= floor {
-                log.append(e.clone());
-            }
-        }
-        log.advance_head(head);
-        let now = (Instant::now(), now_ms());
-        let mut subs = BTreeMap::new();
-        for rec in recovered.snapshot.iter().flat_map(|s| &s.subscriptions) {
-            match Selector::stored(&rec.patterns, &rec.filter)
-                .and_then(|s| s.with_where(&rec.where_exprs))
-            {
-                Ok(sel) => {
-                    let mut sub = Subscription::restore(
-                        rec,
-                        sel,
-                        &events,
-                        (floor, snap_head, clean),
-                        now,
-                        config.default_window as usize,
-                    );
-                    sub.set_claimed(config.clustered);
-                    report_lost(&mut sub, rec, &recovered.lost, floor);
-                    subs.insert(rec.id.clone(), sub);
-                }
-                Err(e) => {
-                    tracing::error!(subscription = %rec.id, cause = %e, "stored subscription not restored")
-                }
-            }
-        }
-        // Shared subscriptions' events evicted here may be losses: the
-        // claims task asks the cluster.
-        let mut shared_work = shared::SharedWork::default();
-        while let Some(old) = log.evict_one() {
-            for sub in subs.values_mut() {
-                sub.evicted(old.seq);
-                if sub.may_lose_shared(&old) {
-                    shared_work.evicted(&sub.id, old.seq);
-                }
-            }
-        }
-        if !subs.is_empty() || head > 0 {
-            tracing::info!(
-                subscriptions = subs.len(),
-                head_seq = head,
-                events = log.len(),
-                clean,
-                "state restored from the store"
-            );
-        }
-        // Restored events a `--where` must judge again: the filter takes
-        // them once the bus runs.
-        let mut filter_queue = filtering::FilterQueue::default();
-        for sub in subs.values().filter(|s| s.has_filter_jobs()) {
-            filter_queue.want(&sub.id);
-        }
-        let state = State {
-            log,
-            ingest: Ingest::new(head.saturating_add(1), dedup),
-            registry: Registry::new(subs),
-            persist: Persistence::new(store),
-            source: SourcePart::new(now_ms()),
-            refused: Refused::default(),
-            cluster: None,
-            shared_work,
-            filter_queue,
-        };
-        let (durable, _) = watch::channel(Durable {
-            seq: head,
-            ..Durable::default()
-        });
-        Hub {
-            shared: Arc::new(Shared {
-                state: Mutex::new(state),
-                commit_wake: Condvar::new(),
-                filter_wake: Condvar::new(),
-                durable,
-                housekeeping: Notify::new(),
-                source_gen: AtomicU64::new(0),
-                config,
-                started_at_ms: now_ms(),
-                started: Instant::now(),
-                shutdown,
-                upstream,
-                input_buffered: AtomicUsize::new(0),
-                paused_readers: AtomicUsize::new(0),
-                append_latency: Default::default(),
-                relay: Mutex::default(),
-                relay_wake: Notify::new(),
-                relay_on: AtomicBool::new(false),
-            }),
-        }
-    }
-
     /// How long appends to the store take: the committer records, status
     /// reads.
-    pub fn append_latency(&self) -> &crate::latency::Histogram {
+    pub(super) fn append_latency(&self) -> &crate::latency::Histogram {
         &self.shared.append_latency
     }
 
@@ -368,18 +248,18 @@ impl Hub {
         lock(&self.shared.state)
     }
 
-    pub fn config(&self) -> &HubConfig {
+    pub(super) fn config(&self) -> &HubConfig {
         &self.shared.config
     }
 
     /// The cluster as last read, for status.
-    pub fn set_cluster_status(&self, doc: proto::status::ClusterDoc) {
+    pub(super) fn set_cluster_status(&self, doc: proto::status::ClusterDoc) {
         self.state().cluster = Some(doc);
     }
 
     /// Wakes every connection waiting on the store's progress (a forwarded
     /// publish was answered).
-    pub fn nudge_waiters(&self) {
+    pub(super) fn nudge_waiters(&self) {
         self.shared.durable.send_modify(|d| d.forwarded += 1);
     }
 
@@ -396,24 +276,24 @@ impl Hub {
 
     /// A new connection: not activity yet (a client that only reads status
     /// never keeps the bus up), until [`Hub::mark_active`].
-    pub fn register_conn(&self) -> (ConnId, Arc<ConnHandle>) {
+    pub(super) fn register_conn(&self) -> (ConnId, Arc<ConnHandle>) {
         self.state().registry.register()
     }
 
     /// `conn` did something that keeps the bus up (it consumes, publishes,
     /// or changes something): the idle timer starts again when it leaves.
-    pub fn mark_active(&self, conn: ConnId) {
+    pub(super) fn mark_active(&self, conn: ConnId) {
         let mut st = self.state();
         if st.registry.mark_active(conn) {
             self.touch(&mut st);
         }
     }
 
-    pub fn identify_conn(&self, conn: ConnId, pid: u32, name: &str) {
+    pub(super) fn identify_conn(&self, conn: ConnId, pid: u32, name: &str) {
         self.state().registry.identify(conn, pid, name);
     }
 
-    pub fn unregister_conn(&self, conn: ConnId) {
+    pub(super) fn unregister_conn(&self, conn: ConnId) {
         let mut st = self.state();
         let active = st.registry.was_active(conn);
         let wake = self.detach_and_mark(&mut st, conn);
@@ -427,7 +307,7 @@ impl Hub {
 
     /// Detaches `conn` from its subscription (a clean Bye, or the connection
     /// closing): its in-flight events become pending again for redelivery.
-    pub fn detach(&self, conn: ConnId) {
+    pub(super) fn detach(&self, conn: ConnId) {
         let mut st = self.state();
         let wake = self.detach_and_mark(&mut st, conn);
         // A goodbye after reading status is not activity.

@@ -42,7 +42,7 @@ impl Hub {
     /// be passed: the connection must refuse its client.
     /// A connection stopped (`true`) or resumed (`false`) reading its
     /// client's requests because its replies pile up unread.
-    pub fn reader_paused(&self, paused: bool) {
+    pub(super) fn reader_paused(&self, paused: bool) {
         if paused {
             self.shared.paused_readers.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -55,7 +55,7 @@ impl Hub {
         self.shared.paused_readers.load(Ordering::Relaxed) as u64
     }
 
-    pub fn charge_input(&self, charged: &mut usize, want: usize) -> bool {
+    pub(super) fn charge_input(&self, charged: &mut usize, want: usize) -> bool {
         let total = &self.shared.input_buffered;
         if want <= *charged {
             total.fetch_sub(*charged - want, Ordering::Relaxed);
@@ -73,7 +73,7 @@ impl Hub {
     }
 
     /// Counts a client refused for hitting a bound.
-    pub fn count_refused(&self, kind: RefusedKind) {
+    pub(super) fn count_refused(&self, kind: RefusedKind) {
         self.state().refused.count(kind);
     }
 }

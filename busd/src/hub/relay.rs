@@ -38,7 +38,7 @@ pub(super) struct Pending {
 
 impl Hub {
     /// Runs the relay until the runtime stops (it never returns on its own).
-    pub async fn wake_relay(self) {
+    pub(super) async fn wake_relay(self) {
         self.shared.relay_on.store(true, Ordering::Release);
         let _on = RelayOn(self.clone());
         loop {

@@ -70,7 +70,7 @@ impl Hub {
     /// For every shared subscription with a consumer attached here and room
     /// in its window: the matching events it could claim, skipping those
     /// `skip` says another host holds or finished.
-    pub fn shared_wants(&self, skip: impl Fn(&str, u64) -> bool) -> Vec<SharedWant> {
+    pub(super) fn shared_wants(&self, skip: impl Fn(&str, u64) -> bool) -> Vec<SharedWant> {
         let st = self.state();
         let mut wants = Vec::new();
         for sub in st.registry.subs().values() {
@@ -103,7 +103,7 @@ impl Hub {
     /// counts: queued for its consumer here. Returns how many were taken
     /// (an event no longer in the log, or a consumer gone, takes none: the
     /// caller gives those claims back).
-    pub fn offer_claimed(&self, subscription: &str, claimed: &[(u64, u32)]) -> Vec<u64> {
+    pub(super) fn offer_claimed(&self, subscription: &str, claimed: &[(u64, u32)]) -> Vec<u64> {
         let mut st = self.state();
         let events: Vec<(Arc<LoggedEvent>, u32)> = claimed
             .iter()
@@ -136,7 +136,7 @@ impl Hub {
     }
 
     /// Per shared subscription, the seqs this host holds claims for.
-    pub fn shared_held(&self) -> BTreeMap<String, Vec<u64>> {
+    pub(super) fn shared_held(&self) -> BTreeMap<String, Vec<u64>> {
         self.state()
             .registry
             .subs()
@@ -148,7 +148,7 @@ impl Hub {
     }
 
     /// The shared subscriptions this host has an instance of.
-    pub fn shared_ids(&self) -> Vec<String> {
+    pub(super) fn shared_ids(&self) -> Vec<String> {
         self.state()
             .registry
             .subs()
@@ -159,7 +159,7 @@ impl Hub {
     }
 
     /// The shared subscriptions with a consumer attached here.
-    pub fn shared_attached(&self) -> Vec<String> {
+    pub(super) fn shared_attached(&self) -> Vec<String> {
         self.state()
             .registry
             .subs()
@@ -171,7 +171,7 @@ impl Hub {
 
     /// `n` events of `subscription` that no host delivered before retention
     /// took them: a gap for the next consumer here, counted lost.
-    pub fn shared_lost(&self, subscription: &str, n: u64) {
+    pub(super) fn shared_lost(&self, subscription: &str, n: u64) {
         if n == 0 {
             return;
         }
@@ -193,7 +193,7 @@ impl Hub {
     }
 
     /// What the claims must learn since the last call.
-    pub fn take_shared_work(&self) -> SharedWork {
+    pub(super) fn take_shared_work(&self) -> SharedWork {
         std::mem::take(&mut self.state().shared_work)
     }
 }

@@ -20,7 +20,7 @@ pub struct SourceHandle {
 
 impl Hub {
     /// The handle a source runs with.
-    pub fn source_handle(&self) -> SourceHandle {
+    pub(super) fn source_handle(&self) -> SourceHandle {
         SourceHandle { hub: self.clone() }
     }
 }

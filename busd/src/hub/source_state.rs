@@ -84,7 +84,7 @@ impl SourcePart {
 }
 
 impl Hub {
-    pub fn set_source_state(&self, state: v1::SourceState, last_error: Option<String>) {
+    pub(super) fn set_source_state(&self, state: v1::SourceState, last_error: Option<String>) {
         let mut st = self.state();
         let gen = st.source.set_state(state, last_error);
         self.shared.source_gen.store(gen, Ordering::Release);
@@ -96,24 +96,24 @@ impl Hub {
     }
 
     /// Counts and logs one piece of upstream input that is not a valid event.
-    pub fn source_malformed(&self, why: &str) {
+    pub(super) fn source_malformed(&self, why: &str) {
         tracing::warn!(cause = %why, "malformed upstream input skipped");
         self.state().source.malformed(why);
     }
 
     /// Counts one upstream frame that was acked but could not be routed.
     /// The caller logs it (rate-limited); this only counts it for `status`.
-    pub fn source_unroutable(&self, reason: &'static str, detail: &str) {
+    pub(super) fn source_unroutable(&self, reason: &'static str, detail: &str) {
         self.state().source.unroutable(reason, detail);
     }
 
     /// The source state's generation, without taking the lock.
-    pub fn source_gen(&self) -> u64 {
+    pub(super) fn source_gen(&self) -> u64 {
         self.shared.source_gen.load(Ordering::Acquire)
     }
 
     /// The source state and its generation (to detect changes).
-    pub fn source_state(&self) -> (v1::SourceState, u64) {
+    pub(super) fn source_state(&self) -> (v1::SourceState, u64) {
         self.state().source.state()
     }
 }

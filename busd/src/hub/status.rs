@@ -138,7 +138,7 @@ impl Hub {
     /// The status document, listing at most `max_listed` consumers and
     /// subscriptions (the connection lowers it until the reply fits in a
     /// frame; `truncated` then says how many there are).
-    pub fn status_json(&self, max_listed: usize) -> serde_json::Value {
+    pub(super) fn status_json(&self, max_listed: usize) -> serde_json::Value {
         let cfg = &self.shared.config;
         let st = self.state();
         let now = now_ms();

@@ -215,7 +215,7 @@ impl Hub {
     /// The committer's next round: blocks (on a condvar, in the committer's
     /// own thread) until there is something to do. Staged events first, so
     /// the next batch forms while the previous one is being synced.
-    pub fn next_commit_work(&self, last_save: Instant) -> CommitWork {
+    pub(super) fn next_commit_work(&self, last_save: Instant) -> CommitWork {
         let mut st = self.state();
         loop {
             if st.persist.error.is_some() {
@@ -311,7 +311,7 @@ impl Hub {
 
     /// The snapshot written at start-up, before anything is served: marks
     /// the store as in use (not clean) until the next clean exit.
-    pub fn startup_snapshot(&self) -> Snapshot {
+    pub(super) fn startup_snapshot(&self) -> Snapshot {
         self.snapshot_locked(&self.state(), false).0
     }
 
@@ -327,19 +327,19 @@ impl Hub {
 
     /// The store holds no event below `floor` any more: the dedup window
     /// stops keeping their ids (see `dedup`).
-    pub fn store_retains_from(&self, floor: u64) {
+    pub(super) fn store_retains_from(&self, floor: u64) {
         self.state().ingest.dedup_retained_from(floor);
     }
 
     /// Ids of the dedup window whose events the store released (read back
     /// from `store::dedup_ids` at start): they join the window behind the
     /// ids recovered from the log, oldest last.
-    pub fn seed_dedup(&self, older: &[crate::store::dedup_ids::Entry]) {
+    pub(super) fn seed_dedup(&self, older: &[crate::store::dedup_ids::Entry]) {
         self.state().ingest.seed_dedup(older);
     }
 
     /// The subscriptions of generation `gen` are saved.
-    pub fn saved(&self, gen: u64, info: StoreInfo) {
+    pub(super) fn saved(&self, gen: u64, info: StoreInfo) {
         self.state().persist.saved(gen, info);
         self.shared
             .durable
@@ -349,7 +349,7 @@ impl Hub {
     /// The store failed: nothing more can be made durable. Fatal — the bus
     /// stops, and every consumer and waiting publisher is told why. Never
     /// retried: after a failed fsync the kernel may have dropped the pages.
-    pub fn store_failed(&self, why: String) {
+    pub(super) fn store_failed(&self, why: String) {
         tracing::error!(cause = %why, "the store failed; the bus stops (the next start recovers what is on disk)");
         let why: Arc<str> = why.into();
         // The waiters' view first: a connection that sees `store_error`
@@ -365,21 +365,21 @@ impl Hub {
     /// a batch the committer is appending may have committed before another
     /// host took the lease (its answer lost), and its publishers must hear
     /// that. The committer resolves it, then fails the store with `why`.
-    pub fn lease_lost(&self, why: String) {
+    pub(super) fn lease_lost(&self, why: String) {
         self.state().persist.lease_lost = Some(why);
         self.shared.commit_wake.notify_one();
     }
 
     /// Asks the committer to flush what is staged, save the subscriptions
     /// marked clean, and stop.
-    pub fn close_store(&self) {
+    pub(super) fn close_store(&self) {
         self.state().persist.closing = true;
         self.shared.commit_wake.notify_one();
     }
 
     /// Waits until every event up to `seq` is durable. Fails when the store
     /// failed (the bus is stopping), with the cause.
-    pub async fn wait_durable(&self, seq: u64) -> Result<(), Arc<str>> {
+    pub(super) async fn wait_durable(&self, seq: u64) -> Result<(), Arc<str>> {
         let mut rx = self.shared.durable.subscribe();
         let d = rx
             .wait_for(|d| d.seq >= seq || d.failed.is_some())
@@ -394,12 +394,12 @@ impl Hub {
 
     /// A receiver of the committer's progress (connections wait on it for
     /// their pipelined publish replies).
-    pub fn durable(&self) -> watch::Receiver<Durable> {
+    pub(super) fn durable(&self) -> watch::Receiver<Durable> {
         self.shared.durable.subscribe()
     }
 
     /// Why the store failed, once it did.
-    pub fn store_error(&self) -> Option<Arc<str>> {
+    pub(super) fn store_error(&self) -> Option<Arc<str>> {
         self.state().persist.error.clone()
     }
 }

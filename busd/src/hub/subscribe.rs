@@ -35,14 +35,14 @@ impl Hub {
     /// The upstream control plane, when a Subscribe for `req` must first
     /// bind an upstream subscription: the source has one and `req` would
     /// create a new local subscription.
-    pub fn upstream_for(&self, req: &v1::Subscribe) -> Option<Arc<dyn UpstreamControl>> {
+    pub(super) fn upstream_for(&self, req: &v1::Subscribe) -> Option<Arc<dyn UpstreamControl>> {
         let upstream = self.shared.upstream.clone()?;
         let exists =
             !req.subscription_id.is_empty() && self.state().registry.contains(&req.subscription_id);
         (!exists && !req.must_exist).then_some(upstream)
     }
 
-    pub fn has_upstream_control(&self) -> bool {
+    pub(super) fn has_upstream_control(&self) -> bool {
         self.shared.upstream.is_some()
     }
 
@@ -50,7 +50,7 @@ impl Hub {
     /// here gets this host's own instance, starting where it was created
     /// (per-host delivery: every host's consumers get every event).
     /// Returns how many were new.
-    pub fn adopt(&self, records: Vec<crate::store::SubRecord>) -> usize {
+    pub(super) fn adopt(&self, records: Vec<crate::store::SubRecord>) -> usize {
         let mut st = self.state();
         let events: Vec<_> = st.log.events().cloned().collect();
         let head = st.log.head_seq();
@@ -82,7 +82,7 @@ impl Hub {
     }
 
     /// Whether this host holds the subscription `id`.
-    pub fn has_subscription(&self, id: &str) -> bool {
+    pub(super) fn has_subscription(&self, id: &str) -> bool {
         self.state().registry.contains(id)
     }
 
@@ -91,7 +91,7 @@ impl Hub {
     /// if the subscription is not created after all, the binding is released.
     /// With the reply comes the subscription generation that must be saved
     /// before it is sent (a named subscription was created).
-    pub fn subscribe(
+    pub(super) fn subscribe(
         &self,
         conn: ConnId,
         req: &v1::Subscribe,
@@ -340,7 +340,7 @@ impl Hub {
     /// requester itself) gets `Bye{UNSUBSCRIBED}`.
     /// Returns the removed and unknown ids, and the subscription generation
     /// to save before replying (a named subscription was removed).
-    pub fn unsubscribe(
+    pub(super) fn unsubscribe(
         &self,
         requester: ConnId,
         ids: &[String],
@@ -387,7 +387,7 @@ impl Hub {
 
     /// Closes the consumers attached to `ids` (Bye SUBSCRIPTION_STOPPED) and
     /// leaves the subscriptions in place.
-    pub fn stop_consumers(&self, ids: &[String], dry_run: bool) -> v1::StopReply {
+    pub(super) fn stop_consumers(&self, ids: &[String], dry_run: bool) -> v1::StopReply {
         let mut reply = v1::StopReply::default();
         let mut kicks = vec![];
         let mut st = self.state();
@@ -426,7 +426,7 @@ impl Hub {
     }
 
     /// Pids of every consumer currently attached (for a dry-run stop).
-    pub fn consumer_pids(&self) -> Vec<u32> {
+    pub(super) fn consumer_pids(&self) -> Vec<u32> {
         self.state().registry.consumer_pids()
     }
 }

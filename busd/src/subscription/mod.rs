@@ -63,7 +63,7 @@ mod workers;
 pub use check::{check_snapshot, SnapshotError};
 pub use selecting::Offered;
 pub use slow::{wall_ms, MAX_DELAYED_PINNED};
-pub use workers::MAX_WORKERS;
+pub use workers::{WorkerMut, MAX_WORKERS};
 
 use std::{
     collections::VecDeque,
@@ -375,13 +375,19 @@ impl Subscription {
     }
 
     /// Up to `max` events within the window, and a gap first if one is due.
-    pub fn pull(&mut self, max: usize, head: u64, now: Instant) -> Pulled {
+    pub(super) fn pull(&mut self, max: usize, head: u64, now: Instant) -> Pulled {
         self.pull_within(max, usize::MAX, head, now)
     }
 
     /// [`Self::pull`] that also stops once the events taken reach
     /// `max_bytes` (encoded; at least one event is taken).
-    pub fn pull_within(&mut self, max: usize, max_bytes: usize, head: u64, now: Instant) -> Pulled {
+    pub(super) fn pull_within(
+        &mut self,
+        max: usize,
+        max_bytes: usize,
+        head: u64,
+        now: Instant,
+    ) -> Pulled {
         let mut out = Pulled::default();
         let mut bytes = 0usize;
         if let Some((lost, through)) = self.gaps.take(self.sends) {
@@ -564,7 +570,7 @@ impl Subscription {
     /// redelivered behind higher seqs is not settled by an ack of a higher
     /// seq sent before it. A seq not in flight settles nothing. Returns the
     /// seqs acked.
-    pub fn ack(&mut self, seq: u64) -> Vec<u64> {
+    pub(super) fn ack(&mut self, seq: u64) -> Vec<u64> {
         let mut acked = Vec::new();
         let Ok(i) = self.position(seq) else {
             return acked;
@@ -590,7 +596,7 @@ impl Subscription {
     }
 
     /// Acks one in-flight event (explicit acks). Returns whether it was one.
-    pub fn ack_one(&mut self, seq: u64) -> bool {
+    pub(super) fn ack_one(&mut self, seq: u64) -> bool {
         let Ok(i) = self.position(seq) else {
             return false;
         };
@@ -600,7 +606,7 @@ impl Subscription {
     }
 
     /// Nack: the in-flight event `seq` is delivered again, not before `until`.
-    pub fn nack(&mut self, seq: u64, until: Instant) -> bool {
+    pub(super) fn nack(&mut self, seq: u64, until: Instant) -> bool {
         let Ok(i) = self.position(seq) else {
             return false;
         };
@@ -616,7 +622,7 @@ impl Subscription {
     }
 
     /// Whether there is something to send now (or a gap to report).
-    pub fn has_unsent(&self) -> bool {
+    pub(super) fn has_unsent(&self) -> bool {
         self.gaps.is_due()
             || (self.state == State::Active
                 && self.has_credit()

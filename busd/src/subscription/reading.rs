@@ -80,7 +80,8 @@ impl Subscription {
             .map(|e| (&e.event, e.deliveries))
     }
 
+    /// Whether a consumer attached to it acks one by one.
     pub fn explicit_ack(&self) -> bool {
-        self.explicit_wait().is_some()
+        self.workers.iter().any(|w| w.explicit.is_some())
     }
 }

@@ -82,7 +82,7 @@ impl Subscription {
     /// full) still needs: in-flight events past their wait expire (as in a
     /// pull), and when the next of the acting worker's does. Returns
     /// whether any expired, and that time.
-    pub fn expire_held(&mut self, now: Instant) -> (bool, Option<Instant>) {
+    pub(super) fn expire_held(&mut self, now: Instant) -> (bool, Option<Instant>) {
         let expired = self.workers.any_explicit() && self.expire_in_flight(now);
         (expired, self.next_expiry_here())
     }
@@ -110,7 +110,7 @@ impl Subscription {
 
     /// Nack of the in-flight event `seq`: delivered again after `delay`, or
     /// (a delay of zero) after its backoff step. Returns whether it was one.
-    pub fn nack_after(&mut self, seq: u64, delay: Duration, now: Instant) -> bool {
+    pub(super) fn nack_after(&mut self, seq: u64, delay: Duration, now: Instant) -> bool {
         let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
             return false;
         };
@@ -125,7 +125,7 @@ impl Subscription {
     /// `progress`: the in-flight event `seq` is still being worked on; its
     /// ack wait starts again at `now`. The delivery count does not change.
     /// Returns whether it was in flight.
-    pub fn progress(&mut self, seq: u64, now: Instant) -> bool {
+    pub(super) fn progress(&mut self, seq: u64, now: Instant) -> bool {
         let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
             return false;
         };
@@ -143,7 +143,7 @@ impl Subscription {
     /// list now, whatever `max_deliver` says, with `reason` and its delivery
     /// count. Applies to an event delivered and not acked (in flight, or
     /// waiting to come again). Returns whether it was parked.
-    pub fn term(&mut self, seq: u64, reason: &str) -> bool {
+    pub(super) fn term(&mut self, seq: u64, reason: &str) -> bool {
         let Ok(i) = self.pending.binary_search_by_key(&seq, |e| e.event.seq) else {
             return false;
         };

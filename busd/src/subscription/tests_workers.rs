@@ -44,8 +44,9 @@ fn queue(events: u64) -> Subscription {
 }
 
 fn pull_as(s: &mut Subscription, conn: ConnId, at: Instant) -> Vec<(u64, bool)> {
-    assert!(s.act_as(conn));
-    s.pull(100, 100, at)
+    s.worker_mut(conn)
+        .expect("attached")
+        .pull(100, 100, at)
         .events
         .iter()
         .map(|(e, r, _)| (e.seq, *r))
@@ -72,15 +73,16 @@ fn consumers_split_the_events_each_within_its_own_window() {
         (2, 3, 5)
     );
     // An ack settles only the acker's events.
-    assert!(s.act_as(2));
-    assert!(!s.ack_one(1), "consumer 1's event");
-    assert_eq!(s.ack(5), [3, 4, 5], "cumulative, its own deliveries only");
-    assert!(s.act_as(1));
-    assert!(s.ack_one(2));
-    assert!(!s.nack(6, t), "consumer 3's event");
-    assert!(!s.progress(6, t));
-    assert!(!s.term(6, "not mine"));
-    assert!(s.ack_one(1));
+    let mut two = s.worker_mut(2).expect("attached");
+    assert!(!two.ack_one(1), "consumer 1's event");
+    assert_eq!(two.ack(5), [3, 4, 5], "cumulative, its own deliveries only");
+    let mut one = s.worker_mut(1).expect("attached");
+    assert!(one.ack_one(2));
+    assert!(!one.nack(6, t), "consumer 3's event");
+    assert!(!one.progress(6, t));
+    assert!(!one.term(6, "not mine"));
+    assert!(one.ack_one(1));
+    assert!(s.worker_mut(4).is_none(), "not attached");
     assert_eq!(s.cursor(10), 5);
     assert_eq!(s.in_flight(), 5);
 }
@@ -96,8 +98,7 @@ fn a_consumer_that_leaves_gives_its_events_to_the_others_marked_redelivered() {
     assert!(s.detach_conn(1, now()));
     assert!(!s.detach_conn(1, now()), "gone already");
     assert_eq!(s.consumer(), Some(2));
-    assert!(s.act_as(2));
-    assert_eq!(s.ack(6), [4, 5, 6]);
+    assert_eq!(s.worker_mut(2).expect("attached").ack(6), [4, 5, 6]);
     assert_eq!(
         pull_as(&mut s, 2, t),
         [(1, true), (2, true), (3, true)],
@@ -127,13 +128,11 @@ fn each_consumer_has_its_own_ack_wait_and_what_expires_goes_to_another() {
     );
     assert_eq!((s.in_flight_of(1), s.in_flight_of(2)), (0, 2));
     // Consumer 1 does not take back what expired on it while 2 is here.
-    assert!(s.act_as(1));
-    let p = s.pull(10, 100, later);
+    let p = s.worker_mut(1).expect("attached").pull(10, 100, later);
     assert!(p.events.is_empty() && p.left_for_others);
     assert_eq!(s.others_with_credit().count(), 0, "2's window is full");
     // 2 acks: it takes them, marked redelivered.
-    assert!(s.act_as(2));
-    assert_eq!(s.ack(4), [3, 4]);
+    assert_eq!(s.worker_mut(2).expect("attached").ack(4), [3, 4]);
     assert_eq!(pull_as(&mut s, 2, later), [(1, true), (2, true)]);
     // Alone, a consumer gets back what expired on it.
     let mut one = queue(1);
@@ -166,8 +165,7 @@ fn a_job_goes_to_the_least_loaded_consumer() {
     for c in 1..=3 {
         s.attach(c, 16, None);
     }
-    assert!(s.act_as(1));
-    let p = s.pull(100, 100, t);
+    let p = s.worker_mut(1).expect("attached").pull(100, 100, t);
     assert_eq!(p.events.len(), 3);
     assert!(p.left_for_others);
     assert_eq!(s.others_with_credit().collect::<Vec<_>>(), [2, 3]);
@@ -205,14 +203,17 @@ fn poison_is_parked_per_event_and_a_halt_told_to_each_consumer() {
     pull_as(&mut h, 1, t);
     assert!(h.detach_conn(1, now()));
     h.attach(3, 1, None);
-    assert!(h.act_as(2));
     assert!(
-        h.pull(10, 1, t).halted.is_some(),
+        h.worker_mut(2)
+            .expect("attached")
+            .pull(10, 1, t)
+            .halted
+            .is_some(),
         "the consumer that met it"
     );
-    assert!(h.act_as(3));
-    assert!(h.pull(10, 1, t).halted.is_some(), "and every other one");
-    assert!(h.pull(10, 1, t).halted.is_none(), "once each");
+    let mut three = h.worker_mut(3).expect("attached");
+    assert!(three.pull(10, 1, t).halted.is_some(), "and every other one");
+    assert!(three.pull(10, 1, t).halted.is_none(), "once each");
 }
 
 #[test]

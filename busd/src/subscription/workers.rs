@@ -2,9 +2,11 @@
 //! delivery (`--delivery shared`, a work queue) several, each with its own
 //! credit window, ack mode and in-flight count ([`Worker`]). An entry in
 //! flight names the worker it went to (`Entry::owner`); pulls, acks, nacks,
-//! progress, terms and ack-wait expiries act for one worker at a time
-//! ([`Subscription::act_as`]) and touch only that worker's entries, so one
-//! worker never settles another's event. A worker that leaves gives back
+//! progress, terms and ack-wait expiries are made through one worker
+//! ([`Subscription::worker_mut`] gives a [`WorkerMut`]) and touch only that
+//! worker's entries, so one worker never settles another's event. (Inside
+//! this module the worker a call is for is `Workers::acting`, which only
+//! `WorkerMut`, `attach` and `detach_conn` set.) A worker that leaves gives back
 //! what it had in flight: the others take it, marked redelivered.
 //!
 //! Dispatch: a worker pulls at most its share ([`Workers::share`]) of the
@@ -15,9 +17,12 @@
 //! (`Entry::owner`, while it waits to go again) and goes to another: back to
 //! the same worker only when it is the only one attached.
 
-use std::time::{Duration, Instant};
+use std::{
+    ops::Deref,
+    time::{Duration, Instant},
+};
 
-use super::{ConnId, Slot, Subscription};
+use super::{ConnId, Pulled, Slot, Subscription};
 
 /// Most consumers one shared subscription takes at once.
 pub const MAX_WORKERS: usize = 256;
@@ -199,16 +204,11 @@ impl Subscription {
         self.shared && self.workers.iter().count() < MAX_WORKERS
     }
 
-    /// What follows (a pull, an ack, a nack…) acts for `conn`'s worker;
-    /// `false` when `conn` is not attached.
-    pub fn act_as(&mut self, conn: ConnId) -> bool {
-        match self.workers.list.iter().position(|w| w.conn == conn) {
-            Some(i) => {
-                self.workers.acting = i;
-                true
-            }
-            None => false,
-        }
+    /// `conn`'s worker, through which its pulls, acks, nacks, progress,
+    /// terms and expiries are made; `None` when `conn` is not attached.
+    pub fn worker_mut(&mut self, conn: ConnId) -> Option<WorkerMut<'_>> {
+        let id = self.workers.list.iter().find(|w| w.conn == conn)?.id;
+        Some(WorkerMut { sub: self, id })
     }
 
     /// Attaches `conn` with its credit `window`; `explicit`: it acks one
@@ -242,7 +242,7 @@ impl Subscription {
     /// The consumer left (with shared delivery, the one acted for): what
     /// it had in flight is pending again, and stays pinned until it is
     /// acked or the subscription ends.
-    pub fn detach(&mut self, now: (Instant, i64)) {
+    pub(super) fn detach(&mut self, now: (Instant, i64)) {
         if let Some(conn) = self.workers.acting().map(|w| w.conn) {
             self.detach_conn(conn, now);
         }
@@ -405,5 +405,97 @@ impl Subscription {
             .iter()
             .find(|w| w.conn == conn)
             .map_or(0, |w| w.in_flight)
+    }
+}
+
+/// One attached worker of a subscription, named by the caller: what it
+/// takes and settles. Reads of the whole subscription go through `Deref`.
+pub struct WorkerMut<'a> {
+    sub: &'a mut Subscription,
+    /// The worker's id (never reused in its subscription).
+    id: u32,
+}
+
+impl Deref for WorkerMut<'_> {
+    type Target = Subscription;
+
+    fn deref(&self) -> &Subscription {
+        self.sub
+    }
+}
+
+impl WorkerMut<'_> {
+    /// The subscription, acting for this worker (for nobody if it left).
+    fn here(&mut self) -> &mut Subscription {
+        let w = &mut self.sub.workers;
+        w.acting = w
+            .list
+            .iter()
+            .position(|x| x.id == self.id)
+            .unwrap_or(usize::MAX);
+        self.sub
+    }
+
+    /// Up to `max` events within its window, and a gap first if one is due.
+    pub fn pull(&mut self, max: usize, head: u64, now: Instant) -> Pulled {
+        self.here().pull(max, head, now)
+    }
+
+    /// [`Self::pull`] that also stops at `max_bytes` (see
+    /// `Subscription::pull_within`).
+    pub fn pull_within(&mut self, max: usize, max_bytes: usize, head: u64, now: Instant) -> Pulled {
+        self.here().pull_within(max, max_bytes, head, now)
+    }
+
+    /// Cumulative ack of its deliveries up to `seq`'s: the seqs acked.
+    pub fn ack(&mut self, seq: u64) -> Vec<u64> {
+        self.here().ack(seq)
+    }
+
+    /// Acks one of its events in flight; whether it was one.
+    pub fn ack_one(&mut self, seq: u64) -> bool {
+        self.here().ack_one(seq)
+    }
+
+    /// Its event `seq` comes again, not before `until`.
+    pub fn nack(&mut self, seq: u64, until: Instant) -> bool {
+        self.here().nack(seq, until)
+    }
+
+    /// Its event `seq` comes again after `delay` (or the backoff step).
+    pub fn nack_after(&mut self, seq: u64, delay: Duration, now: Instant) -> bool {
+        self.here().nack_after(seq, delay, now)
+    }
+
+    /// It is still working on `seq`: the ack wait starts again.
+    pub fn progress(&mut self, seq: u64, now: Instant) -> bool {
+        self.here().progress(seq, now)
+    }
+
+    /// It gives up on `seq`: parked now.
+    pub fn term(&mut self, seq: u64, reason: &str) -> bool {
+        self.here().term(seq, reason)
+    }
+
+    /// What waited on it past its ack wait goes to the others; whether any
+    /// did, and when its next one runs out.
+    pub fn expire_held(&mut self, now: Instant) -> (bool, Option<Instant>) {
+        self.here().expire_held(now)
+    }
+
+    /// Whether it has something to take now (or a gap to report).
+    pub fn has_unsent(&mut self) -> bool {
+        self.here().has_unsent()
+    }
+
+    /// Shared delivery's bound on the bytes in flight (see
+    /// `Subscription::bound_in_flight_bytes`).
+    pub fn bound_in_flight_bytes(&mut self, max: usize) {
+        self.sub.bound_in_flight_bytes(max);
+    }
+
+    /// It left: what it had in flight is pending again.
+    pub fn detach(mut self, now: (Instant, i64)) {
+        self.here().detach(now);
     }
 }

@@ -16,7 +16,7 @@
 //!    path and query parts kept; an embedded ticket kept when
 //!    [`Ticket::keep_embedded`]).
 //! 3. Frames are acked per [`dispatch::Frames`]; an event is acked only
-//!    after it is appended *and durable* ([`Hub::wait_durable`]): a
+//!    after it is appended *and durable* ([`SourceHandle::wait_durable`](crate::hub::SourceHandle::wait_durable)): a
 //!    duplicate is acked again and delivered once; a frame that cannot be
 //!    routed is acked and counted per reason, logged once per reason per
 //!    minute.
