@@ -520,7 +520,7 @@ async fn open(
         tls::Mode::Require | tls::Mode::VerifyFull => {
             let ca = settings.ca.as_ref();
             let rustls = tls::client_config(mode, ca).map_err(|e| PgError::Other(e.to_string()))?;
-            let make = tls::MakeRustls(rustls);
+            let make = tls::connector(rustls);
             let (client, connection) = start(&config, make, &target, mode, ca).await?;
             (client, drive(connection, target.clone(), notify))
         }

@@ -3,12 +3,10 @@
 //! the CA file's checks. The handshakes themselves are tested black-box
 //! (`tests/blackbox/cluster_tls.rs`) against a server with TLS.
 
-use rustls::pki_types::pem::PemObject;
-
 use super::{
     config_and_mode,
     tests::settings,
-    tls::{leaves_the_machine, server_end_point, split_sslmode, CaFile, Mode},
+    tls::{leaves_the_machine, split_sslmode, CaFile, Mode},
     PgError,
 };
 
@@ -176,26 +174,6 @@ fn a_ca_file_must_hold_a_certificate() {
     assert!(CaFile::load(&p).is_err());
     std::fs::write(&p, CA_PEM).unwrap();
     assert_eq!(CaFile::load(&p).unwrap().path(), p);
-}
-
-#[test]
-fn channel_binding_hashes_the_certificate_by_its_signature_algorithm() {
-    let der = rustls::pki_types::CertificateDer::pem_slice_iter(CA_PEM.as_bytes())
-        .next()
-        .unwrap()
-        .unwrap();
-    // ecdsa-with-SHA256: SHA-256 of the whole certificate.
-    let want = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
-    assert_eq!(server_end_point(der.as_ref()).unwrap(), want.as_ref());
-    // Anything unreadable: no binding, no panic.
-    for cut in 0..der.len() {
-        let _ = server_end_point(&der.as_ref()[..cut]);
-    }
-    assert_eq!(server_end_point(&[]), None);
-    assert_eq!(
-        server_end_point(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]),
-        None
-    );
 }
 
 /// A throwaway self-signed CA (P-256, its key discarded), for the file checks.

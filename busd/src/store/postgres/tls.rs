@@ -1,7 +1,8 @@
 //! TLS to PostgreSQL: the URL's `sslmode` ([`split_sslmode`], [`Mode`]),
-//! the CA file of `postgres_ca_file` ([`CaFile`]), the rustls connector
-//! handed to `tokio-postgres` ([`MakeRustls`]) and what a failed handshake
-//! means ([`handshake_failure`]).
+//! the CA file of `postgres_ca_file` ([`CaFile`]), the rustls configuration
+//! ([`client_config`]) handed to `tokio-postgres` through the
+//! `tokio-postgres-rustls` connector ([`connector`]), and what a failed
+//! handshake means ([`handshake_failure`]).
 //!
 //! The rules (docs/cluster.md, "TLS"):
 //! - `sslmode=disable`, or no `sslmode` at all: no TLS, as before TLS was
@@ -27,13 +28,9 @@
 //! URL or its password.
 
 use std::{
-    fmt,
-    future::Future,
-    io,
+    fmt, io,
     path::{Path, PathBuf},
-    pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
 };
 
 use rustls::{
@@ -42,9 +39,6 @@ use rustls::{
     pki_types::{pem::PemObject, CertificateDer, ServerName, UnixTime},
     ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
-use tokio_rustls::TlsConnector;
 
 /// What the URL's `sslmode` asks for, as busd understands it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,10 +313,7 @@ impl CaFile {
 
 /// The rustls client configuration for `mode` (not [`Mode::Disable`]): the
 /// `ring` provider, TLS 1.2 and 1.3, no client certificate.
-pub fn client_config(
-    mode: Mode,
-    ca: Option<&CaFile>,
-) -> Result<Arc<ClientConfig>, TlsSettingError> {
+pub fn client_config(mode: Mode, ca: Option<&CaFile>) -> Result<ClientConfig, TlsSettingError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -338,7 +329,7 @@ pub fn client_config(
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider))),
     };
-    Ok(Arc::new(config.with_no_client_auth()))
+    Ok(config.with_no_client_auth())
 }
 
 /// `sslmode=require`: any certificate is accepted (libpq's meaning); the
@@ -391,163 +382,13 @@ impl ServerCertVerifier for EncryptOnly {
     }
 }
 
-/// `tokio-postgres`'s TLS hook over rustls: one [`RustlsConnect`] per
-/// host, named by the URL's host (an IP address is checked as one).
-#[derive(Clone)]
-pub struct MakeRustls(pub Arc<ClientConfig>);
-
-impl<S> MakeTlsConnect<S> for MakeRustls
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    type Stream = RustlsStream<S>;
-    type TlsConnect = RustlsConnect;
-    type Error = io::Error;
-
-    fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, io::Error> {
-        // A Unix-socket host has no name: the server refuses TLS there
-        // first, so the name's absence is reported only if it does not.
-        Ok(RustlsConnect {
-            name: ServerName::try_from(domain.to_owned()).ok(),
-            connector: TlsConnector::from(self.0.clone()),
-        })
-    }
-}
-
-/// The TLS handshake of one connection.
-pub struct RustlsConnect {
-    name: Option<ServerName<'static>>,
-    connector: TlsConnector,
-}
-
-type Handshake<S> = Pin<Box<dyn Future<Output = io::Result<RustlsStream<S>>> + Send>>;
-
-impl<S> TlsConnect<S> for RustlsConnect
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    type Stream = RustlsStream<S>;
-    type Error = io::Error;
-    type Future = Handshake<S>;
-
-    fn connect(self, stream: S) -> Handshake<S> {
-        Box::pin(async move {
-            let name = self.name.ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "the host is not a valid TLS server name",
-                )
-            })?;
-            let tls = self.connector.connect(name, stream).await?;
-            Ok(RustlsStream(tls))
-        })
-    }
-}
-
-/// An encrypted session's stream. It offers SCRAM the `tls-server-end-point`
-/// channel binding ([`server_end_point`]), so `channel_binding=require` in
-/// the URL works.
-pub struct RustlsStream<S>(tokio_rustls::client::TlsStream<S>);
-
-impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
-    fn channel_binding(&self) -> ChannelBinding {
-        let (_, session) = self.0.get_ref();
-        session
-            .peer_certificates()
-            .and_then(|certs| certs.first())
-            .and_then(|cert| server_end_point(cert))
-            .map_or_else(ChannelBinding::none, ChannelBinding::tls_server_end_point)
-    }
-}
-
-/// RFC 5929 `tls-server-end-point`: the server certificate's hash, by the
-/// hash of its signature algorithm (MD5 and SHA-1 count as SHA-256); `None`
-/// for an algorithm without one (RSA-PSS, Ed25519) or an unreadable
-/// certificate: SCRAM then runs without binding.
-pub fn server_end_point(der: &[u8]) -> Option<Vec<u8>> {
-    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
-    const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
-    const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03];
-    use ring::digest::{SHA256, SHA384, SHA512};
-    let oid = signature_oid(der)?;
-    let (family, last) = oid.split_at_checked(oid.len().checked_sub(1)?)?;
-    let hash = match (family, last) {
-        // md5, sha1, sha256, sha384, sha512 WithRSAEncryption
-        (RSA, [4 | 5 | 11]) => &SHA256,
-        (RSA, [12]) => &SHA384,
-        (RSA, [13]) => &SHA512,
-        _ if oid == ECDSA_SHA1 => &SHA256,
-        (ECDSA_SHA2, [2]) => &SHA256,
-        (ECDSA_SHA2, [3]) => &SHA384,
-        (ECDSA_SHA2, [4]) => &SHA512,
-        _ => return None,
-    };
-    Some(ring::digest::digest(hash, der).as_ref().to_vec())
-}
-
-/// The `signatureAlgorithm` OID (its content bytes) of a DER certificate:
-/// `SEQUENCE { tbsCertificate, SEQUENCE { OID, … }, … }`.
-fn signature_oid(der: &[u8]) -> Option<&[u8]> {
-    let (0x30, cert, _) = tlv(der)? else {
-        return None;
-    };
-    let (_, _, rest) = tlv(cert)?;
-    let (0x30, alg, _) = tlv(rest)? else {
-        return None;
-    };
-    match tlv(alg)? {
-        (0x06, oid, _) => Some(oid),
-        _ => None,
-    }
-}
-
-/// One DER element: its tag, its content and what follows it.
-fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, b) = b.split_first()?;
-    let (&first, b) = b.split_first()?;
-    let (len, b) = if first < 0x80 {
-        (usize::from(first), b)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 {
-            return None;
-        }
-        let (bytes, rest) = b.split_at_checked(n)?;
-        let len = bytes
-            .iter()
-            .fold(0usize, |acc, &x| (acc << 8) | usize::from(x));
-        (len, rest)
-    };
-    let (content, rest) = b.split_at_checked(len)?;
-    Some((tag, content, rest))
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
+/// `tokio-postgres`'s TLS hook over `config`: one handshake per host,
+/// named by the URL's host (an IP address is checked as one; a host that
+/// is no TLS server name fails at its handshake). The session offers SCRAM
+/// the `tls-server-end-point` channel binding, so `channel_binding=require`
+/// in the URL works.
+pub fn connector(config: ClientConfig) -> tokio_postgres_rustls::MakeRustlsConnect {
+    tokio_postgres_rustls::MakeRustlsConnect::new(config)
 }
 
 /// What a failed TLS handshake with `target` (`host:port/db`) means.
