@@ -40,6 +40,7 @@ pub mod lock;
 pub mod logfile;
 pub mod notify;
 pub mod pattern;
+pub mod pg;
 pub mod profile;
 pub mod ratelimit;
 pub mod ready;

@@ -136,7 +136,7 @@ pub fn load(
 /// `DWS_EVENT_BUS_DURABILITY`); defaults: a disk store, fsynced. A postgres
 /// store leaves durability to PostgreSQL: the profile may not set it (the
 /// environment's, which may serve other profiles, is ignored), and its own
-/// settings are read (`store::postgres::settings`).
+/// settings are read (`pg::settings`).
 fn store_config(r: &mut SectionReader<'_>) -> Result<StoreConfig, ConfigError> {
     let env = r.env;
     let kind = match (&env.store, r.section.store.take()) {
@@ -162,7 +162,7 @@ fn store_config(r: &mut SectionReader<'_>) -> Result<StoreConfig, ConfigError> {
                 r.in_file("durability")
             )));
         }
-        let settings = crate::store::postgres::settings::settings(r)?;
+        let settings = crate::pg::settings::settings(r)?;
         return Ok(StoreConfig {
             kind,
             durability: Durability::Fsync,

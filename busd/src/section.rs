@@ -51,7 +51,7 @@ pub struct ProfileSection {
     // storage (every source)
     pub store: Option<String>,
     pub durability: Option<String>,
-    // store = "postgres" (store::postgres::settings)
+    // store = "postgres" (pg::settings)
     pub postgres_url_file: Option<PathBuf>,
     pub postgres_ca_file: Option<PathBuf>,
     pub cluster: Option<String>,

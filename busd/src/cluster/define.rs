@@ -17,7 +17,7 @@ use crate::{
     hub::ReplicaPort,
     pattern::Selector,
     store::{
-        postgres::{self, definitions, store::instance_for_host},
+        postgres::{definitions, store::instance_for_host},
         SubCounters, SubRecord,
     },
     subscription::poison_name,
@@ -73,10 +73,10 @@ impl Link {
 
     /// Inserts `record` as the definition unless one exists; returns whether
     /// it did, and the cluster's definition either way.
-    async fn claim(&self, record: &SubRecord) -> Result<(bool, SubRecord), postgres::PgError> {
-        let (client, _driver) = postgres::connect(&self.settings, "define").await?;
+    async fn claim(&self, record: &SubRecord) -> Result<(bool, SubRecord), crate::pg::PgError> {
+        let (client, _driver) = crate::pg::connect(&self.settings, "define").await?;
         let json = serde_json::to_string(record)
-            .map_err(|e| postgres::PgError::Other(format!("cannot encode the definition: {e}")))?;
+            .map_err(|e| crate::pg::PgError::Other(format!("cannot encode the definition: {e}")))?;
         definitions::claim_definition(
             &client,
             &self.settings.cluster,
@@ -95,7 +95,7 @@ impl Link {
     pub fn release_definition(self: Arc<Self>, id: String) {
         tokio::spawn(async move {
             let released = async {
-                let (client, _driver) = postgres::connect(&self.settings, "define").await?;
+                let (client, _driver) = crate::pg::connect(&self.settings, "define").await?;
                 definitions::release_definition(&client, &self.settings.cluster, &id).await
             };
             if let Err(e) = released.await {

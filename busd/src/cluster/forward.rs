@@ -33,8 +33,8 @@ use super::db::inbox;
 use super::{Answer, Link};
 use crate::{
     hub::NewEvent,
+    pg::{self, PgError},
     shutdown::Shutdown,
-    store::postgres::{self, PgError},
 };
 
 /// How long a forwarded publish waits for an owner to take it.
@@ -141,7 +141,7 @@ async fn forwarder(link: Arc<Link>, mut rx: mpsc::UnboundedReceiver<(u64, String
                     let left = first.saturating_duration_since(Instant::now());
                     tokio::time::timeout(
                         left.max(RECONNECT_EVERY),
-                        postgres::listen(&s, "forward", &["dws_inbox"]),
+                        pg::listen(&s, "forward", &["dws_inbox"]),
                     )
                     .await
                     .unwrap_or_else(|_| {
@@ -150,7 +150,7 @@ async fn forwarder(link: Arc<Link>, mut rx: mpsc::UnboundedReceiver<(u64, String
                         ))
                     })
                 }
-                None => postgres::listen(&s, "forward", &["dws_inbox"]).await,
+                None => pg::listen(&s, "forward", &["dws_inbox"]).await,
             };
             match opened {
                 Ok(sess) => session = Some(sess),
@@ -256,7 +256,7 @@ async fn push_pending(
                 w.id = Some(id);
                 i += 1;
             }
-            Err(e) if postgres::append::transient(&e) => return Err(e),
+            Err(e) if e.is_transient() => return Err(e),
             Err(e) => {
                 let w = waiting.remove(i);
                 if was_sent {
@@ -358,7 +358,7 @@ pub(super) async fn drain(link: Arc<Link>, mut shutdown: Shutdown) {
     let s = link.settings.clone();
     let mut backoff = DRAIN_BACKOFF_MIN;
     loop {
-        match postgres::listen(&s, "inbox", &["dws_inbox_new"]).await {
+        match pg::listen(&s, "inbox", &["dws_inbox_new"]).await {
             Err(e) => tracing::warn!(cause = %e, "cannot read the cluster inbox; retrying"),
             Ok((mut client, _driver, mut notified)) => {
                 let mut again = true;

@@ -21,9 +21,9 @@ use super::{
     forward, run_source, tail, Link, SourceFactory,
 };
 use crate::{
+    pg,
     shutdown::Shutdown,
     store::postgres::{
-        self,
         append::{OUTAGE_BOUND, REGAINING},
         log,
     },
@@ -54,7 +54,7 @@ pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Sh
     link.start_takeover().await;
     // Everything the previous owner appended is in the log now (the epoch
     // bump waited for its last append): read it before sequencing anything.
-    let caught_up = match postgres::connect(&link.settings, "takeover").await {
+    let caught_up = match pg::connect(&link.settings, "takeover").await {
         Ok((client, _driver)) => tail::catch_up(&link, &client, false).await,
         Err(e) => Err(e),
     };
@@ -130,10 +130,7 @@ async fn take_back(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, S
             ));
         }
         if probe.is_none() {
-            probe = postgres::connect(s, "regain")
-                .await
-                .ok()
-                .map(|(c, _driver)| c);
+            probe = pg::connect(s, "regain").await.ok().map(|(c, _driver)| c);
         }
         let Some(client) = &probe else {
             pause().await;

@@ -47,9 +47,10 @@ use tokio::sync::Notify;
 use self::db::hosts;
 use crate::{
     hub::ReplicaPort,
+    pg::{self, PgError, PgSettings},
     shutdown::Shutdown,
     source::{Source, SourceContext},
-    store::postgres::{self, definitions, PgError, PgSettings},
+    store::postgres::{self, definitions},
 };
 
 /// The source state's reason on a follower.
@@ -197,7 +198,7 @@ async fn refresh(link: Arc<Link>, mut shutdown: Shutdown) {
     let mut last: Option<ClusterDoc> = None;
     loop {
         if conn.is_none() {
-            conn = match postgres::connect(s, "status").await {
+            conn = match pg::connect(s, "status").await {
                 Ok((client, _driver)) => {
                     let pid = std::process::id() as i32;
                     if let Err(e) = hosts::register(
@@ -269,7 +270,7 @@ async fn adopt(
     let s = &link.settings;
     let defs = definitions::definitions(client, &s.cluster).await?;
     let dropped: Vec<String> = if seen.is_none() {
-        postgres::bounded("reading the dropped subscriptions", async {
+        pg::bounded("reading the dropped subscriptions", async {
             client
                 .query_opt(DROPPED_SQL, &[&s.cluster, &s.host])
                 .await

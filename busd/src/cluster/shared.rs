@@ -38,8 +38,8 @@ use super::db::claims::{self, Claimer};
 use super::Link;
 use crate::{
     hub::SharedWork,
+    pg::{self, PgError},
     shutdown::Shutdown,
-    store::postgres::{self, PgError},
 };
 
 /// How long a claim lives without renewal.
@@ -100,7 +100,7 @@ pub(super) async fn run(link: Arc<Link>, mut shutdown: Shutdown) {
             client = None;
         }
         if client.is_none() {
-            client = postgres::connect(&link.settings, "claims")
+            client = pg::connect(&link.settings, "claims")
                 .await
                 .map(|(c, _driver)| c)
                 .ok();

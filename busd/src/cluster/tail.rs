@@ -21,8 +21,9 @@ use tokio_postgres::Client;
 
 use super::{Link, TAIL_POLL};
 use crate::{
+    pg::{self, PgError},
     shutdown::Shutdown,
-    store::postgres::{self, log, PgError},
+    store::postgres::log,
 };
 
 /// Rows read per query.
@@ -42,7 +43,7 @@ async fn follow(link: &Arc<Link>, mut shutdown: Shutdown) {
     let mut backoff = Duration::from_millis(100);
     let mut down = false;
     while !link.taking_over() {
-        let session = postgres::listen(&link.settings, "tail", &["dws_log"]).await;
+        let session = pg::listen(&link.settings, "tail", &["dws_log"]).await;
         let (client, _driver, mut notified) = match session {
             Ok(s) => s,
             Err(e) => {

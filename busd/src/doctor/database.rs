@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio_postgres::{types::Type, Client};
 
 use super::{Check, Status};
-use crate::store::postgres::{self, schema::SCHEMA_VERSION, PgError, PgSettings};
+use crate::pg::{self, schema::SCHEMA_VERSION, PgError, PgSettings};
 
 /// The bound of each query step (a connect has its own, `STARTUP_TIMEOUT`).
 const STEP_BOUND: Duration = Duration::from_secs(5);
@@ -36,7 +36,7 @@ fn failed(step: &'static str, why: impl Into<String>, hint: impl Into<String>) -
 
 /// Runs the check on a runtime of its own, within [`BOUND`].
 pub fn check(profile: &str, settings: &PgSettings) -> Check {
-    let target = postgres::config(settings, "doctor").map(|c| postgres::target(&c));
+    let target = pg::config(settings, "doctor").map(|c| pg::target(&c));
     let shown = target.clone().unwrap_or_else(|_| "PostgreSQL".into());
     let result = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -87,7 +87,7 @@ pub fn check(profile: &str, settings: &PgSettings) -> Check {
 
 /// The steps, in a start's order; what was found when all passed.
 async fn steps(settings: &PgSettings) -> Result<String, Failed> {
-    let (config, mode) = postgres::config_and_mode(settings, "doctor").map_err(|e| {
+    let (config, mode) = pg::config_and_mode(settings, "doctor").map_err(|e| {
         failed(
             "read the URL",
             e.to_string(),
@@ -96,13 +96,13 @@ async fn steps(settings: &PgSettings) -> Result<String, Failed> {
         )
     })?;
     let user = config.get_user().unwrap_or("?").to_owned();
-    let (client, driver) = postgres::connect(settings, "doctor")
+    let (client, driver) = pg::connect(settings, "doctor")
         .await
         .map_err(|e| connect_failed(&e))?;
     let found = after_connect(&client, settings, &user).await;
     driver.abort();
     let tls = match mode {
-        postgres::tls::Mode::Disable => "without TLS".to_owned(),
+        pg::tls::Mode::Disable => "without TLS".to_owned(),
         m => format!("TLS (sslmode={})", m.as_str()),
     };
     Ok(format!(

@@ -96,7 +96,7 @@ pub struct StoreConfig {
     /// `postgres` (a profile may not set it there).
     pub durability: Durability,
     /// `Some` exactly when `kind` is [`StoreKind::Postgres`].
-    pub postgres: Option<postgres::PgSettings>,
+    pub postgres: Option<crate::pg::PgSettings>,
 }
 
 /// Delivery counters of a subscription, kept across restarts.

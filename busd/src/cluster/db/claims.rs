@@ -17,7 +17,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use tokio_postgres::{error::SqlState, types::Type, GenericClient};
 
-use crate::store::postgres::PgError;
+use crate::pg::{self, Params, PgError};
 
 fn q(e: tokio_postgres::Error) -> PgError {
     PgError::query(&e)
@@ -56,32 +56,24 @@ pub async fn claim(
     seqs: &[u64],
     hold: Duration,
 ) -> Result<Vec<(u64, u32)>, PgError> {
-    crate::store::postgres::bounded("claim", async move {
-        if seqs.is_empty() {
-            return Ok(vec![]);
-        }
-        let seqs = seqs_db(seqs);
-        let secs = hold.as_secs_f64();
-        let rows = client
-            .query_typed(
-                CLAIM_SQL,
-                &[
-                    (&who.cluster, Type::TEXT),
-                    (&subscription, Type::TEXT),
-                    (&who.host, Type::TEXT),
-                    (&who.incarnation, Type::TEXT),
-                    (&seqs, Type::INT8_ARRAY),
-                    (&secs, Type::FLOAT8),
-                ],
-            )
-            .await
-            .map_err(q)?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i32>(1).max(1) as u32))
-            .collect())
-    })
-    .await
+    if seqs.is_empty() {
+        return Ok(vec![]);
+    }
+    let seqs = seqs_db(seqs);
+    let secs = hold.as_secs_f64();
+    let params: Params = &[
+        (&who.cluster, Type::TEXT),
+        (&subscription, Type::TEXT),
+        (&who.host, Type::TEXT),
+        (&who.incarnation, Type::TEXT),
+        (&seqs, Type::INT8_ARRAY),
+        (&secs, Type::FLOAT8),
+    ];
+    let rows = pg::query(client, "claim", CLAIM_SQL, params).await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i32>(1).max(1) as u32))
+        .collect())
 }
 
 /// Of `seqs`, those finished (acked on some host, or lost): never claimable
@@ -92,26 +84,16 @@ pub async fn done_of(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<Vec<u64>, PgError> {
-    crate::store::postgres::bounded("done_of", async move {
-        if seqs.is_empty() {
-            return Ok(vec![]);
-        }
-        let seqs = seqs_db(seqs);
-        let rows = client
-            .query_typed(
-                "SELECT seq FROM dws_claim WHERE cluster = $1 AND subscription = $2 \
-             AND seq = ANY($3) AND done",
-                &[
-                    (&cluster, Type::TEXT),
-                    (&subscription, Type::TEXT),
-                    (&seqs, Type::INT8_ARRAY),
-                ],
-            )
-            .await
-            .map_err(q)?;
-        Ok(rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect())
-    })
-    .await
+    if seqs.is_empty() {
+        return Ok(vec![]);
+    }
+    let seqs = seqs_db(seqs);
+    let params: Params = &[
+        (&cluster, Type::TEXT),
+        (&subscription, Type::TEXT),
+        (&seqs, Type::INT8_ARRAY),
+    ];
+    done_seqs(client, "done_of", "seq = ANY($3)", params).await
 }
 
 /// The finished (acked or lost) events of `subscription` with seqs in
@@ -124,24 +106,29 @@ pub async fn done_between(
     after: u64,
     upto: u64,
 ) -> Result<Vec<u64>, PgError> {
-    crate::store::postgres::bounded("done_between", async move {
-        let (after, upto) = (after as i64, upto as i64);
-        let rows = client
-            .query_typed(
-                "SELECT seq FROM dws_claim WHERE cluster = $1 AND subscription = $2 \
-             AND seq > $3 AND seq <= $4 AND done",
-                &[
-                    (&cluster, Type::TEXT),
-                    (&subscription, Type::TEXT),
-                    (&after, Type::INT8),
-                    (&upto, Type::INT8),
-                ],
-            )
-            .await
-            .map_err(q)?;
-        Ok(rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect())
-    })
-    .await
+    let (after, upto) = (after as i64, upto as i64);
+    let params: Params = &[
+        (&cluster, Type::TEXT),
+        (&subscription, Type::TEXT),
+        (&after, Type::INT8),
+        (&upto, Type::INT8),
+    ];
+    done_seqs(client, "done_between", "seq > $3 AND seq <= $4", params).await
+}
+
+/// The finished events of a subscription (`$1` its cluster, `$2` its
+/// name) that `which` (on `seq`, from `$3` on) selects.
+async fn done_seqs(
+    client: &impl GenericClient,
+    what: &str,
+    which: &str,
+    params: Params<'_>,
+) -> Result<Vec<u64>, PgError> {
+    let sql = format!(
+        "SELECT seq FROM dws_claim WHERE cluster = $1 AND subscription = $2 AND {which} AND done"
+    );
+    let rows = pg::query(client, what, &sql, params).await?;
+    Ok(rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect())
 }
 
 const RENEW_SQL: &str = "UPDATE dws_claim c
@@ -159,30 +146,22 @@ pub async fn renew(
     held: &BTreeMap<String, Vec<u64>>,
     hold: Duration,
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("renew", async move {
-        let (subs, seqs): (Vec<&str>, Vec<i64>) = held
-            .iter()
-            .flat_map(|(sub, seqs)| seqs.iter().map(move |&s| (sub.as_str(), s as i64)))
-            .unzip();
-        if subs.is_empty() {
-            return Ok(0);
-        }
-        let secs = hold.as_secs_f64();
-        client
-            .execute_typed(
-                RENEW_SQL,
-                &[
-                    (&who.cluster, Type::TEXT),
-                    (&who.incarnation, Type::TEXT),
-                    (&subs, Type::TEXT_ARRAY),
-                    (&seqs, Type::INT8_ARRAY),
-                    (&secs, Type::FLOAT8),
-                ],
-            )
-            .await
-            .map_err(q)
-    })
-    .await
+    let (subs, seqs): (Vec<&str>, Vec<i64>) = held
+        .iter()
+        .flat_map(|(sub, seqs)| seqs.iter().map(move |&s| (sub.as_str(), s as i64)))
+        .unzip();
+    if subs.is_empty() {
+        return Ok(0);
+    }
+    let secs = hold.as_secs_f64();
+    let params: Params = &[
+        (&who.cluster, Type::TEXT),
+        (&who.incarnation, Type::TEXT),
+        (&subs, Type::TEXT_ARRAY),
+        (&seqs, Type::INT8_ARRAY),
+        (&secs, Type::FLOAT8),
+    ];
+    pg::execute(client, "renew", RENEW_SQL, params).await
 }
 
 /// Marks `seqs` of `subscription` acked: done whoever holds the claim now
@@ -194,24 +173,22 @@ pub async fn finish(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("finish", async move {
-        if seqs.is_empty() {
-            return Ok(0);
-        }
-        let seqs = seqs_db(seqs);
-        client
-            .execute_typed(
-                "UPDATE dws_claim SET done = true WHERE cluster = $1 AND subscription = $2 \
-             AND seq = ANY($3) AND NOT done",
-                &[
-                    (&cluster, Type::TEXT),
-                    (&subscription, Type::TEXT),
-                    (&seqs, Type::INT8_ARRAY),
-                ],
-            )
-            .await
-            .map_err(q)
-    })
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    let seqs = seqs_db(seqs);
+    let params: Params = &[
+        (&cluster, Type::TEXT),
+        (&subscription, Type::TEXT),
+        (&seqs, Type::INT8_ARRAY),
+    ];
+    pg::execute(
+        client,
+        "finish",
+        "UPDATE dws_claim SET done = true WHERE cluster = $1 AND subscription = $2 \
+         AND seq = ANY($3) AND NOT done",
+        params,
+    )
     .await
 }
 
@@ -223,26 +200,24 @@ pub async fn release(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("release", async move {
-        if seqs.is_empty() {
-            return Ok(0);
-        }
-        let seqs = seqs_db(seqs);
-        client
-            .execute_typed(
-                "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
-             WHERE cluster = $1 AND subscription = $2 AND incarnation = $3 \
-             AND seq = ANY($4) AND NOT done",
-                &[
-                    (&who.cluster, Type::TEXT),
-                    (&subscription, Type::TEXT),
-                    (&who.incarnation, Type::TEXT),
-                    (&seqs, Type::INT8_ARRAY),
-                ],
-            )
-            .await
-            .map_err(q)
-    })
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    let seqs = seqs_db(seqs);
+    let params: Params = &[
+        (&who.cluster, Type::TEXT),
+        (&subscription, Type::TEXT),
+        (&who.incarnation, Type::TEXT),
+        (&seqs, Type::INT8_ARRAY),
+    ];
+    pg::execute(
+        client,
+        "release",
+        "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
+         WHERE cluster = $1 AND subscription = $2 AND incarnation = $3 \
+         AND seq = ANY($4) AND NOT done",
+        params,
+    )
     .await
 }
 
@@ -252,16 +227,13 @@ pub async fn release_all(
     cluster: &str,
     incarnation: &str,
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("release_all", async move {
-        client
-            .execute_typed(
-                "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
-             WHERE cluster = $1 AND incarnation = $2 AND NOT done",
-                &[(&cluster, Type::TEXT), (&incarnation, Type::TEXT)],
-            )
-            .await
-            .map_err(q)
-    })
+    pg::execute(
+        client,
+        "release_all",
+        "UPDATE dws_claim SET claimed_until = now() - interval '1 second' \
+         WHERE cluster = $1 AND incarnation = $2 AND NOT done",
+        &[(&cluster, Type::TEXT), (&incarnation, Type::TEXT)],
+    )
     .await
 }
 
@@ -283,7 +255,7 @@ pub async fn mark_lost(
     subscription: &str,
     seqs: &[u64],
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("mark_lost", async move {
+    crate::pg::bounded("mark_lost", async move {
         if seqs.is_empty() {
             return Ok(0);
         }
@@ -324,24 +296,16 @@ pub async fn sweep_lost(
     subscriptions: &[String],
     floor: u64,
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("sweep_lost", async move {
-        if subscriptions.is_empty() {
-            return Ok(0);
-        }
-        let floor = floor.min(i64::MAX as u64) as i64;
-        client
-            .execute_typed(
-                SWEEP_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&subscriptions, Type::TEXT_ARRAY),
-                    (&floor, Type::INT8),
-                ],
-            )
-            .await
-            .map_err(q)
-    })
-    .await
+    if subscriptions.is_empty() {
+        return Ok(0);
+    }
+    let floor = floor.min(i64::MAX as u64) as i64;
+    let params: Params = &[
+        (&cluster, Type::TEXT),
+        (&subscriptions, Type::TEXT_ARRAY),
+        (&floor, Type::INT8),
+    ];
+    pg::execute(client, "sweep_lost", SWEEP_SQL, params).await
 }
 
 /// Takes the losses of `subscription` no host reported yet: how many (this
@@ -351,15 +315,12 @@ pub async fn take_lost(
     cluster: &str,
     subscription: &str,
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("take_lost", async move {
-        client
-            .execute_typed(
-                "UPDATE dws_claim SET reported = true WHERE cluster = $1 AND subscription = $2 \
-             AND lost AND NOT reported",
-                &[(&cluster, Type::TEXT), (&subscription, Type::TEXT)],
-            )
-            .await
-            .map_err(q)
-    })
+    pg::execute(
+        client,
+        "take_lost",
+        "UPDATE dws_claim SET reported = true WHERE cluster = $1 AND subscription = $2 \
+         AND lost AND NOT reported",
+        &[(&cluster, Type::TEXT), (&subscription, Type::TEXT)],
+    )
     .await
 }

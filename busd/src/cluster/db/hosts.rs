@@ -7,7 +7,7 @@
 
 use tokio_postgres::{types::Type, GenericClient};
 
-use crate::store::postgres::PgError;
+use crate::pg::{self, Params, PgError};
 
 /// One host of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,23 +65,15 @@ pub async fn register(
     build: &str,
     incarnation: &str,
 ) -> Result<(), PgError> {
-    crate::store::postgres::bounded("register", async move {
-        client
-            .execute_typed(
-                REGISTER_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&host, Type::TEXT),
-                    (&pid, Type::INT4),
-                    (&build, Type::TEXT),
-                    (&incarnation, Type::TEXT),
-                ],
-            )
-            .await
-            .map_err(q)?;
-        Ok(())
-    })
-    .await
+    let params: Params = &[
+        (&cluster, Type::TEXT),
+        (&host, Type::TEXT),
+        (&pid, Type::INT4),
+        (&build, Type::TEXT),
+        (&incarnation, Type::TEXT),
+    ];
+    pg::execute(client, "register", REGISTER_SQL, params).await?;
+    Ok(())
 }
 
 /// Refreshes this host's heartbeat; `false` when its row is gone (removed
@@ -91,17 +83,14 @@ pub async fn heartbeat(
     cluster: &str,
     host: &str,
 ) -> Result<bool, PgError> {
-    crate::store::postgres::bounded("heartbeat", async move {
-        let n = client
-            .execute_typed(
-                "UPDATE dws_host SET heartbeat_at = now() WHERE cluster = $1 AND host = $2",
-                &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
-            )
-            .await
-            .map_err(q)?;
-        Ok(n > 0)
-    })
-    .await
+    let n = pg::execute(
+        client,
+        "heartbeat",
+        "UPDATE dws_host SET heartbeat_at = now() WHERE cluster = $1 AND host = $2",
+        &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
+    )
+    .await?;
+    Ok(n > 0)
 }
 
 /// Removes this host (a clean exit).
@@ -110,17 +99,14 @@ pub async fn unregister(
     cluster: &str,
     host: &str,
 ) -> Result<(), PgError> {
-    crate::store::postgres::bounded("unregister", async move {
-        client
-            .execute_typed(
-                "DELETE FROM dws_host WHERE cluster = $1 AND host = $2",
-                &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
-            )
-            .await
-            .map_err(q)?;
-        Ok(())
-    })
-    .await
+    pg::execute(
+        client,
+        "unregister",
+        "DELETE FROM dws_host WHERE cluster = $1 AND host = $2",
+        &[(&cluster, Type::TEXT), (&host, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
 }
 
 const LIST_SQL: &str = "SELECT host, pid, build,
@@ -130,24 +116,18 @@ const LIST_SQL: &str = "SELECT host, pid, build,
 
 /// The cluster's hosts, by name.
 pub async fn list(client: &impl GenericClient, cluster: &str) -> Result<Vec<HostRow>, PgError> {
-    crate::store::postgres::bounded("list", async move {
-        let rows = client
-            .query_typed(LIST_SQL, &[(&cluster, Type::TEXT)])
-            .await
-            .map_err(q)?;
-        rows.iter()
-            .map(|r| {
-                Ok(HostRow {
-                    host: r.try_get(0).map_err(q)?,
-                    pid: r.try_get(1).map_err(q)?,
-                    build: r.try_get(2).map_err(q)?,
-                    started_at_unix_ms: r.try_get(3).map_err(q)?,
-                    heartbeat_age_ms: r.try_get(4).map_err(q)?,
-                })
+    let rows = pg::query(client, "list", LIST_SQL, &[(&cluster, Type::TEXT)]).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(HostRow {
+                host: r.try_get(0).map_err(q)?,
+                pid: r.try_get(1).map_err(q)?,
+                build: r.try_get(2).map_err(q)?,
+                started_at_unix_ms: r.try_get(3).map_err(q)?,
+                heartbeat_age_ms: r.try_get(4).map_err(q)?,
             })
-            .collect()
-    })
-    .await
+        })
+        .collect()
 }
 
 /// A plain `SELECT`: it never waits for a lock (an owner stopped in the
@@ -172,7 +152,7 @@ pub async fn lease(
         return Ok(None);
     };
     Ok(Some(LeaseRow {
-        head_seq: crate::store::postgres::log::from_db(r.try_get(0).map_err(q)?)?,
+        head_seq: crate::pg::from_db(r.try_get(0).map_err(q)?)?,
         epoch: r.try_get(1).map_err(q)?,
         holder: r.try_get(2).map_err(q)?,
         since_unix_ms: r.try_get(3).map_err(q)?,
@@ -193,29 +173,23 @@ pub async fn cursors(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<Vec<CursorRow>, PgError> {
-    crate::store::postgres::bounded("cursors", async move {
-        let rows = client
-            .query_typed(CURSORS_SQL, &[(&cluster, Type::TEXT)])
-            .await
-            .map_err(q)?;
-        rows.iter()
-            .map(|r| {
-                let subscription: String = r.try_get(0).map_err(q)?;
-                let cursor: Option<String> = r.try_get(3).map_err(q)?;
-                let cursor = cursor.and_then(|c| c.parse::<u64>().ok()).ok_or_else(|| {
-                    PgError::Other(format!(
-                        "the stored cursor of subscription {subscription} is not a seq"
-                    ))
-                })?;
-                Ok(CursorRow {
-                    subscription,
-                    delivery: r.try_get(1).map_err(q)?,
-                    host: r.try_get(2).map_err(q)?,
-                    cursor,
-                    saved_at_unix_ms: r.try_get(4).map_err(q)?,
-                })
+    let rows = pg::query(client, "cursors", CURSORS_SQL, &[(&cluster, Type::TEXT)]).await?;
+    rows.iter()
+        .map(|r| {
+            let subscription: String = r.try_get(0).map_err(q)?;
+            let cursor: Option<String> = r.try_get(3).map_err(q)?;
+            let cursor = cursor.and_then(|c| c.parse::<u64>().ok()).ok_or_else(|| {
+                PgError::Other(format!(
+                    "the stored cursor of subscription {subscription} is not a seq"
+                ))
+            })?;
+            Ok(CursorRow {
+                subscription,
+                delivery: r.try_get(1).map_err(q)?,
+                host: r.try_get(2).map_err(q)?,
+                cursor,
+                saved_at_unix_ms: r.try_get(4).map_err(q)?,
             })
-            .collect()
-    })
-    .await
+        })
+        .collect()
 }

@@ -28,10 +28,10 @@ use std::time::Duration;
 use tokio_postgres::{types::Type, Client, GenericClient};
 
 use crate::eventlog::NewEvent;
-use crate::store::postgres::{
-    fence::check_epoch,
-    log::{self, from_db, to_db},
-    PgError,
+use crate::pg::{
+    self,
+    fence::{check_epoch, NO_LEASE},
+    from_db, to_db, Params, PgError,
 };
 
 /// Notified (payload: the cluster) when the owner finished rows.
@@ -73,29 +73,21 @@ pub async fn push(
     key: &str,
     event: &NewEvent,
 ) -> Result<i64, PgError> {
-    crate::store::postgres::bounded("push", async move {
-        let json = serde_json::to_string(event)
-            .map_err(|e| PgError::Other(format!("cannot encode the event for the inbox: {e}")))?;
-        let row = client
-            .query_typed_one(
-                PUSH_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&host, Type::TEXT),
-                    (&json, Type::TEXT),
-                    (&key, Type::TEXT),
-                ],
-            )
-            .await
-            .map_err(q)?;
-        let id: Option<i64> = row.try_get(0).map_err(q)?;
-        id.ok_or_else(|| {
-            PgError::Other(format!(
-                "inbox key {key} of cluster {cluster} was withdrawn while it was pushed again"
-            ))
-        })
+    let json = serde_json::to_string(event)
+        .map_err(|e| PgError::Other(format!("cannot encode the event for the inbox: {e}")))?;
+    let params: Params = &[
+        (&cluster, Type::TEXT),
+        (&host, Type::TEXT),
+        (&json, Type::TEXT),
+        (&key, Type::TEXT),
+    ];
+    let row = pg::query_one(client, "push", PUSH_SQL, params).await?;
+    let id: Option<i64> = row.try_get(0).map_err(q)?;
+    id.ok_or_else(|| {
+        PgError::Other(format!(
+            "inbox key {key} of cluster {cluster} was withdrawn while it was pushed again"
+        ))
     })
-    .await
 }
 
 /// What [`withdraw`] found.
@@ -126,20 +118,15 @@ pub async fn withdraw(
     cluster: &str,
     key: &str,
 ) -> Result<Withdrawal, PgError> {
-    crate::store::postgres::bounded("withdraw", async move {
-        let row = client
-            .query_typed_one(WITHDRAW_SQL, &[(&cluster, Type::TEXT), (&key, Type::TEXT)])
-            .await
-            .map_err(q)?;
-        let deleted: bool = row.try_get(0).map_err(q)?;
-        let existed: bool = row.try_get(1).map_err(q)?;
-        Ok(match (deleted, existed) {
-            (true, _) => Withdrawal::Withdrawn,
-            (false, false) => Withdrawal::Absent,
-            (false, true) => Withdrawal::Taken,
-        })
+    let params: Params = &[(&cluster, Type::TEXT), (&key, Type::TEXT)];
+    let row = pg::query_one(client, "withdraw", WITHDRAW_SQL, params).await?;
+    let deleted: bool = row.try_get(0).map_err(q)?;
+    let existed: bool = row.try_get(1).map_err(q)?;
+    Ok(match (deleted, existed) {
+        (true, _) => Withdrawal::Withdrawn,
+        (false, false) => Withdrawal::Absent,
+        (false, true) => Withdrawal::Taken,
     })
-    .await
 }
 
 /// Pending rows not taken under this epoch — with `$4`, those too (the
@@ -169,9 +156,9 @@ pub async fn take(
     limit: i64,
     again: bool,
 ) -> Result<Vec<Taken>, PgError> {
-    crate::store::postgres::bounded("take", async move {
+    crate::pg::bounded("take", async move {
         if epoch <= 0 {
-            return Err(PgError::Fenced(log::NO_LEASE.into()));
+            return Err(PgError::Fenced(NO_LEASE.into()));
         }
         let tx = client.transaction().await.map_err(q)?;
         check_epoch(&tx, cluster, epoch).await?;
@@ -235,7 +222,7 @@ pub async fn finish(
     cluster: &str,
     results: &[(i64, InboxResult)],
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("finish", async move {
+    crate::pg::bounded("finish", async move {
         let ids: Vec<i64> = results.iter().map(|(id, _)| *id).collect();
         let seqs = results
             .iter()
@@ -308,17 +295,9 @@ pub async fn results(
     cluster: &str,
     ids: &[i64],
 ) -> Result<Vec<(i64, Option<InboxResult>)>, PgError> {
-    crate::store::postgres::bounded("results", async move {
-        let rows = client
-            .query_typed(
-                RESULT_SQL,
-                &[(&cluster, Type::TEXT), (&ids, Type::INT8_ARRAY)],
-            )
-            .await
-            .map_err(q)?;
-        rows.iter().map(row_result).collect()
-    })
-    .await
+    let params: Params = &[(&cluster, Type::TEXT), (&ids, Type::INT8_ARRAY)];
+    let rows = pg::query(client, "results", RESULT_SQL, params).await?;
+    rows.iter().map(row_result).collect()
 }
 
 const PURGE_SQL: &str = "DELETE FROM dws_inbox
@@ -330,12 +309,7 @@ pub async fn purge_done(
     cluster: &str,
     older_than: Duration,
 ) -> Result<u64, PgError> {
-    crate::store::postgres::bounded("purge_done", async move {
-        let secs = older_than.as_secs_f64();
-        client
-            .execute_typed(PURGE_SQL, &[(&cluster, Type::TEXT), (&secs, Type::FLOAT8)])
-            .await
-            .map_err(q)
-    })
-    .await
+    let secs = older_than.as_secs_f64();
+    let params: Params = &[(&cluster, Type::TEXT), (&secs, Type::FLOAT8)];
+    pg::execute(client, "purge_done", PURGE_SQL, params).await
 }

@@ -42,9 +42,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_postgres::Client;
 
-use crate::store::postgres::{
-    connect, fence::fenced, settings::LEASE_DEFAULT, Driver, PgError, PgSettings,
-};
+use crate::pg::{connect, fence::fenced, settings::LEASE_DEFAULT, Driver, PgError, PgSettings};
 
 /// Creates the cluster's row if missing (no owner, epoch 0).
 const ENSURE_SQL: &str = "INSERT INTO dws_cluster (cluster) VALUES ($1) ON CONFLICT DO NOTHING";
@@ -129,7 +127,7 @@ impl LeaseSession {
     /// `busd/<cluster>/<host>/lease`). The schema must exist
     /// (`schema::migrate`).
     pub async fn open(settings: &PgSettings) -> Result<LeaseSession, PgError> {
-        crate::store::postgres::bounded("open", async move {
+        crate::pg::bounded("open", async move {
             let (client, driver) = connect(settings, "lease").await?;
             client
                 .execute(ENSURE_SQL, &[&settings.cluster])
@@ -153,7 +151,7 @@ impl LeaseSession {
     /// One try: the lease with its new epoch, or this session back when
     /// another host holds it.
     pub async fn try_acquire(self, timing: LeaseTiming) -> Result<Result<Lease, Self>, PgError> {
-        crate::store::postgres::bounded("try_acquire", async move {
+        crate::pg::bounded("try_acquire", async move {
             let q = |e: tokio_postgres::Error| PgError::query(&e);
             let cluster = self.settings.cluster.as_str();
             let secs = timing.bound.as_secs_f64();
@@ -260,7 +258,7 @@ impl Lease {
     /// Gives the lease up cleanly: clears the owner (if still ours) and
     /// closes the session.
     pub async fn release(self) -> Result<(), PgError> {
-        crate::store::postgres::bounded("release", async move {
+        crate::pg::bounded("release", async move {
             let q = |e: tokio_postgres::Error| PgError::query(&e);
             self.heartbeat.abort();
             self.client

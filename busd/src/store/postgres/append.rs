@@ -43,10 +43,9 @@ pub const REGAINING: i64 = -1;
 /// How long an append waits for the server (and the lease) to come back.
 pub const OUTAGE_BOUND: Duration = Duration::from_secs(60);
 
-/// Whether a failure may pass with the outage: the server or the session
-/// went away, not a refusal (credentials, schema, a fenced epoch, a gap).
+/// Whether a failure may pass with the outage: see [`PgError::is_transient`].
 pub fn transient(e: &PgError) -> bool {
-    matches!(e, PgError::Unreachable(_))
+    e.is_transient()
 }
 
 /// What the store says when an append may or may not have committed: the

@@ -7,8 +7,10 @@
 
 use tokio_postgres::{types::Type, GenericClient, Row};
 
-use super::PgError;
-use crate::store::SubRecord;
+use crate::{
+    pg::{self, Params, PgError},
+    store::SubRecord,
+};
 
 fn q(e: tokio_postgres::Error) -> PgError {
     PgError::query(&e)
@@ -51,18 +53,10 @@ pub async fn definitions(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<Vec<Definition>, PgError> {
-    crate::store::postgres::bounded("definitions", async move {
-        let none: Option<&str> = None;
-        let rows = client
-            .query_typed(
-                DEFINITIONS_SQL,
-                &[(&cluster, Type::TEXT), (&none, Type::TEXT)],
-            )
-            .await
-            .map_err(q)?;
-        rows.iter().map(definition_of).collect()
-    })
-    .await
+    let none: Option<&str> = None;
+    let params: Params = &[(&cluster, Type::TEXT), (&none, Type::TEXT)];
+    let rows = pg::query(client, "definitions", DEFINITIONS_SQL, params).await?;
+    rows.iter().map(definition_of).collect()
 }
 
 const CLAIM_SQL: &str = "INSERT INTO dws_subscription (cluster, id, delivery, record)
@@ -80,7 +74,7 @@ pub async fn claim_definition(
     shared: bool,
     record_json: &str,
 ) -> Result<(bool, SubRecord), PgError> {
-    crate::store::postgres::bounded("claim_definition", async move {
+    pg::bounded("claim_definition", async move {
         let delivery = if shared { "shared" } else { "per-host" };
         let inserted = client
             .execute_typed(
@@ -113,14 +107,9 @@ pub async fn release_definition(
     cluster: &str,
     id: &str,
 ) -> Result<(), PgError> {
-    crate::store::postgres::bounded("release_definition", async move {
-        client
-            .execute_typed(RELEASE_SQL, &[(&cluster, Type::TEXT), (&id, Type::TEXT)])
-            .await
-            .map_err(q)?;
-        Ok(())
-    })
-    .await
+    let params: Params = &[(&cluster, Type::TEXT), (&id, Type::TEXT)];
+    pg::execute(client, "release_definition", RELEASE_SQL, params).await?;
+    Ok(())
 }
 
 /// One named subscription of the cluster, if it exists (a consumer on this
@@ -131,16 +120,8 @@ pub async fn definition(
     cluster: &str,
     id: &str,
 ) -> Result<Option<Definition>, PgError> {
-    crate::store::postgres::bounded("definition", async move {
-        let id = Some(id);
-        let rows = client
-            .query_typed(
-                DEFINITIONS_SQL,
-                &[(&cluster, Type::TEXT), (&id, Type::TEXT)],
-            )
-            .await
-            .map_err(q)?;
-        rows.first().map(definition_of).transpose()
-    })
-    .await
+    let id = Some(id);
+    let params: Params = &[(&cluster, Type::TEXT), (&id, Type::TEXT)];
+    let rows = pg::query(client, "definition", DEFINITIONS_SQL, params).await?;
+    rows.first().map(definition_of).transpose()
 }

@@ -57,16 +57,7 @@ fn q(e: tokio_postgres::Error) -> PgError {
     PgError::query(&e)
 }
 
-/// A seq as PostgreSQL stores it (`bigint`).
-pub(crate) fn to_db(seq: u64) -> Result<i64, PgError> {
-    i64::try_from(seq).map_err(|_| PgError::Other(format!("seq {seq} does not fit a bigint")))
-}
-
-/// A seq as the database gave it back.
-pub(crate) fn from_db(seq: i64) -> Result<u64, PgError> {
-    u64::try_from(seq)
-        .map_err(|_| PgError::Other(format!("the database holds a negative seq ({seq})")))
-}
+pub(crate) use crate::pg::{fence::NO_LEASE, from_db, to_db};
 
 /// The payload of the log's notification: `cluster:head`.
 pub fn notify_payload(cluster: &str, head: u64) -> String {
@@ -78,10 +69,6 @@ pub fn parse_notify(payload: &str, cluster: &str) -> Option<u64> {
     let (c, head) = payload.rsplit_once(':')?;
     (c == cluster).then(|| head.parse().ok()).flatten()
 }
-
-/// Why epoch 0 (or below) cannot append or take: it is nobody's.
-pub(crate) const NO_LEASE: &str =
-    "this host does not hold the cluster's upstream lease (epoch 0), so it does not own the log";
 
 /// Locks the cluster's row; the lease's expiry is read only after the lock
 /// is granted, by [`APPEND_SQL`] (a lock holder that changed nothing gives

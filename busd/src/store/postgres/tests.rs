@@ -11,23 +11,18 @@ use tokio_postgres::error::SqlState;
 use crate::cluster::db::lease::{judge, Lease, LeaseSession, LeaseTiming};
 
 use super::{
-    class_of, config, connect,
+    config, connect,
     fence::{check_epoch, fenced, fenced_at},
     schema::{self, migrate, SCHEMA_VERSION},
-    Class, PgError, PgSettings,
+    PgError, PgSettings,
 };
-use crate::{ready::FailureKind, ready::StartError, section::Secret};
+use crate::pg::{class_of, Class};
+use crate::{ready::FailureKind, ready::StartError};
 
 const CANARY: &str = "S3cretCanary";
 
 pub(super) fn settings(url: &str, host: &str) -> PgSettings {
-    PgSettings {
-        url: Secret::new(url),
-        cluster: "c1".into(),
-        host: host.into(),
-        ca: None,
-        lease: Duration::from_secs(10),
-    }
+    PgSettings::for_test(url, host)
 }
 
 /// [`settings`] for the harness's server.
@@ -130,7 +125,7 @@ fn postgres_config_adds_keepalives_and_names_the_session() {
     assert_eq!(c.get_application_name(), Some("busd/c1/h1/lease"));
     assert!(c.get_keepalives());
     assert_eq!(c.get_keepalives_idle(), Duration::from_secs(3));
-    assert_eq!(c.get_connect_timeout(), Some(&super::CONNECT_TIMEOUT));
+    assert_eq!(c.get_connect_timeout(), Some(&crate::pg::CONNECT_TIMEOUT));
     let options = c.get_options().unwrap();
     assert!(options.starts_with("-c work_mem=8MB "), "{options}");
     assert!(options.contains("-c tcp_keepalives_idle=3"), "{options}");
@@ -183,9 +178,9 @@ fn postgres_lease_judgements() {
     assert_eq!(fenced_at(7, Some((7, true))), None);
     assert!(fenced_at(7, Some((7, false))).unwrap().contains("expired"));
     assert!(fenced_at(7, Some((8, true))).unwrap().contains("epoch 8"));
-    assert!(super::lossy_commit("off").is_some());
+    assert!(crate::pg::lossy_commit("off").is_some());
     for fine in ["on", "local", "remote_write", "remote_apply"] {
-        assert_eq!(super::lossy_commit(fine), None, "{fine}");
+        assert_eq!(crate::pg::lossy_commit(fine), None, "{fine}");
     }
     let t = LeaseTiming::for_bound(Duration::from_secs(2));
     assert!(

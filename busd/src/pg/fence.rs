@@ -1,12 +1,12 @@
-//! Fencing in the cluster store: whether a host may still write as the
-//! upstream's owner. Every append (`log::append`, under `FOR UPDATE`) and
+//! Fencing: whether a host may still write as the upstream's owner — the
+//! rule the cluster store's log and the cluster's coordination tables share. Every append (`log::append`, under `FOR UPDATE`) and
 //! every other owner's write ([`check_epoch`], `FOR SHARE`) compares, in its
 //! own transaction, the host's epoch with the cluster's and requires the
 //! lease to be unexpired on the database's clock — read *after* the row
 //! lock was granted, in a later statement (issue 35: read in the locking
 //! statement, the clock was the one before the wait). The lease itself (taking,
 //! renewing, losing it) is the cluster's coordination
-//! (`cluster::db::lease`); this is the part the log needs.
+//! (`cluster::db::lease`); this is the part every owner's write needs.
 
 use tokio_postgres::Transaction;
 
@@ -22,6 +22,10 @@ const LOCK_EPOCH_SQL: &str = "SELECT epoch FROM dws_cluster WHERE cluster = $1 F
 /// meanwhile would pass.
 const LIVE_SQL: &str =
     "SELECT coalesce(lease_expires_at > clock_timestamp(), false) FROM dws_cluster WHERE cluster = $1";
+
+/// Why epoch 0 (or below) cannot append or take: it is nobody's.
+pub(crate) const NO_LEASE: &str =
+    "this host does not hold the cluster's upstream lease (epoch 0), so it does not own the log";
 
 /// [`fenced`], and the lease's expiry: `current` is the cluster's epoch
 /// and whether its lease is unexpired on the database's clock.
@@ -57,7 +61,7 @@ pub fn fenced(our_epoch: i64, current: Option<i64>) -> Option<String> {
 /// `FOR UPDATE` instead and compare with [`fenced`]: two `FOR SHARE`
 /// holders that both upgrade would deadlock.)
 pub async fn check_epoch(tx: &Transaction<'_>, cluster: &str, epoch: i64) -> Result<(), PgError> {
-    crate::store::postgres::bounded("check_epoch", async move {
+    super::bounded("check_epoch", async move {
         let q = |e: tokio_postgres::Error| PgError::query(&e);
         let locked: Option<i64> = tx
             .query_opt(LOCK_EPOCH_SQL, &[&cluster])

@@ -5,10 +5,13 @@
 
 use super::{
     config_and_mode,
-    tests::settings,
     tls::{leaves_the_machine, split_sslmode, CaFile, Mode},
-    PgError,
+    PgError, PgSettings,
 };
+
+fn settings(url: &str, host: &str) -> PgSettings {
+    PgSettings::for_test(url, host)
+}
 
 const CANARY: &str = "S3cretCanary";
 

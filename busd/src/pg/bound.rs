@@ -3,11 +3,70 @@
 //! within it is given up — the caller closes the session and counts the work
 //! as an outage. Without it, a path that swallows bytes while TCP sees
 //! nothing wrong held every statement on it for as long as the partition
-//! lasted.
+//! lasted. [`query`], [`query_one`] and [`execute`] run one typed statement
+//! within it.
 
 use std::time::Duration;
 
+use tokio_postgres::{
+    types::{ToSql, Type},
+    GenericClient, Row,
+};
+
 use super::PgError;
+
+/// One statement's parameters, each with its type (`query_typed`): no
+/// round trip to prepare it.
+pub type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
+
+/// The rows of one statement, within [`STATEMENT_BOUND`] (`what` names it
+/// in the outage).
+pub async fn query(
+    client: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<Row>, PgError> {
+    bounded(what, async {
+        client
+            .query_typed(sql, params)
+            .await
+            .map_err(|e| PgError::query(&e))
+    })
+    .await
+}
+
+/// The one row of one statement, within [`STATEMENT_BOUND`].
+pub async fn query_one(
+    client: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Row, PgError> {
+    bounded(what, async {
+        client
+            .query_typed_one(sql, params)
+            .await
+            .map_err(|e| PgError::query(&e))
+    })
+    .await
+}
+
+/// How many rows one statement changed, within [`STATEMENT_BOUND`].
+pub async fn execute(
+    client: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<u64, PgError> {
+    bounded(what, async {
+        client
+            .execute_typed(sql, params)
+            .await
+            .map_err(|e| PgError::query(&e))
+    })
+    .await
+}
 
 /// The client-side bound of every statement (or short transaction) busd
 /// sends: past it the answer is given up for lost — the session is closed
