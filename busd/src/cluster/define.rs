@@ -16,10 +16,8 @@ use crate::{
     clock::now_ms,
     hub::ReplicaPort,
     pattern::Selector,
-    store::{
-        postgres::{definitions, store::instance_for_host},
-        SubCounters, SubRecord,
-    },
+    pg::definitions,
+    store::{SubCounters, SubRecord},
     subscription::poison_name,
     upstream::Refusal,
 };
@@ -77,7 +75,7 @@ impl Link {
         let (client, _driver) = crate::pg::connect(&self.settings, "define").await?;
         let json = serde_json::to_string(record)
             .map_err(|e| crate::pg::PgError::Other(format!("cannot encode the definition: {e}")))?;
-        definitions::claim_definition(
+        definitions::claim_definition::<SubRecord>(
             &client,
             &self.settings.cluster,
             &record.id,
@@ -146,5 +144,5 @@ fn definition_record(hub: &ReplicaPort, req: &v1::Subscribe, selector: &Selector
         where_exprs: selector.where_strs().to_vec(),
         ack_wait_ms: (req.default_ack_wait_ms > 0).then_some(req.default_ack_wait_ms),
     };
-    instance_for_host(&spec, now)
+    spec.instance_for_host(now)
 }

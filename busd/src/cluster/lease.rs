@@ -21,12 +21,9 @@ use super::{
     forward, run_source, tail, Link, SourceFactory,
 };
 use crate::{
-    pg,
+    pg::{self, fence::REGAINING, OUTAGE_BOUND},
     shutdown::Shutdown,
-    store::postgres::{
-        append::{OUTAGE_BOUND, REGAINING},
-        log,
-    },
+    store::postgres::log,
 };
 
 pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Shutdown) {

@@ -47,10 +47,10 @@ use tokio::sync::Notify;
 use self::db::hosts;
 use crate::{
     hub::ReplicaPort,
-    pg::{self, PgError, PgSettings},
+    pg::{self, definitions, PgError, PgSettings},
     shutdown::Shutdown,
     source::{Source, SourceContext},
-    store::postgres::{self, definitions},
+    store::SubRecord,
 };
 
 /// The source state's reason on a follower.
@@ -268,7 +268,7 @@ async fn adopt(
     seen: &mut Option<HashSet<String>>,
 ) -> Result<(), PgError> {
     let s = &link.settings;
-    let defs = definitions::definitions(client, &s.cluster).await?;
+    let defs = definitions::definitions::<SubRecord>(client, &s.cluster).await?;
     let dropped: Vec<String> = if seen.is_none() {
         pg::bounded("reading the dropped subscriptions", async {
             client
@@ -289,7 +289,7 @@ async fn adopt(
     let fresh: Vec<_> = defs
         .into_iter()
         .filter(|d| seen.insert(d.id.clone()) && !dropped.contains(&d.id))
-        .map(|d| postgres::store::instance_for_host(&d.record, now))
+        .map(|d| d.record.instance_for_host(now))
         .collect();
     if !fresh.is_empty() {
         link.hub.adopt(fresh);

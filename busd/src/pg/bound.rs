@@ -79,6 +79,9 @@ pub async fn execute(
 /// up is looked for in the log, its transaction either committed or never
 /// will.
 pub const STATEMENT_BOUND: Duration = Duration::from_secs(5);
+/// How long an owner's append waits for the server (and the lease) to come
+/// back before it fails, and the cluster task contends for the lease again.
+pub const OUTAGE_BOUND: Duration = Duration::from_secs(60);
 /// [`STATEMENT_BOUND`] of a schema migration, which may wait for another
 /// host's (`schema::migrate` bounds that wait at 30 s itself).
 pub const MIGRATION_BOUND: Duration = Duration::from_secs(40);

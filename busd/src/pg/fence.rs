@@ -23,6 +23,11 @@ const LOCK_EPOCH_SQL: &str = "SELECT epoch FROM dws_cluster WHERE cluster = $1 F
 const LIVE_SQL: &str =
     "SELECT coalesce(lease_expires_at > clock_timestamp(), false) FROM dws_cluster WHERE cluster = $1";
 
+/// The epoch while the cluster task takes the lease back after losing its
+/// session: the owner's appends wait for the new epoch (see
+/// `store::postgres::append`).
+pub const REGAINING: i64 = -1;
+
 /// Why epoch 0 (or below) cannot append or take: it is nobody's.
 pub(crate) const NO_LEASE: &str =
     "this host does not hold the cluster's upstream lease (epoch 0), so it does not own the log";

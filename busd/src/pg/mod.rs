@@ -3,7 +3,8 @@
 //! the profile keys ([`settings`]), [`PgSettings`] and [`PgError`],
 //! connecting ([`connect`], [`listen`]) with TLS as the URL's `sslmode` says
 //! ([`tls`]), the bound on every statement ([`bounded`]) and the schema
-//! and its migrations ([`schema`]).
+//! and its migrations ([`schema`]), the epoch fence of an owner's writes
+//! ([`fence`]) and the subscriptions' definitions ([`definitions`]).
 //!
 //! Every session starts with `synchronous_commit=on` and is refused when
 //! `SHOW synchronous_commit` says `off` anyway ([`lossy_commit`]): a
@@ -29,8 +30,9 @@
 mod bound;
 pub use bound::{
     bounded, bounded_by, execute, no_answer, query, query_one, Params, MIGRATION_BOUND,
-    STATEMENT_BOUND,
+    OUTAGE_BOUND, STATEMENT_BOUND,
 };
+pub mod definitions;
 pub mod fence;
 pub mod schema;
 pub mod settings;

@@ -187,6 +187,42 @@ pub struct SubRecord {
     pub ack_wait_ms: Option<u64>,
 }
 
+impl SubRecord {
+    /// A subscription created on another host of a cluster, as this host's
+    /// instance of it: its spec and cursor, none of that host's delivery
+    /// state, detached since `now_ms` (its TTL runs from there unless a
+    /// consumer attaches).
+    pub fn instance_for_host(&self, now_ms: i64) -> SubRecord {
+        SubRecord {
+            id: self.id.clone(),
+            patterns: self.patterns.clone(),
+            filter: self.filter.clone(),
+            ttl_ms: self.ttl_ms,
+            created_at_unix_ms: self.created_at_unix_ms,
+            upstream_id: self.upstream_id.clone(),
+            cursor: self.cursor,
+            pinned: vec![],
+            max_sent_seq: self.cursor,
+            gap_lost: 0,
+            detached_since_unix_ms: Some(now_ms),
+            counters: SubCounters::default(),
+            max_deliver: self.max_deliver,
+            on_poison: self.on_poison.clone(),
+            state: "active".into(),
+            halt: None,
+            deliveries: vec![],
+            parked: vec![],
+            acked: vec![],
+            shared: self.shared,
+            backoff_ms: self.backoff_ms.clone(),
+            delayed: vec![],
+            shared_from: self.shared_from,
+            where_exprs: self.where_exprs.clone(),
+            ack_wait_ms: self.ack_wait_ms,
+        }
+    }
+}
+
 #[cfg(test)]
 impl SubRecord {
     /// A test's record: `id` on `pattern`, everything acked up to `cursor`,

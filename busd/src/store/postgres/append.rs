@@ -36,12 +36,7 @@ use super::{
 };
 use crate::eventlog::LoggedEvent;
 
-/// The epoch while the cluster task takes the lease back after losing its
-/// session (see the module doc).
-pub const REGAINING: i64 = -1;
-
-/// How long an append waits for the server (and the lease) to come back.
-pub const OUTAGE_BOUND: Duration = Duration::from_secs(60);
+pub use crate::pg::{fence::REGAINING, OUTAGE_BOUND};
 
 /// Whether a failure may pass with the outage: see [`PgError::is_transient`].
 pub fn transient(e: &PgError) -> bool {

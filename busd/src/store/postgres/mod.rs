@@ -36,7 +36,6 @@
 //! errors, connections, TLS, the statement bound, the schema).
 
 pub mod append;
-pub mod definitions;
 pub mod log;
 pub mod lost;
 mod session;
@@ -54,7 +53,7 @@ mod tests_store;
 
 // What this store's files take from the PostgreSQL layer.
 pub(crate) use crate::pg::{
-    bounded, connect, fence, no_answer, schema, Driver, PgError, PgSettings,
+    bounded, connect, definitions, fence, no_answer, schema, Driver, PgError, PgSettings,
     IDLE_IN_TRANSACTION_BOUND, STATEMENT_BOUND,
 };
 #[cfg(test)]

@@ -47,9 +47,7 @@ use super::{
 use crate::{
     clock::now_ms,
     eventlog::LoggedEvent,
-    store::{
-        Recovered, Snapshot, Store, StoreError, StoreInfo, SubCounters, SubRecord, SNAPSHOT_FORMAT,
-    },
+    store::{Recovered, Snapshot, Store, StoreError, StoreInfo, SubRecord, SNAPSHOT_FORMAT},
 };
 
 /// How a fenced append's error message starts.
@@ -90,39 +88,6 @@ pub async fn preflight(settings: &PgSettings) -> Result<(), PgError> {
     Ok(())
 }
 
-/// A subscription created on another host, as this host's instance of it:
-/// its spec and cursor, none of that host's delivery state, detached since
-/// `now_ms` (its TTL runs from there unless a consumer attaches).
-pub fn instance_for_host(record: &SubRecord, now_ms: i64) -> SubRecord {
-    SubRecord {
-        id: record.id.clone(),
-        patterns: record.patterns.clone(),
-        filter: record.filter.clone(),
-        ttl_ms: record.ttl_ms,
-        created_at_unix_ms: record.created_at_unix_ms,
-        upstream_id: record.upstream_id.clone(),
-        cursor: record.cursor,
-        pinned: vec![],
-        max_sent_seq: record.cursor,
-        gap_lost: 0,
-        detached_since_unix_ms: Some(now_ms),
-        counters: SubCounters::default(),
-        max_deliver: record.max_deliver,
-        on_poison: record.on_poison.clone(),
-        state: "active".into(),
-        halt: None,
-        deliveries: vec![],
-        parked: vec![],
-        acked: vec![],
-        shared: record.shared,
-        backoff_ms: record.backoff_ms.clone(),
-        delayed: vec![],
-        shared_from: record.shared_from,
-        where_exprs: record.where_exprs.clone(),
-        ack_wait_ms: record.ack_wait_ms,
-    }
-}
-
 /// Runs `fut` to completion on `rt`: directly on a thread without a
 /// runtime (the committer), on a scoped thread inside one.
 fn block<F>(rt: &Runtime, fut: F) -> F::Output
@@ -157,7 +122,7 @@ struct Loaded {
     cluster: log::ClusterRow,
     snapshot: Option<String>,
     dropped: Vec<String>,
-    definitions: Vec<definitions::Definition>,
+    definitions: Vec<definitions::Definition<SubRecord>>,
     events: Vec<Arc<LoggedEvent>>,
 }
 
@@ -182,7 +147,7 @@ async fn load(client: &mut Client, settings: &PgSettings) -> Result<Loaded, PgEr
         Some(r) => (Some(r.try_get(0).map_err(q)?), r.try_get(1).map_err(q)?),
         None => (None, vec![]),
     };
-    let definitions = definitions::definitions(&*client, cluster).await?;
+    let definitions = definitions::definitions::<SubRecord>(&*client, cluster).await?;
     let mut events = vec![];
     let mut after = 0;
     loop {
@@ -236,7 +201,7 @@ fn merge(loaded: Loaded, host: &str, now: i64) -> Result<Recovered, StoreError> 
              starts at seq {}",
             d.id, d.record.cursor
         ));
-        merged.push(instance_for_host(&d.record, now));
+        merged.push(d.record.instance_for_host(now));
     }
     let last = loaded.events.last().map_or(0, |e| e.seq);
     let head = loaded.cluster.head_seq;
@@ -530,7 +495,7 @@ impl Store for PgStore {
         };
         for r in &snapshot.subscriptions {
             args.ids.push(r.id.clone());
-            let def = instance_for_host(r, now);
+            let def = r.instance_for_host(now);
             args.definitions
                 .push(serde_json::to_string(&def).map_err(|e| enc("subscription", e))?);
             args.records

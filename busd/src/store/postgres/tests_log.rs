@@ -21,6 +21,7 @@ use crate::{
         lease::Lease,
     },
     eventlog::{LoggedEvent, NewEvent},
+    store::SubRecord,
 };
 
 /// A migrated connection of host `host`.
@@ -533,8 +534,8 @@ async fn postgres_a_definition_has_one_winner_and_is_given_back_only_while_nobod
     };
     let (ra, rb) = (rec("a.*"), rec("b.*"));
     let (wa, wb) = tokio::join!(
-        definitions::claim_definition(&c, "c1", "k", false, &ra),
-        definitions::claim_definition(&c2, "c1", "k", false, &rb)
+        definitions::claim_definition::<SubRecord>(&c, "c1", "k", false, &ra),
+        definitions::claim_definition::<SubRecord>(&c2, "c1", "k", false, &rb)
     );
     let ((ia, da), (ib, db)) = (wa.unwrap(), wb.unwrap());
     assert!(ia != ib, "exactly one inserted");
@@ -547,7 +548,7 @@ async fn postgres_a_definition_has_one_winner_and_is_given_back_only_while_nobod
         .await
         .unwrap();
     assert!(
-        definitions::definition(&c, "c1", "k")
+        definitions::definition::<SubRecord>(&c, "c1", "k")
             .await
             .unwrap()
             .is_some(),
@@ -557,7 +558,7 @@ async fn postgres_a_definition_has_one_winner_and_is_given_back_only_while_nobod
     definitions::release_definition(&c, "c1", "k")
         .await
         .unwrap();
-    assert!(definitions::definition(&c, "c1", "k")
+    assert!(definitions::definition::<SubRecord>(&c, "c1", "k")
         .await
         .unwrap()
         .is_none());

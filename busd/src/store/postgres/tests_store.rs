@@ -12,7 +12,7 @@ use dws_tests::pg::PgServer;
 use super::tests::server_settings as settings;
 use super::{
     definitions,
-    store::{instance_for_host, preflight, PgStore, FENCED_PREFIX},
+    store::{preflight, PgStore, FENCED_PREFIX},
     PgError,
 };
 use crate::{
@@ -156,7 +156,7 @@ fn postgres_store_recovers_its_log_and_snapshot_and_shares_definitions() {
     let k1 = &got.subscriptions[0];
     assert_eq!(
         k1,
-        &instance_for_host(&sub("k1", 2), k1.detached_since_unix_ms.unwrap())
+        &sub("k1", 2).instance_for_host(k1.detached_since_unix_ms.unwrap())
     );
     assert_eq!(
         (k1.cursor, k1.max_sent_seq, k1.counters),
@@ -196,12 +196,12 @@ fn postgres_store_recovers_its_log_and_snapshot_and_shares_definitions() {
         ]
     );
     let defs = rt
-        .block_on(definitions::definitions(&client, "c1"))
+        .block_on(definitions::definitions::<SubRecord>(&client, "c1"))
         .unwrap();
     assert_eq!(defs.len(), 2);
     assert_eq!(defs[0].record.counters, SubCounters::default());
     let k2 = rt
-        .block_on(definitions::definition(&client, "c1", "k2"))
+        .block_on(definitions::definition::<SubRecord>(&client, "c1", "k2"))
         .unwrap();
     assert_eq!(k2.map(|d| d.record.patterns), Some(vec!["a.*".to_string()]));
 

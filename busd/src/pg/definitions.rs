@@ -3,14 +3,14 @@
 //! hosts created; a host creating one claims it first
 //! ([`claim_definition`], one winner by the primary key), gives back a claim
 //! its request did not use ([`release_definition`]), and reads one
-//! ([`definition`]).
+//! ([`definition`]). A definition's record is JSON here, read as whatever
+//! record type the caller names (the store's `SubRecord`): this layer knows
+//! the table, not the store.
 
+use serde::de::DeserializeOwned;
 use tokio_postgres::{types::Type, GenericClient, Row};
 
-use crate::{
-    pg::{self, Params, PgError},
-    store::SubRecord,
-};
+use crate::pg::{self, Params, PgError};
 
 fn q(e: tokio_postgres::Error) -> PgError {
     PgError::query(&e)
@@ -20,10 +20,10 @@ fn q(e: tokio_postgres::Error) -> PgError {
 /// host saved (the spec — patterns, filter, TTL, poison policy — is what
 /// counts; its delivery state is that host's at the time).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Definition {
+pub struct Definition<R> {
     pub id: String,
     pub delivery: String,
-    pub record: SubRecord,
+    pub record: R,
     pub created_at_unix_ms: i64,
 }
 
@@ -32,7 +32,7 @@ const DEFINITIONS_SQL: &str = "SELECT id, delivery, record::text,
      FROM dws_subscription WHERE cluster = $1 AND ($2::text IS NULL OR id = $2)
      ORDER BY created_at, id";
 
-fn definition_of(r: &Row) -> Result<Definition, PgError> {
+fn definition_of<R: DeserializeOwned>(r: &Row) -> Result<Definition<R>, PgError> {
     let id: String = r.try_get(0).map_err(q)?;
     let json: String = r.try_get(2).map_err(q)?;
     let record = serde_json::from_str(&json).map_err(|e| {
@@ -49,10 +49,10 @@ fn definition_of(r: &Row) -> Result<Definition, PgError> {
 }
 
 /// The cluster's named subscriptions, oldest first.
-pub async fn definitions(
+pub async fn definitions<R: DeserializeOwned>(
     client: &impl GenericClient,
     cluster: &str,
-) -> Result<Vec<Definition>, PgError> {
+) -> Result<Vec<Definition<R>>, PgError> {
     let none: Option<&str> = None;
     let params: Params = &[(&cluster, Type::TEXT), (&none, Type::TEXT)];
     let rows = pg::query(client, "definitions", DEFINITIONS_SQL, params).await?;
@@ -67,13 +67,13 @@ const CLAIM_SQL: &str = "INSERT INTO dws_subscription (cluster, id, delivery, re
 /// ours, or the one that was there (or won a concurrent insert: the primary
 /// key decides, and the read after the insert sees the winner's committed
 /// row).
-pub async fn claim_definition(
+pub async fn claim_definition<R: DeserializeOwned>(
     client: &impl GenericClient,
     cluster: &str,
     id: &str,
     shared: bool,
     record_json: &str,
-) -> Result<(bool, SubRecord), PgError> {
+) -> Result<(bool, R), PgError> {
     pg::bounded("claim_definition", async move {
         let delivery = if shared { "shared" } else { "per-host" };
         let inserted = client
@@ -88,7 +88,7 @@ pub async fn claim_definition(
             )
             .await
             .map_err(q)?;
-        definition(client, cluster, id)
+        definition::<R>(client, cluster, id)
             .await?
             .map(|d| (inserted > 0, d.record))
             .ok_or_else(|| {
@@ -113,13 +113,13 @@ pub async fn release_definition(
 }
 
 /// One named subscription of the cluster, if it exists (a consumer on this
-/// host attaching to a subscription created elsewhere: give its record to
-/// [`super::store::instance_for_host`]).
-pub async fn definition(
+/// host attaching to a subscription created elsewhere: its record becomes
+/// this host's instance, `SubRecord::instance_for_host`).
+pub async fn definition<R: DeserializeOwned>(
     client: &impl GenericClient,
     cluster: &str,
     id: &str,
-) -> Result<Option<Definition>, PgError> {
+) -> Result<Option<Definition<R>>, PgError> {
     let id = Some(id);
     let params: Params = &[(&cluster, Type::TEXT), (&id, Type::TEXT)];
     let rows = pg::query(client, "definition", DEFINITIONS_SQL, params).await?;
