@@ -20,18 +20,25 @@ fn now() -> (Instant, i64) {
     (Instant::now(), 1_000)
 }
 
-fn sub(window: usize) -> Subscription {
+/// A test's subscription `s` on `a.*`, a minute's TTL, starting after
+/// `start_after`, made at `now`, with credit `window` (also the other
+/// subscription tests').
+pub(super) fn on_a(start_after: u64, now: (Instant, i64), window: usize) -> Subscription {
     let sel = Selector::new(&["a.*".into()], "").unwrap();
-    let mut s = Subscription::new(
+    Subscription::new(
         "s".into(),
         sel,
         false,
         Duration::from_secs(60),
         None,
-        0,
-        now(),
+        start_after,
+        now,
         window,
-    );
+    )
+}
+
+fn sub(window: usize) -> Subscription {
+    let mut s = on_a(0, now(), window);
     s.on_poison = PoisonPolicy::PoisonPark;
     s
 }

@@ -5,24 +5,14 @@
 
 use super::*;
 
-use super::exact_tests::ev;
+use super::exact_tests::{ev, on_a};
 
 const S: Duration = Duration::from_secs(1);
 
 /// An attached subscription with explicit acks, `wait` and `backoff`, and
 /// events 1..=n offered.
 fn slow(n: u64, wait: Duration, backoff: &[u64]) -> Subscription {
-    let sel = Selector::new(&["a.*".into()], "").unwrap();
-    let mut s = Subscription::new(
-        "s".into(),
-        sel,
-        false,
-        Duration::from_secs(60),
-        None,
-        0,
-        (Instant::now(), 1_000),
-        10,
-    );
+    let mut s = on_a(0, (Instant::now(), 1_000), 10);
     s.backoff = backoff
         .iter()
         .map(|&secs| Duration::from_secs(secs))
@@ -165,17 +155,7 @@ fn a_delayed_event_keeps_its_due_time_across_a_restore() {
 #[test]
 fn retention_keeps_delayed_events_within_a_bound() {
     let n = MAX_DELAYED_PINNED as u64 + 2;
-    let sel = Selector::new(&["a.*".into()], "").unwrap();
-    let mut s = Subscription::new(
-        "s".into(),
-        sel,
-        false,
-        60 * S,
-        None,
-        0,
-        (Instant::now(), 1_000),
-        n as usize,
-    );
+    let mut s = on_a(0, (Instant::now(), 1_000), n as usize);
     s.attach(1, n as usize, Some(30 * S));
     for i in 1..=n + 1 {
         s.offer(&ev(i));

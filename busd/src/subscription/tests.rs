@@ -2,6 +2,7 @@
 //! detach and redelivery, retention and gaps, damaged events, the stored
 //! record, explicit acks and nacks, poison, and the operator verbs.
 
+use super::exact_tests::on_a;
 use super::*;
 use bytes::Bytes;
 
@@ -19,17 +20,7 @@ fn now() -> (Instant, i64) {
 }
 
 fn sub(window: usize) -> Subscription {
-    let sel = Selector::new(&["a.*".into()], "").unwrap();
-    Subscription::new(
-        "s".into(),
-        sel,
-        false,
-        Duration::from_secs(60),
-        None,
-        0,
-        now(),
-        window,
-    )
+    on_a(0, now(), window)
 }
 
 fn seqs(p: &Pulled) -> Vec<(u64, bool)> {
@@ -430,17 +421,7 @@ fn a_hole_before_the_subscription_read_it_is_reported_as_one_gap() {
 
 #[test]
 fn a_hole_counts_only_past_where_the_subscription_starts() {
-    let sel = Selector::new(&["a.*".into()], "").unwrap();
-    let mut s = Subscription::new(
-        "s".into(),
-        sel,
-        false,
-        Duration::from_secs(60),
-        None,
-        100,
-        now(),
-        10,
-    );
+    let mut s = on_a(100, now(), 10);
     assert_eq!(s.missed(50, 120), 20);
     s.shared = true;
     s.set_claimed(true);

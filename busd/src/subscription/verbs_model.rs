@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use super::exact_tests::ev as event;
+use super::exact_tests::{ev as event, on_a};
 use super::*;
 use proptest::prelude::*;
 
@@ -56,9 +56,7 @@ proptest! {
         max_deliver in 0u32..3,
         park in any::<bool>(),
     ) {
-        let sel = Selector::new(&["a.*".into()], "").unwrap();
-        let now = (Instant::now(), 0);
-        let mut s = Subscription::new("s".into(), sel, false, Duration::from_secs(60), None, 0, now, window);
+        let mut s = on_a(0, (Instant::now(), 0), window);
         s.max_deliver = max_deliver;
         if park {
             s.on_poison = PoisonPolicy::PoisonPark;
@@ -161,18 +159,7 @@ proptest! {
 /// with `--max-deliver 1 --on-poison halt` nothing halts.
 #[test]
 fn seek_then_replay_parked_delivers_each_event_once() {
-    let sel = Selector::new(&["a.*".into()], "").unwrap();
-    let now = (Instant::now(), 0);
-    let mut s = Subscription::new(
-        "s".into(),
-        sel,
-        false,
-        Duration::from_secs(60),
-        None,
-        0,
-        now,
-        10,
-    );
+    let mut s = on_a(0, (Instant::now(), 0), 10);
     s.max_deliver = 1;
     s.attach(1, 10, None);
     let log: Vec<_> = (1..=3).map(event).collect();
