@@ -207,8 +207,8 @@ impl Subscription {
     /// `conn`'s worker, through which its pulls, acks, nacks, progress,
     /// terms and expiries are made; `None` when `conn` is not attached.
     pub fn worker_mut(&mut self, conn: ConnId) -> Option<WorkerMut<'_>> {
-        let id = self.workers.list.iter().find(|w| w.conn == conn)?.id;
-        Some(WorkerMut { sub: self, id })
+        let at = self.workers.list.iter().position(|w| w.conn == conn)?;
+        Some(WorkerMut { sub: self, at })
     }
 
     /// Attaches `conn` with its credit `window`; `explicit`: it acks one
@@ -412,8 +412,9 @@ impl Subscription {
 /// takes and settles. Reads of the whole subscription go through `Deref`.
 pub struct WorkerMut<'a> {
     sub: &'a mut Subscription,
-    /// The worker's id (never reused in its subscription).
-    id: u32,
+    /// The worker's place in the list, which cannot change while this
+    /// borrows the subscription (only [`WorkerMut::detach`], which ends it).
+    at: usize,
 }
 
 impl Deref for WorkerMut<'_> {
@@ -425,14 +426,9 @@ impl Deref for WorkerMut<'_> {
 }
 
 impl WorkerMut<'_> {
-    /// The subscription, acting for this worker (for nobody if it left).
+    /// The subscription, acting for this worker.
     fn here(&mut self) -> &mut Subscription {
-        let w = &mut self.sub.workers;
-        w.acting = w
-            .list
-            .iter()
-            .position(|x| x.id == self.id)
-            .unwrap_or(usize::MAX);
+        self.sub.workers.acting = self.at;
         self.sub
     }
 
