@@ -6,7 +6,7 @@
 //! is split by job:
 //! - `requests`: frame dispatch (Hello, subscribe, publish, stop, status,
 //!   subscription control) and bad frames;
-//! - `replies`: replies that wait for the store (`Awaited`) — a
+//! - `replies`: replies that wait for the store (`Waiting`) — a
 //!   publisher's and a subscriber's, and a publish forwarded through the
 //!   cluster's `Link`;
 //! - `consumer`: an attached consumer's own state (`Consumer`, made when
@@ -48,25 +48,25 @@ mod replies;
 mod requests;
 mod socket;
 
-use std::{collections::VecDeque, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use bytes::BytesMut;
 use consumer::Consumer;
 use outbox::Outbox;
 use proto::{time::sleep_until_opt, v1::ErrorCode, CodecError, ServerCodec};
-use tokio::{net::UnixStream, sync::watch, time::Instant};
+use tokio::{net::UnixStream, time::Instant};
 use tokio_util::codec::Decoder;
 
 use crate::{
     cluster::Link,
-    hub::{ConnId, Durable, RefusedKind, Session},
+    hub::{ConnId, RefusedKind, Session},
     lines::Lines,
     ratelimit::LogLimit,
     shutdown::Shutdown,
     warn_limited,
 };
 
-use replies::Awaited;
+use replies::Waiting;
 
 /// How long a closing connection may take to flush its final frames (Bye)
 /// before it is dropped. Bounds the whole bus's shutdown drain.
@@ -105,11 +105,9 @@ pub struct Connection {
     /// Set once the connection is going away; it then only flushes.
     closing: bool,
     source_gen: u64,
-    /// Replies waiting for the store, in request order (see [`Awaited`]).
-    awaiting: VecDeque<Awaited>,
-    /// Of `awaiting`, the publishes forwarded to the cluster's owner.
-    forwards_waiting: usize,
-    durable: watch::Receiver<Durable>,
+    /// A publisher's or a subscriber's replies waiting for the store (see
+    /// `replies`).
+    waiting: Waiting,
     /// Made when the connection attaches as a consumer (see `consumer`).
     consumer: Option<Consumer>,
     /// The bus's renderings (shared by every connection).
@@ -140,9 +138,7 @@ pub async fn serve(
         phase: Phase::AwaitHello,
         closing: false,
         source_gen: 0,
-        awaiting: VecDeque::new(),
-        forwards_waiting: 0,
-        durable,
+        waiting: Waiting::new(durable),
         consumer: None,
         rendered,
         pass_fd: None,
@@ -196,7 +192,7 @@ pub async fn serve(
         if conn.closing {
             drain_deadline.get_or_insert_with(|| Instant::now() + DRAIN_TIMEOUT);
             // Publishes still waiting for the disk are answered first.
-            if conn.out.is_empty() && conn.awaiting.is_empty() {
+            if conn.out.is_empty() && conn.waiting.is_empty() {
                 let _ = wr.shutdown();
                 // Close with nothing unread: a socket closed with unread
                 // input resets the peer, which could lose our last frames
@@ -210,12 +206,12 @@ pub async fn serve(
         }
         // Frames read but left undecoded at a bound are taken up again as
         // soon as the client has read enough of its replies.
-        if held && !conn.closing && may_decode(conn.out.len(), conn.awaiting.len()) {
+        if held && !conn.closing && may_decode(conn.out.len(), conn.waiting.len()) {
             held = conn
                 .decode_input(&mut codec, &mut input, &mut frame_started)
                 .await;
         }
-        let backed_up = !may_decode(conn.out.len(), conn.awaiting.len());
+        let backed_up = !may_decode(conn.out.len(), conn.waiting.len());
         let can_read = !conn.closing && !backed_up && !held;
         let pause = backed_up && !conn.closing;
         if pause != paused {
@@ -287,7 +283,7 @@ pub async fn serve(
                 }
             },
             _ = conn.session.wake().notified() => {}
-            _ = conn.durable.changed(), if !conn.awaiting.is_empty() => {}
+            _ = conn.waiting.changed(), if !conn.waiting.is_empty() => {}
             _ = sleep_until_opt(redeliver_at.map(Instant::from_std)), if !conn.closing => {}
             _ = sleep_until_opt(deadline) => {
                 if conn.closing {
@@ -346,7 +342,7 @@ impl Connection {
         let mut held = false;
         let mut turn = (Instant::now(), 0usize);
         while !self.closing {
-            if !may_decode(self.out.len(), self.awaiting.len()) {
+            if !may_decode(self.out.len(), self.waiting.len()) {
                 held = !input.is_empty();
                 break;
             }

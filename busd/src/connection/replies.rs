@@ -5,10 +5,45 @@
 //! fsync. If the store fails, every waiting request is answered with the
 //! error and the connection closes.
 
+use std::collections::VecDeque;
+
 use proto::v1::{self, server_frame::Kind as S, ErrorCode};
+use tokio::sync::watch;
 
 use super::Connection;
 use crate::{cluster::Link, hub::Durable};
+
+/// One connection's replies waiting for the store, in request order.
+pub(super) struct Waiting {
+    queue: VecDeque<Awaited>,
+    /// Of `queue`, the publishes forwarded to the cluster's owner.
+    forwards: usize,
+    /// What the store has reached.
+    durable: watch::Receiver<Durable>,
+}
+
+impl Waiting {
+    pub(super) fn new(durable: watch::Receiver<Durable>) -> Waiting {
+        Waiting {
+            queue: VecDeque::new(),
+            forwards: 0,
+            durable,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Once the store reached something new (or its sender is gone).
+    pub(super) async fn changed(&mut self) {
+        let _ = self.durable.changed().await;
+    }
+}
 
 /// A reply waiting for the store (see the module doc).
 pub(super) struct Awaited {
@@ -43,19 +78,19 @@ impl Connection {
     /// owner: its later publishes must follow it through the inbox, or they
     /// would get earlier seqs (the host became the owner meanwhile).
     pub(super) fn forwards_pending(&self) -> bool {
-        self.forwards_waiting > 0
+        self.waiting.forwards > 0
     }
 
     /// Sends `reply` now, or queues it until the store reaches `until`
     /// (replies leave in request order).
     pub(super) fn reply_after(&mut self, request_id: u64, until: Option<Until>, reply: S) {
-        if until.is_none() && self.awaiting.is_empty() {
+        if until.is_none() && self.waiting.queue.is_empty() {
             return self.send(reply);
         }
         if matches!(until, Some(Until::Forwarded(_))) {
-            self.forwards_waiting += 1;
+            self.waiting.forwards += 1;
         }
-        self.awaiting.push_back(Awaited {
+        self.waiting.queue.push_back(Awaited {
             request_id,
             until: until.unwrap_or(Until::Seq(0)),
             reply,
@@ -66,21 +101,22 @@ impl Connection {
     /// Sends the replies the store has caught up with, in order; if the store
     /// failed, answers every waiting request with the error.
     pub(super) fn answer_durable(&mut self) {
-        if self.awaiting.is_empty() {
+        if self.waiting.queue.is_empty() {
             return;
         }
-        let d = self.durable.borrow_and_update().clone();
+        let d = self.waiting.durable.borrow_and_update().clone();
         let link = self.link.clone();
         while self
-            .awaiting
+            .waiting
+            .queue
             .front()
             .is_some_and(|a| a.until.reached(&d, link.as_deref()))
         {
-            let Some(a) = self.awaiting.pop_front() else {
+            let Some(a) = self.waiting.queue.pop_front() else {
                 break;
             };
             if matches!(a.until, Until::Forwarded(_)) {
-                self.forwards_waiting -= 1;
+                self.waiting.forwards -= 1;
             }
             match (a.until, &link) {
                 (Until::Forwarded(ticket), Some(link)) => match link.take_answer(ticket) {
@@ -94,12 +130,12 @@ impl Connection {
             }
         }
         if let Some(why) = &d.failed {
-            self.forwards_waiting = 0;
+            self.waiting.forwards = 0;
             // "Failed" only for what will never be appended: an event the
             // store made durable before it failed gets its reply, and a
             // forwarded publish the owner has not answered may still be
             // appended by it (its inbox row outlives this bus).
-            for a in std::mem::take(&mut self.awaiting) {
+            for a in std::mem::take(&mut self.waiting.queue) {
                 match (&a.until, link.as_deref()) {
                     (Until::Forwarded(ticket), Some(l)) if l.is_answered(*ticket) => {
                         match l.take_answer(*ticket) {
