@@ -137,9 +137,13 @@ fn a_subscription_behind_more_than_the_hot_tail_catches_up_in_order_across_kill_
     publish_all(&env, 0..EVENTS);
     // 60 MiB retained and pending for `lag`; the hot tail is 2 MiB. Held
     // in memory (all of it hot), busd grew by 38,000 kB; with the hot tail
-    // of 8 events, by 8,000 kB.
+    // of 8 events, by 8,000 kB. A catch-up of these 256 KiB events leaves
+    // 7–12 MB with the allocator, and up to 17 MB on a machine loaded by
+    // the whole suite (the same with the busd before issue 45): a third of
+    // the payload is over that and still far under what holding the log
+    // costs.
     let payload_kb = (EVENTS * DATA / 1024) as u64;
-    let bound = base + payload_kb / 4;
+    let bound = base + payload_kb / 3;
     let rss = proc_kb(pid, "VmRSS");
     assert!(
         rss > 0 && rss < bound,
