@@ -258,6 +258,21 @@ impl Cluster {
         {
             thread::sleep(Duration::from_millis(200));
         }
+        // The pool's progress is its highest seq delivered: an earlier event
+        // whose claim a killed run still holds comes only once that claim
+        // expired (HOLD after the run's last renewal), after later ones.
+        // Caught up means no claim of it is open any more.
+        let open_claims = || {
+            self.server
+                .psql(&format!(
+                    "SELECT count(*) FROM dws_claim WHERE subscription = '{POOL}' AND NOT done"
+                ))
+                .trim()
+                != "0"
+        };
+        while self.opts.shared && Instant::now() < deadline && open_claims() {
+            thread::sleep(Duration::from_millis(200));
+        }
         let shared_views: Vec<String> = if self.opts.shared {
             self.hosts.iter().map(|h| shared_view(h)).collect()
         } else {
