@@ -29,6 +29,7 @@ use bytes::Bytes;
 
 pub mod body;
 pub mod name;
+pub mod stored;
 pub use body::{Body, ColdSegment, ColdSource, Place, ReadError};
 pub use name::{Interner, Name, Text};
 

@@ -5,7 +5,8 @@
 //! `thread_local!` is allowed only with a `// process-wide:` reason right
 //! above it, for a constant set once or a per-thread scratch buffer),
 //! and no busd file outside `hub/` names the `Hub`: each caller holds the
-//! handle of its role.
+//! handle of its role; and only `busd/src/pg/` names the PostgreSQL driver
+//! (`tokio_postgres`): the rest of busd reaches PostgreSQL through it.
 //! Each checker is a function, itself tested on text that breaks its rule.
 
 use std::{
@@ -255,6 +256,35 @@ fn no_busd_file_outside_the_hub_names_the_hub() {
     );
 }
 
+/// The lines of `text` that name the PostgreSQL driver's crate.
+fn names_the_driver(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|line| line.contains("tokio_postgres"))
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+#[test]
+fn only_the_pg_folder_names_the_postgres_driver() {
+    let pg = workspace().join("busd/src/pg");
+    let mut found = vec![];
+    for f in files(&["busd/src"]) {
+        if f.starts_with(&pg) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for l in names_the_driver(&text) {
+            found.push(format!("{}: {l}", f.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "reach PostgreSQL through busd/src/pg (its Client, Row, Type, its typed calls), \
+         not the driver:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_checkers_find_what_breaks_their_rules() {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -283,4 +313,8 @@ fn the_checkers_find_what_breaks_their_rules() {
         ["use crate::hub::Hub;", "// the [`Hub`]"]
     );
     assert!(names_the_hub("let hub = Hubs; // ThisHub hub::Session").is_empty());
+    assert_eq!(
+        names_the_driver("use tokio_postgres::Client;\nuse crate::pg::{Client, Row};\n"),
+        ["use tokio_postgres::Client;"]
+    );
 }

@@ -27,13 +27,12 @@ use std::{
 
 use proto::v1::{self, ErrorCode};
 use tokio::sync::mpsc;
-use tokio_postgres::Client;
 
 use super::db::inbox;
 use super::{Answer, Link};
 use crate::{
     hub::NewEvent,
-    pg::{self, PgError},
+    pg::{self, Client, PgError},
     shutdown::Shutdown,
 };
 

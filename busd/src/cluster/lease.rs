@@ -21,9 +21,8 @@ use super::{
     forward, run_source, tail, Link, SourceFactory,
 };
 use crate::{
-    pg::{self, fence::REGAINING, OUTAGE_BOUND},
+    pg::{self, fence::REGAINING, log, OUTAGE_BOUND},
     shutdown::Shutdown,
-    store::postgres::log,
 };
 
 pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Shutdown) {
@@ -116,7 +115,7 @@ pub(super) async fn run(link: Arc<Link>, source: SourceFactory, mut shutdown: Sh
 async fn take_back(link: &Link, old_epoch: i64, reason: &str) -> Result<Lease, String> {
     let s = &link.settings;
     let deadline = Instant::now() + OUTAGE_BOUND;
-    let mut probe: Option<tokio_postgres::Client> = None;
+    let mut probe: Option<pg::Client> = None;
     let mut session: Option<LeaseSession> = None;
     let pause = || tokio::time::sleep(Duration::from_millis(250));
     loop {

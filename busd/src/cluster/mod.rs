@@ -47,7 +47,7 @@ use tokio::sync::Notify;
 use self::db::hosts;
 use crate::{
     hub::ReplicaPort,
-    pg::{self, definitions, PgError, PgSettings},
+    pg::{self, definitions, Client, PgError, PgSettings, Type},
     shutdown::Shutdown,
     source::{Source, SourceContext},
     store::SubRecord,
@@ -264,23 +264,23 @@ const DROPPED_SQL: &str = "SELECT dropped FROM dws_host_snapshot WHERE cluster =
 /// seen before (so one this host drops later is not taken back).
 async fn adopt(
     link: &Link,
-    client: &tokio_postgres::Client,
+    client: &Client,
     seen: &mut Option<HashSet<String>>,
 ) -> Result<(), PgError> {
     let s = &link.settings;
     let defs = definitions::definitions::<SubRecord>(client, &s.cluster).await?;
     let dropped: Vec<String> = if seen.is_none() {
-        pg::bounded("reading the dropped subscriptions", async {
-            client
-                .query_opt(DROPPED_SQL, &[&s.cluster, &s.host])
-                .await
-                .map_err(|e| PgError::query(&e))
-        })
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()
-        .map_err(|e| PgError::query(&e))?
-        .unwrap_or_default()
+        let params: pg::Params = &[(&s.cluster, Type::TEXT), (&s.host, Type::TEXT)];
+        let row = pg::query_opt(
+            client,
+            "reading the dropped subscriptions",
+            DROPPED_SQL,
+            params,
+        )
+        .await?;
+        row.map(|row| pg::sql::get(&row, 0))
+            .transpose()?
+            .unwrap_or_default()
     } else {
         vec![]
     };
@@ -300,7 +300,7 @@ async fn adopt(
 /// The cluster as the database has it now: the lease and the head from one
 /// snapshot (never waiting for a lock), the hosts, the cursors. The read's
 /// time is taken first, so the ages shown later are never too young.
-async fn read_cluster(link: &Link, client: &tokio_postgres::Client) -> Result<ClusterDoc, PgError> {
+async fn read_cluster(link: &Link, client: &Client) -> Result<ClusterDoc, PgError> {
     let s = &link.settings;
     let read_at = crate::clock::now_ms();
     hosts::heartbeat(client, &s.cluster, &s.host).await?;

@@ -32,13 +32,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio_postgres::Client;
-
 use super::db::claims::{self, Claimer};
 use super::Link;
 use crate::{
     hub::SharedWork,
-    pg::{self, PgError},
+    pg::{self, Client, PgError},
     shutdown::Shutdown,
 };
 

@@ -17,13 +17,11 @@ use std::{
 };
 
 use proto::v1;
-use tokio_postgres::Client;
 
 use super::{Link, TAIL_POLL};
 use crate::{
-    pg::{self, PgError},
+    pg::{self, log, Client, PgError},
     shutdown::Shutdown,
-    store::postgres::log,
 };
 
 /// Rows read per query.

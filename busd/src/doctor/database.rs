@@ -9,10 +9,8 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{types::Type, Client};
-
 use super::{Check, Status};
-use crate::pg::{self, schema::SCHEMA_VERSION, PgError, PgSettings};
+use crate::pg::{self, schema::SCHEMA_VERSION, Client, PgError, PgSettings, Type};
 
 /// The bound of each query step (a connect has its own, `STARTUP_TIMEOUT`).
 const STEP_BOUND: Duration = Duration::from_secs(5);
@@ -152,11 +150,11 @@ async fn query(
     client: &Client,
     step: &'static str,
     sql: &str,
-    params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)],
-) -> Result<Vec<tokio_postgres::Row>, Failed> {
-    match tokio::time::timeout(STEP_BOUND, client.query_typed(sql, params)).await {
+    params: pg::Params<'_>,
+) -> Result<Vec<pg::Row>, Failed> {
+    match tokio::time::timeout(STEP_BOUND, pg::sql::query(client, sql, params)).await {
         Ok(Ok(rows)) => Ok(rows),
-        Ok(Err(e)) => Err(failed(step, PgError::query(&e).to_string(), "")),
+        Ok(Err(e)) => Err(failed(step, e.to_string(), "")),
         Err(_) => Err(failed(
             step,
             format!("no answer within {}s", STEP_BOUND.as_secs()),

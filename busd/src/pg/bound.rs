@@ -3,8 +3,9 @@
 //! within it is given up — the caller closes the session and counts the work
 //! as an outage. Without it, a path that swallows bytes while TCP sees
 //! nothing wrong held every statement on it for as long as the partition
-//! lasted. [`query`], [`query_one`] and [`execute`] run one typed statement
-//! within it.
+//! lasted. [`query`], [`query_one`], [`query_opt`] and [`execute`] run one
+//! typed statement within it; [`sql`] runs one with no bound of its own,
+//! inside a [`bounded`] call of several.
 
 use std::time::Duration;
 
@@ -27,13 +28,7 @@ pub async fn query(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Vec<Row>, PgError> {
-    bounded(what, async {
-        client
-            .query_typed(sql, params)
-            .await
-            .map_err(|e| PgError::query(&e))
-    })
-    .await
+    bounded(what, sql::query(client, sql, params)).await
 }
 
 /// The one row of one statement, within [`STATEMENT_BOUND`].
@@ -43,13 +38,17 @@ pub async fn query_one(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Row, PgError> {
-    bounded(what, async {
-        client
-            .query_typed_one(sql, params)
-            .await
-            .map_err(|e| PgError::query(&e))
-    })
-    .await
+    bounded(what, sql::query_one(client, sql, params)).await
+}
+
+/// The row, if any, of one statement, within [`STATEMENT_BOUND`].
+pub async fn query_opt(
+    client: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Option<Row>, PgError> {
+    bounded(what, sql::query_opt(client, sql, params)).await
 }
 
 /// How many rows one statement changed, within [`STATEMENT_BOUND`].
@@ -59,13 +58,72 @@ pub async fn execute(
     sql: &str,
     params: Params<'_>,
 ) -> Result<u64, PgError> {
-    bounded(what, async {
-        client
-            .execute_typed(sql, params)
-            .await
-            .map_err(|e| PgError::query(&e))
-    })
-    .await
+    bounded(what, sql::execute(client, sql, params)).await
+}
+
+/// One typed statement (or a transaction's start and end), its failure a
+/// [`PgError`], with no bound of its own: for the statements of one call
+/// that [`bounded`] bounds together, or that a caller bounds with its own
+/// timing (the lease's heartbeat).
+pub mod sql {
+    use tokio_postgres::{types::FromSql, Client, GenericClient, Row, Transaction};
+
+    use super::{Params, PgError};
+
+    fn failed(e: tokio_postgres::Error) -> PgError {
+        PgError::query(&e)
+    }
+
+    /// The rows of one statement.
+    pub async fn query(
+        client: &impl GenericClient,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, PgError> {
+        client.query_typed(sql, params).await.map_err(failed)
+    }
+
+    /// The one row of one statement (none, or more, fail).
+    pub async fn query_one(
+        client: &impl GenericClient,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Row, PgError> {
+        client.query_typed_one(sql, params).await.map_err(failed)
+    }
+
+    /// The row, if any, of one statement (more than one fail).
+    pub async fn query_opt(
+        client: &impl GenericClient,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Option<Row>, PgError> {
+        client.query_typed_opt(sql, params).await.map_err(failed)
+    }
+
+    /// How many rows one statement changed.
+    pub async fn execute(
+        client: &impl GenericClient,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<u64, PgError> {
+        client.execute_typed(sql, params).await.map_err(failed)
+    }
+
+    /// Starts a transaction (rolled back when dropped uncommitted).
+    pub async fn begin(client: &mut Client) -> Result<Transaction<'_>, PgError> {
+        client.transaction().await.map_err(failed)
+    }
+
+    /// Commits `tx`.
+    pub async fn commit(tx: Transaction<'_>) -> Result<(), PgError> {
+        tx.commit().await.map_err(failed)
+    }
+
+    /// Column `idx` of `row`, as `T`.
+    pub fn get<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> Result<T, PgError> {
+        row.try_get(idx).map_err(failed)
+    }
 }
 
 /// The client-side bound of every statement (or short transaction) busd

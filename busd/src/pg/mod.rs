@@ -28,12 +28,19 @@
 //! `host:port/db` and the server's message.
 
 mod bound;
+mod error;
 pub use bound::{
-    bounded, bounded_by, execute, no_answer, query, query_one, Params, MIGRATION_BOUND,
-    OUTAGE_BOUND, STATEMENT_BOUND,
+    bounded, bounded_by, execute, no_answer, query, query_one, query_opt, sql, Params,
+    MIGRATION_BOUND, OUTAGE_BOUND, STATEMENT_BOUND,
 };
+pub use error::{PgError, Refusal, Refused};
+/// The driver's types this layer hands out: a session, its rows, a
+/// transaction, what both can run statements on, a parameter's type.
+/// Statements go through this layer's calls ([`query`], [`sql`], …).
+pub use tokio_postgres::{types::Type, Client, GenericClient, Row, Transaction};
 pub mod definitions;
 pub mod fence;
+pub mod log;
 pub mod schema;
 pub mod settings;
 #[cfg(test)]
@@ -46,12 +53,11 @@ use std::{fmt, future::poll_fn, time::Duration};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_postgres::{
     config::{Host, SslMode},
-    error::SqlState,
     tls::MakeTlsConnect,
-    AsyncMessage, Client, Config, Connection, NoTls, Socket,
+    AsyncMessage, Config, Connection, NoTls, Socket,
 };
 
-use crate::{ready::StartError, section::Secret};
+use crate::section::Secret;
 
 /// The TCP connect bound of one attempt.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -125,164 +131,6 @@ impl fmt::Debug for PgSettings {
             .field("ca", &self.ca)
             .field("lease", &self.lease)
             .finish()
-    }
-}
-
-/// Why talking to PostgreSQL failed, classified for the exit code of a
-/// failed start. Messages never contain the URL or the password.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PgError {
-    /// The URL cannot be used (malformed, no host, unsupported TLS mode, no
-    /// such database): exit 2.
-    Config(String),
-    /// Bad credentials or a missing permission: exit 3.
-    Auth(String),
-    /// The server cannot be reached, is starting or shutting down, or the
-    /// connection broke: exit 1, worth retrying.
-    Unreachable(String),
-    /// This host lost the upstream lease: another host owns the cluster's
-    /// upstream now (see [`fence::check_epoch`]).
-    Fenced(String),
-    /// Anything else (including a schema newer than this busd): exit 1.
-    Other(String),
-}
-
-impl fmt::Display for PgError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PgError::Config(m)
-            | PgError::Auth(m)
-            | PgError::Unreachable(m)
-            | PgError::Fenced(m)
-            | PgError::Other(m) => f.write_str(m),
-        }
-    }
-}
-
-impl From<PgError> for StartError {
-    fn from(e: PgError) -> StartError {
-        use crate::ready::FailureKind as K;
-        let kind = match e {
-            PgError::Config(_) => K::Usage,
-            PgError::Auth(_) => K::Permission,
-            PgError::Unreachable(_) | PgError::Fenced(_) | PgError::Other(_) => K::Runtime,
-        };
-        StartError {
-            kind,
-            message: e.to_string(),
-        }
-    }
-}
-
-/// How a SQLSTATE is classified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
-    Config,
-    Auth,
-    Unreachable,
-    Other,
-}
-
-/// Class 28 (authorization) and `insufficient_privilege` are credentials or
-/// permissions; a missing database is the URL's fault; class 08
-/// (connection), `too_many_connections` and the shutdown/startup states of
-/// class 57P are transient.
-pub(crate) fn class_of(code: &SqlState) -> Class {
-    let c = code.code();
-    if c.starts_with("28") || *code == SqlState::INSUFFICIENT_PRIVILEGE {
-        Class::Auth
-    } else if *code == SqlState::UNDEFINED_DATABASE {
-        Class::Config
-    } else if c.starts_with("08")
-        || *code == SqlState::TOO_MANY_CONNECTIONS
-        || *code == SqlState::ADMIN_SHUTDOWN
-        || *code == SqlState::CRASH_SHUTDOWN
-        || *code == SqlState::CANNOT_CONNECT_NOW
-    {
-        Class::Unreachable
-    } else {
-        Class::Other
-    }
-}
-
-fn make(class: Class, message: String) -> PgError {
-    match class {
-        Class::Config => PgError::Config(message),
-        Class::Auth => PgError::Auth(message),
-        Class::Unreachable => PgError::Unreachable(message),
-        Class::Other => PgError::Other(message),
-    }
-}
-
-/// The innermost `io::Error` under `e`, if any.
-fn io_cause(e: &tokio_postgres::Error) -> Option<&std::io::Error> {
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            return Some(io);
-        }
-        cause = c.source();
-    }
-    None
-}
-
-impl PgError {
-    /// Whether a failure may pass with an outage: the server or the session
-    /// went away, not a refusal (credentials, schema, a fenced epoch, a gap).
-    pub fn is_transient(&self) -> bool {
-        matches!(self, PgError::Unreachable(_))
-    }
-
-    /// A failed query or a broken session. The server's message, never a
-    /// value of ours.
-    pub fn query(e: &tokio_postgres::Error) -> PgError {
-        if let Some(db) = e.as_db_error() {
-            return make(
-                class_of(db.code()),
-                format!("PostgreSQL: {} ({})", db.message(), db.code().code()),
-            );
-        }
-        if e.is_closed() || io_cause(e).is_some() {
-            let why = io_cause(e).map_or_else(|| e.to_string(), |io| io.to_string());
-            return PgError::Unreachable(format!("PostgreSQL: connection lost: {why}"));
-        }
-        PgError::Other(format!("PostgreSQL: {e}"))
-    }
-
-    /// A failed connect to `target` (`host:port/db`) under TLS `mode`.
-    fn connect(
-        e: &tokio_postgres::Error,
-        target: &str,
-        mode: tls::Mode,
-        ca: Option<&tls::CaFile>,
-    ) -> PgError {
-        if let Some(db) = e.as_db_error() {
-            return make(
-                class_of(db.code()),
-                format!("PostgreSQL at {target}: {}", db.message()),
-            );
-        }
-        let cause = std::error::Error::source(e).map(|c| c.to_string());
-        match (e.to_string().as_str(), cause) {
-            ("authentication error", why) => PgError::Auth(format!(
-                "PostgreSQL at {target}: authentication failed ({})",
-                why.unwrap_or_else(|| "no reason given".into())
-            )),
-            ("invalid configuration", Some(why)) => {
-                PgError::Config(format!("PostgreSQL URL for {target}: {why}"))
-            }
-            ("error performing TLS handshake", _) => {
-                match tls::handshake_failure(e, target, mode, ca) {
-                    tls::Failure::Config(m) => PgError::Config(m),
-                    tls::Failure::Broken(m) => PgError::Unreachable(m),
-                }
-            }
-            _ if io_cause(e).is_some() || e.is_closed() => {
-                let why = io_cause(e).map_or_else(|| e.to_string(), |io| io.to_string());
-                PgError::Unreachable(format!("PostgreSQL at {target}: cannot connect: {why}"))
-            }
-            (top, _) => PgError::Other(format!("PostgreSQL at {target}: {top}")),
-        }
     }
 }
 

@@ -27,7 +27,7 @@
 //! spent on failed records is budgeted: time is linear in the segment size
 //! whatever its bytes.
 
-use crate::eventlog::{self, Body, ColdSegment, Interner, LoggedEvent};
+pub use crate::eventlog::stored::{EventRecord, RecordPlace as Place};
 
 /// Bytes of a record header: length and checksum.
 pub const HEADER: usize = 8;
@@ -37,72 +37,6 @@ pub const MAX_PAYLOAD: usize = 8 << 20;
 
 const KIND_EVENT: u8 = 1;
 const KIND_COMMIT: u8 = 2;
-
-/// One event as it is stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventRecord {
-    pub seq: u64,
-    pub received_at_unix_ms: i64,
-    /// Dedup scope; empty when the event is not deduplicated.
-    pub scope: String,
-    pub event_id: String,
-    pub event_type: String,
-    /// The upstream subscription the event was routed to (may be empty).
-    pub route: String,
-    /// `v1::Event`, encoded once.
-    pub encoded: Vec<u8>,
-    /// Where the record lies in its segment (0s when not read from one).
-    pub place: Place,
-}
-
-/// Where an event record lies in a segment: its offset (at its header).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Place {
-    pub at: u64,
-}
-
-impl EventRecord {
-    /// The event as the log holds it in memory.
-    pub fn into_logged(self) -> LoggedEvent {
-        self.into_logged_with(&mut Interner::default())
-    }
-
-    /// [`EventRecord::into_logged`], its names shared through `names`.
-    pub fn into_logged_with(mut self, names: &mut Interner) -> LoggedEvent {
-        let encoded = bytes::Bytes::from(std::mem::take(&mut self.encoded)).into();
-        self.named(encoded, names)
-    }
-
-    /// The event as the log holds it, its bytes left on disk in `segment`
-    /// (read back through its reader), its names shared through `names`.
-    pub fn into_cold(
-        self,
-        segment: std::sync::Arc<ColdSegment>,
-        names: &mut Interner,
-    ) -> LoggedEvent {
-        let body = Body::cold(
-            self.encoded.len(),
-            eventlog::Place {
-                segment,
-                at: self.place.at,
-            },
-        );
-        self.named(body, names)
-    }
-
-    fn named(self, encoded: Body, names: &mut Interner) -> LoggedEvent {
-        LoggedEvent {
-            seq: self.seq,
-            event_type: names.name(&self.event_type),
-            received_at_unix_ms: self.received_at_unix_ms,
-            encoded,
-            scope: names.name(&self.scope),
-            event_id: self.event_id.into(),
-            route: names.name(&self.route),
-            ..LoggedEvent::default()
-        }
-    }
-}
 
 fn put_str(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(&(s.len() as u32).to_le_bytes());

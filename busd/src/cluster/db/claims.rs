@@ -15,13 +15,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use tokio_postgres::{error::SqlState, types::Type, GenericClient};
-
-use crate::pg::{self, Params, PgError};
-
-fn q(e: tokio_postgres::Error) -> PgError {
-    PgError::query(&e)
-}
+use crate::pg::{self, sql, GenericClient, Params, PgError, Refusal, Type};
 
 fn seqs_db(seqs: &[u64]) -> Vec<i64> {
     seqs.iter().map(|&s| s as i64).collect()
@@ -260,21 +254,21 @@ pub async fn mark_lost(
             return Ok(0);
         }
         let seqs = seqs_db(seqs);
-        let r = client
-            .execute_typed(
-                LOST_SQL,
-                &[
-                    (&who.cluster, Type::TEXT),
-                    (&subscription, Type::TEXT),
-                    (&who.host, Type::TEXT),
-                    (&who.incarnation, Type::TEXT),
-                    (&seqs, Type::INT8_ARRAY),
-                ],
-            )
-            .await;
+        let r = sql::execute(
+            client,
+            LOST_SQL,
+            &[
+                (&who.cluster, Type::TEXT),
+                (&subscription, Type::TEXT),
+                (&who.host, Type::TEXT),
+                (&who.incarnation, Type::TEXT),
+                (&seqs, Type::INT8_ARRAY),
+            ],
+        )
+        .await;
         match r {
-            Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => Ok(0),
-            r => r.map_err(q),
+            Err(e) if e.refused(Refusal::ForeignKey) => Ok(0),
+            r => r,
         }
     })
     .await

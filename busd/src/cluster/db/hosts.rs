@@ -5,9 +5,7 @@
 //! and the head as the database has them ([`lease`]). The definitions
 //! themselves are the store's (`store::postgres::definitions`).
 
-use tokio_postgres::{types::Type, GenericClient};
-
-use crate::pg::{self, Params, PgError};
+use crate::pg::{self, sql, GenericClient, Params, PgError, Type};
 
 /// One host of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,10 +41,6 @@ pub struct LeaseRow {
     pub expires_at_unix_ms: Option<i64>,
     /// Negative once it has expired.
     pub expires_in_ms: Option<i64>,
-}
-
-fn q(e: tokio_postgres::Error) -> PgError {
-    PgError::query(&e)
 }
 
 const REGISTER_SQL: &str =
@@ -120,11 +114,11 @@ pub async fn list(client: &impl GenericClient, cluster: &str) -> Result<Vec<Host
     rows.iter()
         .map(|r| {
             Ok(HostRow {
-                host: r.try_get(0).map_err(q)?,
-                pid: r.try_get(1).map_err(q)?,
-                build: r.try_get(2).map_err(q)?,
-                started_at_unix_ms: r.try_get(3).map_err(q)?,
-                heartbeat_age_ms: r.try_get(4).map_err(q)?,
+                host: sql::get(r, 0)?,
+                pid: sql::get(r, 1)?,
+                build: sql::get(r, 2)?,
+                started_at_unix_ms: sql::get(r, 3)?,
+                heartbeat_age_ms: sql::get(r, 4)?,
             })
         })
         .collect()
@@ -144,20 +138,16 @@ pub async fn lease(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<Option<LeaseRow>, PgError> {
-    let Some(r) = client
-        .query_typed_opt(LEASE_SQL, &[(&cluster, Type::TEXT)])
-        .await
-        .map_err(q)?
-    else {
+    let Some(r) = sql::query_opt(client, LEASE_SQL, &[(&cluster, Type::TEXT)]).await? else {
         return Ok(None);
     };
     Ok(Some(LeaseRow {
-        head_seq: crate::pg::from_db(r.try_get(0).map_err(q)?)?,
-        epoch: r.try_get(1).map_err(q)?,
-        holder: r.try_get(2).map_err(q)?,
-        since_unix_ms: r.try_get(3).map_err(q)?,
-        expires_at_unix_ms: r.try_get(4).map_err(q)?,
-        expires_in_ms: r.try_get(5).map_err(q)?,
+        head_seq: crate::pg::from_db(sql::get(&r, 0)?)?,
+        epoch: sql::get(&r, 1)?,
+        holder: sql::get(&r, 2)?,
+        since_unix_ms: sql::get(&r, 3)?,
+        expires_at_unix_ms: sql::get(&r, 4)?,
+        expires_in_ms: sql::get(&r, 5)?,
     }))
 }
 
@@ -176,8 +166,8 @@ pub async fn cursors(
     let rows = pg::query(client, "cursors", CURSORS_SQL, &[(&cluster, Type::TEXT)]).await?;
     rows.iter()
         .map(|r| {
-            let subscription: String = r.try_get(0).map_err(q)?;
-            let cursor: Option<String> = r.try_get(3).map_err(q)?;
+            let subscription: String = sql::get(r, 0)?;
+            let cursor: Option<String> = sql::get(r, 3)?;
             let cursor = cursor.and_then(|c| c.parse::<u64>().ok()).ok_or_else(|| {
                 PgError::Other(format!(
                     "the stored cursor of subscription {subscription} is not a seq"
@@ -185,10 +175,10 @@ pub async fn cursors(
             })?;
             Ok(CursorRow {
                 subscription,
-                delivery: r.try_get(1).map_err(q)?,
-                host: r.try_get(2).map_err(q)?,
+                delivery: sql::get(r, 1)?,
+                host: sql::get(r, 2)?,
                 cursor,
-                saved_at_unix_ms: r.try_get(4).map_err(q)?,
+                saved_at_unix_ms: sql::get(r, 4)?,
             })
         })
         .collect()

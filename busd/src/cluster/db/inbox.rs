@@ -25,13 +25,11 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{types::Type, Client, GenericClient};
-
 use crate::eventlog::NewEvent;
 use crate::pg::{
     self,
     fence::{check_epoch, NO_LEASE},
-    from_db, to_db, Params, PgError,
+    from_db, sql, to_db, Client, GenericClient, Params, PgError, Row, Type,
 };
 
 /// Notified (payload: the cluster) when the owner finished rows.
@@ -47,10 +45,6 @@ pub struct InboxResult {
     pub duplicate: bool,
     pub event_id: String,
     pub error: Option<String>,
-}
-
-fn q(e: tokio_postgres::Error) -> PgError {
-    PgError::query(&e)
 }
 
 const PUSH_SQL: &str = "WITH ins AS (
@@ -82,7 +76,7 @@ pub async fn push(
         (&key, Type::TEXT),
     ];
     let row = pg::query_one(client, "push", PUSH_SQL, params).await?;
-    let id: Option<i64> = row.try_get(0).map_err(q)?;
+    let id: Option<i64> = sql::get(&row, 0)?;
     id.ok_or_else(|| {
         PgError::Other(format!(
             "inbox key {key} of cluster {cluster} was withdrawn while it was pushed again"
@@ -120,8 +114,8 @@ pub async fn withdraw(
 ) -> Result<Withdrawal, PgError> {
     let params: Params = &[(&cluster, Type::TEXT), (&key, Type::TEXT)];
     let row = pg::query_one(client, "withdraw", WITHDRAW_SQL, params).await?;
-    let deleted: bool = row.try_get(0).map_err(q)?;
-    let existed: bool = row.try_get(1).map_err(q)?;
+    let deleted: bool = sql::get(&row, 0)?;
+    let existed: bool = sql::get(&row, 1)?;
     Ok(match (deleted, existed) {
         (true, _) => Withdrawal::Withdrawn,
         (false, false) => Withdrawal::Absent,
@@ -160,26 +154,25 @@ pub async fn take(
         if epoch <= 0 {
             return Err(PgError::Fenced(NO_LEASE.into()));
         }
-        let tx = client.transaction().await.map_err(q)?;
+        let tx = sql::begin(client).await?;
         check_epoch(&tx, cluster, epoch).await?;
-        let rows = tx
-            .query_typed(
-                TAKE_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&epoch, Type::INT8),
-                    (&limit, Type::INT8),
-                    (&again, Type::BOOL),
-                ],
-            )
-            .await
-            .map_err(q)?;
+        let rows = sql::query(
+            &tx,
+            TAKE_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&epoch, Type::INT8),
+                (&limit, Type::INT8),
+                (&again, Type::BOOL),
+            ],
+        )
+        .await?;
         let mut taken = Vec::with_capacity(rows.len());
         let mut unreadable = vec![];
         for row in rows {
-            let id: i64 = row.try_get(0).map_err(q)?;
-            let json: String = row.try_get(1).map_err(q)?;
-            let key: Option<String> = row.try_get(2).map_err(q)?;
+            let id: i64 = sql::get(&row, 0)?;
+            let json: String = sql::get(&row, 1)?;
+            let key: Option<String> = sql::get(&row, 2)?;
             match serde_json::from_str::<NewEvent>(&json) {
                 Ok(ev) => taken.push((id, key, ev)),
                 Err(e) => unreadable.push((
@@ -196,7 +189,7 @@ pub async fn take(
         if !unreadable.is_empty() {
             finish(&tx, cluster, &unreadable).await?;
         }
-        tx.commit().await.map_err(q)?;
+        sql::commit(tx).await?;
         taken.sort_by_key(|(id, _, _)| *id);
         Ok(taken)
     })
@@ -231,21 +224,20 @@ pub async fn finish(
         let dups: Vec<bool> = results.iter().map(|(_, r)| r.duplicate).collect();
         let eids: Vec<&str> = results.iter().map(|(_, r)| r.event_id.as_str()).collect();
         let errs: Vec<Option<&str>> = results.iter().map(|(_, r)| r.error.as_deref()).collect();
-        let row = client
-            .query_typed_one(
-                FINISH_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&ids, Type::INT8_ARRAY),
-                    (&seqs, Type::INT8_ARRAY),
-                    (&dups, Type::BOOL_ARRAY),
-                    (&eids, Type::TEXT_ARRAY),
-                    (&errs, Type::TEXT_ARRAY),
-                ],
-            )
-            .await
-            .map_err(q)?;
-        let n: i64 = row.try_get(0).map_err(q)?;
+        let row = sql::query_one(
+            client,
+            FINISH_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&ids, Type::INT8_ARRAY),
+                (&seqs, Type::INT8_ARRAY),
+                (&dups, Type::BOOL_ARRAY),
+                (&eids, Type::TEXT_ARRAY),
+                (&errs, Type::TEXT_ARRAY),
+            ],
+        )
+        .await?;
+        let n: i64 = sql::get(&row, 0)?;
         Ok(n.max(0) as u64)
     })
     .await
@@ -255,19 +247,19 @@ const RESULT_SQL: &str = "SELECT id, done, coalesce(seq, 0), coalesce(duplicate,
             coalesce(event_id, ''), error
      FROM dws_inbox WHERE cluster = $1 AND id = ANY($2) ORDER BY id";
 
-fn row_result(row: &tokio_postgres::Row) -> Result<(i64, Option<InboxResult>), PgError> {
-    let id: i64 = row.try_get(0).map_err(q)?;
-    let done: bool = row.try_get(1).map_err(q)?;
+fn row_result(row: &Row) -> Result<(i64, Option<InboxResult>), PgError> {
+    let id: i64 = sql::get(row, 0)?;
+    let done: bool = sql::get(row, 1)?;
     if !done {
         return Ok((id, None));
     }
     Ok((
         id,
         Some(InboxResult {
-            seq: from_db(row.try_get(2).map_err(q)?)?,
-            duplicate: row.try_get(3).map_err(q)?,
-            event_id: row.try_get(4).map_err(q)?,
-            error: row.try_get(5).map_err(q)?,
+            seq: from_db(sql::get(row, 2)?)?,
+            duplicate: sql::get(row, 3)?,
+            event_id: sql::get(row, 4)?,
+            error: sql::get(row, 5)?,
         }),
     ))
 }

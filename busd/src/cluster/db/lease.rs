@@ -39,10 +39,10 @@
 
 use std::{sync::Arc, time::Duration};
 
+use crate::pg::{
+    connect, fence::fenced, settings::LEASE_DEFAULT, sql, Client, Driver, PgError, PgSettings, Type,
+};
 use tokio::{sync::watch, task::JoinHandle};
-use tokio_postgres::Client;
-
-use crate::pg::{connect, fence::fenced, settings::LEASE_DEFAULT, Driver, PgError, PgSettings};
 
 /// Creates the cluster's row if missing (no owner, epoch 0).
 const ENSURE_SQL: &str = "INSERT INTO dws_cluster (cluster) VALUES ($1) ON CONFLICT DO NOTHING";
@@ -129,15 +129,9 @@ impl LeaseSession {
     pub async fn open(settings: &PgSettings) -> Result<LeaseSession, PgError> {
         crate::pg::bounded("open", async move {
             let (client, driver) = connect(settings, "lease").await?;
-            client
-                .execute(ENSURE_SQL, &[&settings.cluster])
-                .await
-                .map_err(|e| PgError::query(&e))?;
-            let backend_pid: i32 = client
-                .query_one("SELECT pg_backend_pid()", &[])
-                .await
-                .map_err(|e| PgError::query(&e))?
-                .get(0);
+            sql::execute(&client, ENSURE_SQL, &[(&settings.cluster, Type::TEXT)]).await?;
+            let row = sql::query_one(&client, "SELECT pg_backend_pid()", &[]).await?;
+            let backend_pid: i32 = sql::get(&row, 0)?;
             Ok(LeaseSession {
                 client,
                 driver,
@@ -152,17 +146,17 @@ impl LeaseSession {
     /// another host holds it.
     pub async fn try_acquire(self, timing: LeaseTiming) -> Result<Result<Lease, Self>, PgError> {
         crate::pg::bounded("try_acquire", async move {
-            let q = |e: tokio_postgres::Error| PgError::query(&e);
             let cluster = self.settings.cluster.as_str();
             let secs = timing.bound.as_secs_f64();
-            let took = self
-                .client
-                .query_opt(TAKE_SQL, &[&cluster, &self.settings.host, &secs])
-                .await
-                .map_err(q)?;
+            let params: crate::pg::Params = &[
+                (&cluster, Type::TEXT),
+                (&self.settings.host, Type::TEXT),
+                (&secs, Type::FLOAT8),
+            ];
+            let took = sql::query_opt(&self.client, TAKE_SQL, params).await?;
             match took {
                 Some(row) => {
-                    let epoch: i64 = row.try_get(0).map_err(q)?;
+                    let epoch: i64 = sql::get(&row, 0)?;
                     Ok(Ok(Lease::start(self, epoch, timing)))
                 }
                 None => Ok(Err(self)),
@@ -259,12 +253,10 @@ impl Lease {
     /// closes the session.
     pub async fn release(self) -> Result<(), PgError> {
         crate::pg::bounded("release", async move {
-            let q = |e: tokio_postgres::Error| PgError::query(&e);
             self.heartbeat.abort();
-            self.client
-                .execute(RESIGN_SQL, &[&self.cluster, &self.epoch])
-                .await
-                .map_err(q)?;
+            let params: crate::pg::Params =
+                &[(&self.cluster, Type::TEXT), (&self.epoch, Type::INT8)];
+            sql::execute(&*self.client, RESIGN_SQL, params).await?;
             Ok(())
         })
         .await
@@ -329,7 +321,7 @@ async fn heartbeat(
             _ = tick.tick() => {
                 let answer = tokio::time::timeout(
                     timing.answer_within,
-                    client.query_one(HEARTBEAT_SQL, &[&cluster, &epoch, &secs]),
+                    renew(&client, &cluster, epoch, secs),
                 )
                 .await;
                 match answer {
@@ -337,9 +329,9 @@ async fn heartbeat(
                         "the lease session did not answer within {:?}",
                         timing.answer_within
                     ),
-                    Ok(Err(e)) => break format!("the lease session failed: {}", PgError::query(&e)),
-                    Ok(Ok(row)) => {
-                        if let Some(why) = judge(backend_pid, epoch, row.get(0), row.get(1), row.get(2)) {
+                    Ok(Err(e)) => break format!("the lease session failed: {e}"),
+                    Ok(Ok((pid, current, renewed))) => {
+                        if let Some(why) = judge(backend_pid, epoch, pid, current, renewed) {
                             break why;
                         }
                     }
@@ -350,4 +342,21 @@ async fn heartbeat(
     driver.abort();
     tracing::warn!(target: "busd::postgres", "upstream lease of cluster {cluster} lost: {reason}");
     let _ = lost.send(Some(reason));
+}
+
+/// One renewal ([`HEARTBEAT_SQL`]): the session's backend, the cluster's
+/// epoch and whether the lease was renewed.
+async fn renew(
+    client: &Client,
+    cluster: &str,
+    epoch: i64,
+    secs: f64,
+) -> Result<(i32, Option<i64>, bool), PgError> {
+    let params: crate::pg::Params = &[
+        (&cluster, Type::TEXT),
+        (&epoch, Type::INT8),
+        (&secs, Type::FLOAT8),
+    ];
+    let row = sql::query_one(client, HEARTBEAT_SQL, params).await?;
+    Ok((sql::get(&row, 0)?, sql::get(&row, 1)?, sql::get(&row, 2)?))
 }

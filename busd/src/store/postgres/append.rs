@@ -27,14 +27,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio_postgres::Client;
-
 use super::{
     log,
     session::{close, ensure},
     Driver, PgError, PgSettings,
 };
-use crate::eventlog::LoggedEvent;
+use crate::{eventlog::LoggedEvent, pg::Client};
 
 pub use crate::pg::{fence::REGAINING, OUTAGE_BOUND};
 

@@ -1,8 +1,8 @@
 //! The cluster's event log in PostgreSQL (`dws_event`, head and epoch in
-//! `dws_cluster`): the owner's [`append`], everyone's [`read_after`], the
-//! cluster row ([`cluster_row`]) and retention ([`delete_below`], held back
+//! `dws_cluster`): the owner's [`append`] and retention ([`delete_below`], held back
 //! by what the hosts' named subscriptions still need: [`held_from`],
-//! [`retention_floor`]).
+//! [`retention_floor`]). What every host reads — the events after a seq
+//! and the cluster's row — is `pg::log`'s.
 //!
 //! Rules the functions keep:
 //! - **One writer, gapless.** [`append`] locks the cluster's row
@@ -33,30 +33,18 @@
 
 use std::sync::Arc;
 
-use tokio_postgres::{error::SqlState, types::Type, Client, GenericClient};
-
 use super::PgError;
-use crate::{eventlog::LoggedEvent, store::record::EventRecord};
+use crate::{
+    eventlog::LoggedEvent,
+    pg::{sql, Client, GenericClient, Refusal, Refused, Type},
+};
 
 /// The channel of the one notification per committed batch.
 pub const LOG_CHANNEL: &str = "dws_log";
 /// Rows one retention statement deletes at most.
 pub const DELETE_BATCH: i64 = 10_000;
 
-/// The cluster's row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterRow {
-    pub head_seq: u64,
-    /// 0 until a host first took the upstream lease.
-    pub epoch: i64,
-    pub owner_host: Option<String>,
-    pub owner_since_unix_ms: Option<i64>,
-}
-
-fn q(e: tokio_postgres::Error) -> PgError {
-    PgError::query(&e)
-}
-
+pub use crate::pg::log::{cluster_row, read_after, ClusterRow};
 pub(crate) use crate::pg::{fence::NO_LEASE, from_db, to_db};
 
 /// The payload of the log's notification: `cluster:head`.
@@ -144,13 +132,10 @@ pub async fn append(
         if epoch <= 0 {
             return Err(PgError::Fenced(NO_LEASE.into()));
         }
-        let tx = client.transaction().await.map_err(q)?;
-        let row = tx
-            .query_typed_opt(LOCK_SQL, &[(&cluster, Type::TEXT)])
-            .await
-            .map_err(q)?;
+        let tx = sql::begin(client).await?;
+        let row = sql::query_opt(&tx, LOCK_SQL, &[(&cluster, Type::TEXT)]).await?;
         let (head, current): (i64, i64) = match row {
-            Some(row) => (row.try_get(0).map_err(q)?, row.try_get(1).map_err(q)?),
+            Some(row) => (sql::get(&row, 0)?, sql::get(&row, 1)?),
             None => {
                 return Err(PgError::Fenced(
                     super::fence::fenced(epoch, None).unwrap_or_default(),
@@ -188,27 +173,26 @@ pub async fn append(
         let encoded: Vec<&[u8]> = bodies.iter().map(|b| &b[..]).collect();
         let payload = notify_payload(cluster, last.seq);
         let idle_ms = super::IDLE_IN_TRANSACTION_BOUND.as_millis() as i64;
-        let live = tx
-            .query_typed_one(
-                APPEND_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&seqs, Type::INT8_ARRAY),
-                    (&scopes, Type::TEXT_ARRAY),
-                    (&ids, Type::TEXT_ARRAY),
-                    (&types, Type::TEXT_ARRAY),
-                    (&routes, Type::TEXT_ARRAY),
-                    (&received, Type::INT8_ARRAY),
-                    (&encoded, Type::BYTEA_ARRAY),
-                    (&new_head, Type::INT8),
-                    (&payload, Type::TEXT),
-                    (&idle_ms, Type::INT8),
-                ],
-            )
-            .await
-            .map_err(|e| append_error(&e, cluster))?
-            .try_get::<_, bool>(0)
-            .map_err(q)?;
+        let row = sql::query_one(
+            &tx,
+            APPEND_SQL,
+            &[
+                (&cluster, Type::TEXT),
+                (&seqs, Type::INT8_ARRAY),
+                (&scopes, Type::TEXT_ARRAY),
+                (&ids, Type::TEXT_ARRAY),
+                (&types, Type::TEXT_ARRAY),
+                (&routes, Type::TEXT_ARRAY),
+                (&received, Type::INT8_ARRAY),
+                (&encoded, Type::BYTEA_ARRAY),
+                (&new_head, Type::INT8),
+                (&payload, Type::TEXT),
+                (&idle_ms, Type::INT8),
+            ],
+        )
+        .await
+        .map_err(|e| append_error(e, cluster))?;
+        let live: bool = sql::get(&row, 0)?;
         if !live {
             // Still this host's epoch, but the lease ran out: the lease task
             // takes it back (same epoch + 1) unless another host took it;
@@ -218,17 +202,22 @@ pub async fn append(
                 super::fence::fenced_at(epoch, Some((epoch, false))).unwrap_or_default(),
             ));
         }
-        tx.commit().await.map_err(q)?;
+        sql::commit(tx).await?;
         Ok(last.seq)
     })
     .await
 }
 
 /// A failed insert: a repeated event id is named as such.
-fn append_error(e: &tokio_postgres::Error, cluster: &str) -> PgError {
-    match e.as_db_error() {
-        Some(db) if *db.code() == SqlState::UNIQUE_VIOLATION => {
-            let what = match db.constraint() {
+fn append_error(e: PgError, cluster: &str) -> PgError {
+    match e {
+        PgError::Refused(Refused {
+            why: Refusal::Unique,
+            constraint,
+            detail,
+            ..
+        }) => {
+            let what = match constraint.as_deref() {
                 Some("dws_event_dedup") => {
                     "an event id of the batch is already in the log (same dedup scope): \
                      the owner's dedup window missed it"
@@ -236,88 +225,11 @@ fn append_error(e: &tokio_postgres::Error, cluster: &str) -> PgError {
                 _ => "a seq of the batch is already in the log",
             };
             PgError::Other(format!(
-                "cannot append to the log of cluster {cluster}: {what} ({})",
-                db.detail().unwrap_or_else(|| db.message())
+                "cannot append to the log of cluster {cluster}: {what} ({detail})"
             ))
         }
-        _ => PgError::query(e),
+        e => e,
     }
-}
-
-const READ_SQL: &str = "SELECT seq, received_unix_ms, scope, event_id, event_type, route, encoded
-     FROM dws_event WHERE cluster = $1 AND seq > $2 ORDER BY seq LIMIT $3";
-
-/// Up to `limit` events with seq above `after`, in seq order. The first
-/// may be above `after + 1` when retention deleted the ones in between.
-pub async fn read_after(
-    client: &impl GenericClient,
-    cluster: &str,
-    after: u64,
-    limit: i64,
-) -> Result<Vec<EventRecord>, PgError> {
-    crate::store::postgres::bounded("read_after", async move {
-        let after = to_db(after)?;
-        let rows = client
-            .query_typed(
-                READ_SQL,
-                &[
-                    (&cluster, Type::TEXT),
-                    (&after, Type::INT8),
-                    (&limit, Type::INT8),
-                ],
-            )
-            .await
-            .map_err(q)?;
-        rows.iter()
-            .map(|row| {
-                Ok(EventRecord {
-                    seq: from_db(row.try_get(0).map_err(q)?)?,
-                    received_at_unix_ms: row.try_get(1).map_err(q)?,
-                    scope: row.try_get(2).map_err(q)?,
-                    event_id: row.try_get(3).map_err(q)?,
-                    event_type: row.try_get(4).map_err(q)?,
-                    route: row.try_get(5).map_err(q)?,
-                    encoded: row.try_get(6).map_err(q)?,
-                    place: Default::default(),
-                })
-            })
-            .collect()
-    })
-    .await
-}
-
-const ENSURE_SQL: &str = "INSERT INTO dws_cluster (cluster) VALUES ($1) ON CONFLICT DO NOTHING";
-const ROW_SQL: &str = "SELECT head_seq, epoch, owner_host,
-            (extract(epoch FROM owner_since) * 1000)::bigint
-     FROM dws_cluster WHERE cluster = $1";
-
-/// The cluster's row, created (head 0, epoch 0, no owner) if missing.
-pub async fn cluster_row(
-    client: &impl GenericClient,
-    cluster: &str,
-) -> Result<ClusterRow, PgError> {
-    crate::store::postgres::bounded("cluster_row", async move {
-        client
-            .execute_typed(ENSURE_SQL, &[(&cluster, Type::TEXT)])
-            .await
-            .map_err(q)?;
-        let row = client
-            .query_typed_opt(ROW_SQL, &[(&cluster, Type::TEXT)])
-            .await
-            .map_err(q)?
-            .ok_or_else(|| {
-                PgError::Other(format!(
-                    "the row of cluster {cluster} vanished while it was read"
-                ))
-            })?;
-        Ok(ClusterRow {
-            head_seq: from_db(row.try_get(0).map_err(q)?)?,
-            epoch: row.try_get(1).map_err(q)?,
-            owner_host: row.try_get(2).map_err(q)?,
-            owner_since_unix_ms: row.try_get(3).map_err(q)?,
-        })
-    })
-    .await
 }
 
 const OLDEST_SQL: &str = "SELECT min(seq) FROM dws_event WHERE cluster = $1";
@@ -327,17 +239,9 @@ pub async fn oldest_seq(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<Option<u64>, PgError> {
-    crate::store::postgres::bounded("oldest_seq", async move {
-        let row = client
-            .query_typed_one(OLDEST_SQL, &[(&cluster, Type::TEXT)])
-            .await
-            .map_err(q)?;
-        row.try_get::<_, Option<i64>>(0)
-            .map_err(q)?
-            .map(from_db)
-            .transpose()
-    })
-    .await
+    let row =
+        crate::pg::query_one(client, "oldest_seq", OLDEST_SQL, &[(&cluster, Type::TEXT)]).await?;
+    sql::get::<Option<i64>>(&row, 0)?.map(from_db).transpose()
 }
 
 /// One batch: the oldest rows below `$2`, never the head's.
@@ -357,20 +261,12 @@ pub async fn delete_below(
     let below = to_db(seq)?;
     let mut total = 0;
     loop {
-        let n = super::bounded("deleting old events", async {
-            client
-                .execute_typed(
-                    DELETE_SQL,
-                    &[
-                        (&cluster, Type::TEXT),
-                        (&below, Type::INT8),
-                        (&DELETE_BATCH, Type::INT8),
-                    ],
-                )
-                .await
-                .map_err(q)
-        })
-        .await?;
+        let params: crate::pg::Params = &[
+            (&cluster, Type::TEXT),
+            (&below, Type::INT8),
+            (&DELETE_BATCH, Type::INT8),
+        ];
+        let n = crate::pg::execute(client, "deleting old events", DELETE_SQL, params).await?;
         total += n;
         if n < DELETE_BATCH as u64 {
             return Ok(total);
@@ -399,19 +295,14 @@ pub async fn held_from(
     client: &impl GenericClient,
     cluster: &str,
 ) -> Result<(u64, Option<u64>), PgError> {
-    crate::store::postgres::bounded("held_from", async move {
-        let row = client
-            .query_typed_one(HELD_SQL, &[(&cluster, Type::TEXT)])
-            .await
-            .map_err(q)?;
-        let head: Option<i64> = row.try_get(0).map_err(q)?;
-        let held: Option<i64> = row.try_get(1).map_err(q)?;
-        Ok((
-            from_db(head.unwrap_or(0))?,
-            held.map(|h| from_db(h.max(0))).transpose()?,
-        ))
-    })
-    .await
+    let row =
+        crate::pg::query_one(client, "held_from", HELD_SQL, &[(&cluster, Type::TEXT)]).await?;
+    let head: Option<i64> = sql::get(&row, 0)?;
+    let held: Option<i64> = sql::get(&row, 1)?;
+    Ok((
+        from_db(head.unwrap_or(0))?,
+        held.map(|h| from_db(h.max(0))).transpose()?,
+    ))
 }
 
 /// Where retention may delete up to (exclusive): what the owner itself no

@@ -4,9 +4,8 @@
 //! store's calls (`store.rs`) and the owner's append through an outage
 //! (`append.rs`).
 
-use tokio_postgres::Client;
-
 use super::{connect, Driver, PgError, PgSettings};
+use crate::pg::Client;
 
 /// How long a closed connection may take to say goodbye.
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);

@@ -37,7 +37,6 @@ use std::{
 };
 
 use tokio::runtime::Runtime;
-use tokio_postgres::{error::SqlState, types::Type, Client};
 
 use super::{
     connect, definitions, log, schema,
@@ -47,6 +46,7 @@ use super::{
 use crate::{
     clock::now_ms,
     eventlog::LoggedEvent,
+    pg::{sql, Client, Refusal, Type},
     store::{Recovered, Snapshot, Store, StoreError, StoreInfo, SubRecord, SNAPSHOT_FORMAT},
 };
 
@@ -113,10 +113,6 @@ fn io(e: PgError) -> StoreError {
     }
 }
 
-fn q(e: tokio_postgres::Error) -> PgError {
-    PgError::query(&e)
-}
-
 /// What recovery reads, before it is merged.
 struct Loaded {
     cluster: log::ClusterRow,
@@ -133,18 +129,15 @@ async fn load(client: &mut Client, settings: &PgSettings) -> Result<Loaded, PgEr
     let cluster = settings.cluster.as_str();
     schema::migrate(client).await?;
     let row = log::cluster_row(&*client, cluster).await?;
-    let found = super::bounded("reading this host's snapshot", async {
-        client
-            .query_typed_opt(
-                LOAD_SNAPSHOT_SQL,
-                &[(&cluster, Type::TEXT), (&settings.host, Type::TEXT)],
-            )
-            .await
-            .map_err(q)
-    })
+    let found = crate::pg::query_opt(
+        &*client,
+        "reading this host's snapshot",
+        LOAD_SNAPSHOT_SQL,
+        &[(&cluster, Type::TEXT), (&settings.host, Type::TEXT)],
+    )
     .await?;
     let (snapshot, dropped) = match found {
-        Some(r) => (Some(r.try_get(0).map_err(q)?), r.try_get(1).map_err(q)?),
+        Some(r) => (Some(sql::get(&r, 0)?), sql::get(&r, 1)?),
         None => (None, vec![]),
     };
     let definitions = definitions::definitions::<SubRecord>(&*client, cluster).await?;
@@ -282,28 +275,27 @@ struct SaveArgs {
     gone: Vec<String>,
 }
 
-async fn save_tx(
-    client: &mut Client,
-    settings: &PgSettings,
-    a: &SaveArgs,
-) -> Result<(), tokio_postgres::Error> {
+async fn save_tx(client: &mut Client, settings: &PgSettings, a: &SaveArgs) -> Result<(), PgError> {
     let (cluster, host) = (settings.cluster.as_str(), settings.host.as_str());
-    let tx = client.transaction().await?;
+    let tx = sql::begin(client).await?;
     if !a.gone.is_empty() {
         let (c, h, g) = (&cluster, &host, &a.gone);
-        tx.execute_typed(
+        sql::execute(
+            &tx,
             DROP_CURSORS_SQL,
             &[(c, Type::TEXT), (h, Type::TEXT), (g, Type::TEXT_ARRAY)],
         )
         .await?;
-        tx.execute_typed(
+        sql::execute(
+            &tx,
             DROP_DEFINITIONS_SQL,
             &[(c, Type::TEXT), (g, Type::TEXT_ARRAY)],
         )
         .await?;
     }
     if !a.ids.is_empty() {
-        tx.execute_typed(
+        sql::execute(
+            &tx,
             SAVE_SUBS_SQL,
             &[
                 (&cluster, Type::TEXT),
@@ -315,7 +307,8 @@ async fn save_tx(
         )
         .await?;
     }
-    tx.execute_typed(
+    sql::execute(
+        &tx,
         SAVE_SNAPSHOT_SQL,
         &[
             (&cluster, Type::TEXT),
@@ -326,20 +319,19 @@ async fn save_tx(
         ],
     )
     .await?;
-    tx.commit().await
+    sql::commit(tx).await
 }
 
 /// Worth another attempt: the transaction lost a race with another host's.
-fn retryable(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| {
-        [
-            SqlState::T_R_DEADLOCK_DETECTED,
-            SqlState::T_R_SERIALIZATION_FAILURE,
-            SqlState::FOREIGN_KEY_VIOLATION,
-            SqlState::UNIQUE_VIOLATION,
-        ]
-        .contains(c)
-    })
+fn retryable(e: &PgError) -> bool {
+    [
+        Refusal::Deadlock,
+        Refusal::Serialization,
+        Refusal::ForeignKey,
+        Refusal::Unique,
+    ]
+    .into_iter()
+    .any(|why| e.refused(why))
 }
 
 impl PgStore {
@@ -402,7 +394,7 @@ async fn save_with_retries(
         };
         match saved {
             Err(e) if attempt < SAVE_ATTEMPTS && retryable(&e) => attempt += 1,
-            r => return r.map_err(q),
+            r => return r,
         }
     }
 }

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use dws_tests::pg::PgServer;
-use tokio_postgres::error::SqlState;
 
 use crate::cluster::db::lease::{judge, Lease, LeaseSession, LeaseTiming};
 
@@ -16,7 +15,6 @@ use super::{
     schema::{self, migrate, SCHEMA_VERSION},
     PgError, PgSettings,
 };
-use crate::pg::{class_of, Class};
 use crate::{ready::FailureKind, ready::StartError};
 
 const CANARY: &str = "S3cretCanary";
@@ -134,24 +132,6 @@ fn postgres_config_adds_keepalives_and_names_the_session() {
         options.contains("-c idle_in_transaction_session_timeout=4500"),
         "{options}"
     );
-}
-
-#[test]
-fn postgres_sqlstates_are_classified() {
-    for (code, class) in [
-        (SqlState::INVALID_PASSWORD, Class::Auth),
-        (SqlState::INVALID_AUTHORIZATION_SPECIFICATION, Class::Auth),
-        (SqlState::INSUFFICIENT_PRIVILEGE, Class::Auth),
-        (SqlState::UNDEFINED_DATABASE, Class::Config),
-        (SqlState::CONNECTION_FAILURE, Class::Unreachable),
-        (SqlState::ADMIN_SHUTDOWN, Class::Unreachable),
-        (SqlState::CANNOT_CONNECT_NOW, Class::Unreachable),
-        (SqlState::TOO_MANY_CONNECTIONS, Class::Unreachable),
-        (SqlState::UNIQUE_VIOLATION, Class::Other),
-        (SqlState::T_R_SERIALIZATION_FAILURE, Class::Other),
-    ] {
-        assert_eq!(class_of(&code), class, "{}", code.code());
-    }
 }
 
 #[test]

@@ -31,7 +31,7 @@ fn expire_all(server: &PgServer) {
     server.psql("UPDATE dws_claim SET claimed_until = now() - interval '1 minute'");
 }
 
-async fn setup(server: &PgServer) -> (tokio_postgres::Client, super::Driver) {
+async fn setup(server: &PgServer) -> (crate::pg::Client, super::Driver) {
     let (mut c, d) = connect(&settings(server, "a"), "store").await.unwrap();
     migrate(&mut c).await.unwrap();
     server.psql(

@@ -3,9 +3,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use crate::pg::Client;
 use bytes::Bytes;
 use dws_tests::pg::PgServer;
-use tokio_postgres::Client;
 
 use super::tests::{quick, server_settings as settings, within};
 use super::{

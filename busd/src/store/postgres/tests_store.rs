@@ -246,7 +246,7 @@ fn postgres_store_recovers_its_log_and_snapshot_and_shares_definitions() {
 }
 
 /// A runtime and a connection for reading what the store wrote.
-fn client(server: &PgServer) -> (tokio::runtime::Runtime, tokio_postgres::Client) {
+fn client(server: &PgServer) -> (tokio::runtime::Runtime, crate::pg::Client) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
