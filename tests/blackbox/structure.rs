@@ -236,18 +236,26 @@ fn names_the_hub(text: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn no_busd_file_outside_the_hub_names_the_hub() {
+/// `file: line` for each line `check` finds in a busd file outside the
+/// folder `inside` (under busd/src).
+fn busd_lines_outside(inside: &str, check: fn(&str) -> Vec<String>) -> Vec<String> {
+    let inside = workspace().join("busd/src").join(inside);
     let mut found = vec![];
     for f in files(&["busd/src"]) {
-        if f.components().any(|c| c.as_os_str() == "hub") {
+        if f.starts_with(&inside) {
             continue;
         }
         let text = std::fs::read_to_string(&f).unwrap_or_default();
-        for l in names_the_hub(&text) {
+        for l in check(&text) {
             found.push(format!("{}: {l}", f.display()));
         }
     }
+    found
+}
+
+#[test]
+fn no_busd_file_outside_the_hub_names_the_hub() {
+    let found = busd_lines_outside("hub", names_the_hub);
     assert!(
         found.is_empty(),
         "hold the handle of the role (Session, CommitPort, ReplicaPort, SourceHandle, \
@@ -266,17 +274,7 @@ fn names_the_driver(text: &str) -> Vec<String> {
 
 #[test]
 fn only_the_pg_folder_names_the_postgres_driver() {
-    let pg = workspace().join("busd/src/pg");
-    let mut found = vec![];
-    for f in files(&["busd/src"]) {
-        if f.starts_with(&pg) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&f).unwrap_or_default();
-        for l in names_the_driver(&text) {
-            found.push(format!("{}: {l}", f.display()));
-        }
-    }
+    let found = busd_lines_outside("pg", names_the_driver);
     assert!(
         found.is_empty(),
         "reach PostgreSQL through busd/src/pg (its Client, Row, Type, its typed calls), \
