@@ -185,23 +185,13 @@ impl BusConn {
         }
     }
 
-    /// The bus lists `feature` in its `HelloAck`.
-    fn has(&self, feature: &str) -> bool {
-        self.hello.features.iter().any(|f| f == feature)
-    }
-
     fn request_id(&mut self) -> u64 {
         self.next_request += 1;
         self.next_request
     }
 
     pub async fn send(&mut self, mut kind: C) -> Result<()> {
-        // An older bus reads an ack wait of 0 as 1 ms: name the default.
-        if let C::Subscribe(s) = &mut kind {
-            if s.explicit_ack && s.ack_wait_ms == 0 && !self.has(proto::FEATURE_ACK_WAIT_DEFAULT) {
-                s.ack_wait_ms = proto::limits::DEFAULT_ACK_WAIT.as_millis() as u64;
-            }
-        }
+        fit_to(&mut kind, &self.hello.features);
         if let Some(feature) = needs(&kind) {
             if !self.hello.features.iter().any(|f| f == feature) {
                 return Err(CliError::runtime(format!(
@@ -356,6 +346,25 @@ async fn dial(endpoint: &Endpoint, deadline: Instant) -> std::result::Result<Bus
     }
 }
 
+/// `kind` as a bus that lists `features` reads it: an older bus reads an
+/// ack wait of 0 as 1 ms (the default is named), and skips `Ack.runs`,
+/// acking nothing (the runs are spelled out as `Ack.seqs`).
+fn fit_to(kind: &mut C, features: &[String]) {
+    let has = |feature: &str| features.iter().any(|f| f == feature);
+    match kind {
+        C::Subscribe(s)
+            if s.explicit_ack && s.ack_wait_ms == 0 && !has(proto::FEATURE_ACK_WAIT_DEFAULT) =>
+        {
+            s.ack_wait_ms = proto::limits::DEFAULT_ACK_WAIT.as_millis() as u64;
+        }
+        C::Ack(a) if !a.runs.is_empty() && !has(proto::FEATURE_ACK_RUNS) => {
+            a.seqs
+                .extend(a.runs.drain(..).flat_map(|r| r.first..=r.last));
+        }
+        _ => {}
+    }
+}
+
 /// The `HelloAck.features` entry a bus must list before `kind` is sent to
 /// it (an older bus would misread or refuse it), if any.
 fn needs(kind: &C) -> Option<&'static str> {
@@ -486,6 +495,27 @@ mod tests {
             handshake_against(Vec::new()).await,
             Err(DialError::Gone)
         ));
+    }
+
+    #[test]
+    fn an_older_bus_gets_acks_by_runs_spelled_out() {
+        let runs = || {
+            C::Ack(v1::Ack {
+                runs: vec![
+                    v1::SeqRun { first: 7, last: 9 },
+                    v1::SeqRun { first: 3, last: 3 },
+                ],
+                ..v1::Ack::default()
+            })
+        };
+        let mut old = runs();
+        fit_to(&mut old, &[]);
+        let C::Ack(a) = old else { unreachable!() };
+        assert_eq!((a.seqs, a.runs.len()), (vec![7, 8, 9, 3], 0));
+        let mut new = runs();
+        fit_to(&mut new, &[proto::FEATURE_ACK_RUNS.to_owned()]);
+        let C::Ack(a) = new else { unreachable!() };
+        assert_eq!((a.seqs.len(), a.runs.len()), (0, 2));
     }
 
     #[tokio::test]

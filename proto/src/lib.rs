@@ -52,7 +52,11 @@ pub const FEATURES: &[&str] = &[
     FEATURE_GET_EVENT,
     FEATURE_ACK_WAIT_DEFAULT,
     FEATURE_LINE_RING,
+    FEATURE_ACK_RUNS,
 ];
+/// `Ack.runs`: events acked a run of consecutive seqs at a time (an older
+/// bus would skip the field and ack nothing).
+pub const FEATURE_ACK_RUNS: &str = "ack_runs";
 /// The line ring (`ring`): `RingRequest` (an older bus closes the
 /// connection), `Subscribe.ring_batches`, `Ack.ring_read`.
 pub const FEATURE_LINE_RING: &str = "line_ring";

@@ -283,7 +283,8 @@ impl Hub {
         next
     }
 
-    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`),
+    /// An ack from `conn`: cumulative (`seq`), event by event (`seqs`, or a
+    /// run of consecutive seqs at a time: `runs`),
     /// nacks (deliver again after a delay or the backoff step), progress
     /// (still working: the ack wait starts again) and terms (parked now).
     pub(super) fn ack(&self, conn: ConnId, ack: &v1::Ack) {
@@ -317,6 +318,11 @@ impl Hub {
             if acked && sub.claimed {
                 shared_acked.push(seq);
             }
+        }
+        let claimed = sub.claimed;
+        for run in &ack.runs {
+            let out = claimed.then_some(&mut shared_acked);
+            n += sub.ack_run(run.first, run.last, out);
         }
         let now = Instant::now();
         let mut freed = false;

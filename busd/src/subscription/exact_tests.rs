@@ -111,6 +111,37 @@ fn exact_acks_settle_a_replayed_event_whatever_its_seq() {
     assert_eq!((s.in_flight(), s.pending_len(), s.cursor(5)), (0, 0, 5));
 }
 
+#[test]
+fn a_run_acks_exactly_its_seqs_in_flight_and_costs_the_queue_not_its_width() {
+    let mut s = with_one_parked(10);
+    s.pull(10, 5, Instant::now());
+    s.replay_parked(&[]);
+    s.pull(10, 5, Instant::now());
+    // 2..=5 and the replayed 1 in flight: a run of 3..=4 acks only those.
+    let mut seqs = vec![];
+    assert_eq!(s.ack_run(3, 4, Some(&mut seqs)), 2);
+    assert_eq!(seqs, [3, 4]);
+    assert_eq!(s.in_flight(), 3);
+    assert_eq!(s.ack_run(7, 9, None), 0, "nothing pending there");
+    // The widest run walks the queue once: 1, 2 and 5 are acked.
+    assert_eq!(s.ack_run(0, u64::MAX, None), 3);
+    assert_eq!((s.in_flight(), s.pending_len(), s.cursor(5)), (0, 0, 5));
+    assert_eq!(s.counters.acked, 5);
+    assert_eq!(s.ack_run(1, 5, None), 0, "acked once");
+}
+
+#[test]
+fn a_run_leaves_what_was_never_sent() {
+    let mut s = sub(2);
+    for i in 1..=4 {
+        s.offer(&ev(i));
+    }
+    s.attach(1, 2, None);
+    assert_eq!(sent(&s.pull(10, 4, Instant::now())), [1, 2]);
+    assert_eq!(s.ack_run(1, 4, None), 2, "3 and 4 are unsent");
+    assert_eq!(sent(&s.pull(10, 4, Instant::now())), [3, 4]);
+}
+
 /// Window 2: 1 and 2 in flight, 3..=6 unsent and evicted with 1..=2.
 fn with_a_gap_behind_the_window() -> Subscription {
     let mut s = sub(2);

@@ -23,7 +23,8 @@
 //! to be delivered again after that many deliveries is poison: the
 //! subscription halts at it (`halt`) or moves it to its parked list (`park`).
 //!
-//! Here: the state, fan-out, eviction, attach/detach, pull and acks. The
+//! Here: the state, fan-out, eviction, attach/detach, pull and nacks; acks
+//! (cumulative, one by one, by runs) in `acks`. The
 //! stored form (`record`, `restore`) is in `record`, the operator verbs in
 //! `verbs`, shared delivery's claimed events in `shared`, the words of slow
 //! consumers (progress, term, backoff, delayed events kept from retention)
@@ -31,6 +32,7 @@
 //! `slow_tests` and `exact_tests`, the property tests against a model in
 //! `model` and `verbs_model`.
 
+mod acks;
 mod check;
 #[cfg(test)]
 mod exact_tests;
@@ -532,77 +534,6 @@ impl Subscription {
         self.scan_from = still_open.unwrap_or(i).min(i);
         self.counters.delivered += out.events.len() as u64;
         out
-    }
-
-    /// Drops acked events from the front; returns how many were acked now.
-    fn settle(&mut self, newly: u64) -> u64 {
-        while self
-            .pending
-            .front()
-            .is_some_and(|e| e.slot.get() == Slot::Acked)
-        {
-            if let Some(e) = self.pending.pop_front() {
-                self.removed_at(0);
-                self.acked_in_queue -= 1;
-                self.acked_through = self.acked_through.max(e.event.seq);
-            }
-        }
-        self.counters.acked += newly;
-        newly
-    }
-
-    fn ack_entry(&mut self, i: usize) -> bool {
-        if self.in_flight_here(i) {
-            self.alive();
-            self.pending[i].slot.set(Slot::Acked);
-            self.left_flight(i);
-            self.acked_in_queue += 1;
-            self.gaps.read_past(self.pending[i].sent);
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Cumulative ack (`Ack.seq`): the consumer wrote every event delivered
-    /// up to and including the delivery of `seq` now in flight. Settles
-    /// those, in delivery order, not seq order: an event replayed or
-    /// redelivered behind higher seqs is not settled by an ack of a higher
-    /// seq sent before it. A seq not in flight settles nothing. Returns the
-    /// seqs acked.
-    pub(super) fn ack(&mut self, seq: u64) -> Vec<u64> {
-        let mut acked = Vec::new();
-        let Ok(i) = self.position(seq) else {
-            return acked;
-        };
-        if !self.in_flight_here(i) {
-            return acked;
-        }
-        let upto = self.pending[i].sent;
-        // In-flight events are at most a window: stop after the last one.
-        let mut left = self.in_flight;
-        let mut j = 0;
-        while left > 0 && j < self.pending.len() {
-            if let Slot::InFlight { .. } = self.pending[j].slot.get() {
-                left -= 1;
-                if self.pending[j].sent <= upto && self.ack_entry(j) {
-                    acked.push(self.pending[j].event.seq);
-                }
-            }
-            j += 1;
-        }
-        self.settle(acked.len() as u64);
-        acked
-    }
-
-    /// Acks one in-flight event (explicit acks). Returns whether it was one.
-    pub(super) fn ack_one(&mut self, seq: u64) -> bool {
-        let Ok(i) = self.position(seq) else {
-            return false;
-        };
-        let acked = self.ack_entry(i);
-        self.settle(u64::from(acked));
-        acked
     }
 
     /// Nack: the in-flight event `seq` is delivered again, not before `until`.

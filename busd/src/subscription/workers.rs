@@ -453,6 +453,12 @@ impl WorkerMut<'_> {
         self.here().ack_one(seq)
     }
 
+    /// Acks its events in flight with a seq in `first..=last`: how many
+    /// (their seqs pushed on `acked` when given).
+    pub fn ack_run(&mut self, first: u64, last: u64, acked: Option<&mut Vec<u64>>) -> u64 {
+        self.here().ack_run(first, last, acked)
+    }
+
     /// Its event `seq` comes again, not before `until`.
     pub fn nack(&mut self, seq: u64, until: Instant) -> bool {
         self.here().nack(seq, until)

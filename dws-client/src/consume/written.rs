@@ -1,6 +1,9 @@
 //! [`WriteAcks`]: the acks of `--ack write`. The seqs formatted for stdout
 //! are queued in delivery order; when the stdout writer reports how many
-//! events it wrote, exactly those seqs are acked, by name (`Ack.seqs`).
+//! events it wrote, exactly those seqs are acked, by name: a run of
+//! consecutive seqs at a time (`Ack.runs`), so a stream's ack costs a few
+//! bytes whatever its count (`BusConn::send` spells the runs out as
+//! `Ack.seqs` for a bus that does not list `ack_runs`).
 //!
 //! Never a cumulative seq: the bus may deliver a lower seq behind higher
 //! ones (a parked event replayed, an event delivered again), so "the last
@@ -12,7 +15,8 @@ use std::collections::VecDeque;
 use proto::v1;
 
 /// Most seqs one Ack frame names (a burst larger than that is acked in
-/// several frames; each stays far below the frame size bound).
+/// several frames; each stays far below the frame size bound, even spelled
+/// out one by one).
 pub(super) const MAX_SEQS_PER_ACK: usize = 8192;
 
 #[derive(Debug, Default)]
@@ -45,7 +49,7 @@ impl WriteAcks {
         while n > 0 {
             let k = n.min(MAX_SEQS_PER_ACK);
             acks.push(v1::Ack {
-                seqs: self.queued.drain(..k).collect(),
+                runs: runs(self.queued.drain(..k)),
                 ..v1::Ack::default()
             });
             n -= k;
@@ -54,12 +58,42 @@ impl WriteAcks {
     }
 }
 
+/// `seqs`, in their order, as runs of consecutive ascending seqs.
+fn runs(seqs: impl IntoIterator<Item = u64>) -> Vec<v1::SeqRun> {
+    let mut out: Vec<v1::SeqRun> = Vec::new();
+    for seq in seqs {
+        match out.last_mut() {
+            Some(r) if r.last.checked_add(1) == Some(seq) => r.last = seq,
+            _ => out.push(v1::SeqRun {
+                first: seq,
+                last: seq,
+            }),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn seqs(acks: &[v1::Ack]) -> Vec<Vec<u64>> {
-        acks.iter().map(|a| a.seqs.clone()).collect()
+        acks.iter()
+            .map(|a| a.runs.iter().flat_map(|r| r.first..=r.last).collect())
+            .collect()
+    }
+
+    #[test]
+    fn consecutive_seqs_go_as_one_run_in_delivery_order() {
+        let mut w = WriteAcks::default();
+        w.formatted([7, 8, 9, 3, 10, 11, 13, u64::MAX]);
+        let acks = w.take(8);
+        let runs: Vec<(u64, u64)> = acks[0].runs.iter().map(|r| (r.first, r.last)).collect();
+        assert_eq!(
+            runs,
+            [(7, 9), (3, 3), (10, 11), (13, 13), (u64::MAX, u64::MAX)]
+        );
+        assert!(acks[0].seqs.is_empty());
     }
 
     #[test]
@@ -95,7 +129,8 @@ mod tests {
         w.formatted(1..=n);
         let acks = w.take(n);
         assert_eq!(acks.len(), 3);
-        assert!(acks.iter().all(|a| a.seqs.len() <= MAX_SEQS_PER_ACK));
-        assert_eq!(acks[2].seqs, [n]);
+        assert!(seqs(&acks).iter().all(|s| s.len() <= MAX_SEQS_PER_ACK));
+        assert_eq!(seqs(&acks)[2], [n]);
+        assert!(acks.iter().all(|a| a.runs.len() == 1), "one run per frame");
     }
 }
