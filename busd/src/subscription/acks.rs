@@ -8,11 +8,7 @@ use super::{Slot, Subscription};
 impl Subscription {
     /// Drops acked events from the front; returns how many were acked now.
     pub(super) fn settle(&mut self, newly: u64) -> u64 {
-        while self
-            .pending
-            .front()
-            .is_some_and(|e| e.slot.get() == Slot::Acked)
-        {
+        while self.pending.front().is_some_and(|e| e.slot.is_acked()) {
             if let Some(e) = self.pending.pop_front() {
                 self.removed_at(0);
                 self.acked_in_queue -= 1;
@@ -55,7 +51,7 @@ impl Subscription {
         let mut left = self.in_flight;
         let mut j = 0;
         while left > 0 && j < self.pending.len() {
-            if let Slot::InFlight { .. } = self.pending[j].slot.get() {
+            if self.pending[j].slot.is_in_flight() {
                 left -= 1;
                 if self.pending[j].sent <= upto && self.ack_entry(j) {
                     acked.push(self.pending[j].event.seq);

@@ -434,11 +434,17 @@ impl Subscription {
         } else {
             usize::MAX
         };
+        // Every event of this pull goes in flight at `now`: packed once.
+        let in_flight_now = Packed::from(Slot::InFlight { since: now });
         let mut i = self.scan_from.min(self.pending.len());
         // The first entry passed that stays sendable (a delayed one).
         let mut still_open: Option<usize> = None;
         while i < self.pending.len() {
             let entry = &self.pending[i];
+            if entry.slot.is_in_flight() || entry.slot.is_acked() {
+                i += 1;
+                continue;
+            }
             let due = match entry.slot.get() {
                 Slot::Unsent => true,
                 Slot::Delayed { until } if until <= now => true,
@@ -509,7 +515,7 @@ impl Subscription {
                 break;
             }
             let entry = &mut self.pending[i];
-            entry.slot.set(Slot::InFlight { since: now });
+            entry.slot = in_flight_now;
             entry.deliveries += 1;
             self.sends += 1;
             entry.sent = self.sends;

@@ -74,6 +74,16 @@ impl Packed {
     pub(super) fn set(&mut self, s: Slot) {
         *self = s.into();
     }
+
+    /// Whether it is [`Slot::InFlight`], without reading its instant.
+    pub(super) fn is_in_flight(self) -> bool {
+        self.0 & TAG == 1
+    }
+
+    /// Whether it is [`Slot::Acked`].
+    pub(super) fn is_acked(self) -> bool {
+        self.0 == 2
+    }
 }
 
 impl From<Slot> for Packed {
@@ -108,7 +118,10 @@ mod tests {
             },
         ];
         for s in slots {
-            assert_eq!(Packed::from(s).get(), s);
+            let p = Packed::from(s);
+            assert_eq!(p.get(), s);
+            assert_eq!(p.is_in_flight(), matches!(s, Slot::InFlight { .. }));
+            assert_eq!(p.is_acked(), s == Slot::Acked);
         }
         assert_eq!(std::mem::size_of::<Packed>(), 8);
         // One per retained event per subscription that matched it.

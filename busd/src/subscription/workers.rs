@@ -327,7 +327,7 @@ impl Subscription {
     /// `pending[i]` is in flight to the worker acted for.
     pub(super) fn in_flight_here(&self, i: usize) -> bool {
         let e = &self.pending[i];
-        matches!(e.slot.get(), Slot::InFlight { .. }) && e.owner == self.workers.acting_id()
+        e.slot.is_in_flight() && e.owner == self.workers.acting_id()
     }
 
     /// `pending[i]` is no longer in flight (its slot is being changed by
