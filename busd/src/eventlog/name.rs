@@ -55,6 +55,16 @@ impl Name {
     pub fn as_str(&self) -> &str {
         self.0.as_deref().unwrap_or("")
     }
+
+    /// The same allocation (both empty, or one shared string): equal
+    /// without comparing bytes. Equal names from one [`Interner`] are.
+    pub fn same(&self, other: &Name) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
 }
 
 impl Deref for Name {

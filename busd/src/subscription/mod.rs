@@ -78,7 +78,7 @@ use proto::v1::{self, PoisonPolicy};
 use self::gap::Gaps;
 use self::slot::{Packed, Slot};
 use crate::{
-    eventlog::LoggedEvent,
+    eventlog::{LoggedEvent, Name},
     pattern::Selector,
     store::{HaltRecord, SubCounters},
 };
@@ -137,6 +137,9 @@ impl State {
 pub struct Subscription {
     pub id: String,
     pub selector: Selector,
+    /// The event type the keys judged last at fan-out, and the verdict:
+    /// a run of events of one type is judged once.
+    last_type: Option<(Name, bool)>,
     /// Created by one `consume` run and removed by it: never stored.
     pub owned: bool,
     pub ttl: Duration,
@@ -254,6 +257,7 @@ impl Subscription {
         Subscription {
             id,
             selector,
+            last_type: None,
             owned,
             ttl,
             created_at_ms: now.1,
@@ -305,11 +309,30 @@ impl Subscription {
         self.selector.selects_keys(e, self.upstream_id.as_deref())
     }
 
+    /// [`Self::selects`], the keys' verdict on `e`'s type reused while
+    /// the events offered share one interned type.
+    fn selects_at_fan_out(&mut self, e: &LoggedEvent) -> bool {
+        if e.damaged {
+            return true;
+        }
+        if !e.routed_to(self.upstream_id.as_deref()) {
+            return false;
+        }
+        match &self.last_type {
+            Some((t, verdict)) if t.same(&e.event_type) => *verdict,
+            _ => {
+                let verdict = self.selector.matches(&e.event_type);
+                self.last_type = Some((e.event_type.clone(), verdict));
+                verdict
+            }
+        }
+    }
+
     /// Fan-out: takes `e` if it matches. An event this subscription's
     /// `--where` must judge waits in `pending` for the verdict (delivery
     /// stops at it), which the filter gives off the hub lock.
     pub fn offer(&mut self, e: &Arc<LoggedEvent>) -> Offered {
-        if self.claimed || e.seq <= self.acked_through || !self.selects(e) {
+        if self.claimed || e.seq <= self.acked_through || !self.selects_at_fan_out(e) {
             return Offered::No;
         }
         let judged = self.selector.has_where() && !e.damaged;

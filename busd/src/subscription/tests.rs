@@ -48,6 +48,30 @@ fn offer_selects_by_pattern_and_route() {
 }
 
 #[test]
+fn a_run_of_one_interned_type_is_judged_once_and_judged_right() {
+    let mut names = crate::eventlog::Interner::default();
+    let typed = |seq: u64, t: &Name| {
+        Arc::new(LoggedEvent {
+            seq,
+            event_type: t.clone(),
+            ..LoggedEvent::default()
+        })
+    };
+    let (ax, bx) = (names.name("a.x"), names.name("b.x"));
+    let mut s = sub(10);
+    let taken: Vec<bool> = [(1, &ax), (2, &ax), (3, &bx), (4, &bx), (5, &ax)]
+        .into_iter()
+        .map(|(seq, t)| s.offer(&typed(seq, t)).taken())
+        .collect();
+    assert_eq!(taken, [true, true, false, false, true]);
+    // Equal types that are not one allocation are judged again.
+    assert!(s.offer(&ev(6, "a.x")).taken());
+    assert!(!s.offer(&ev(7, "b.x")).taken());
+    assert!(!s.offer(&typed(8, &Name::default())).taken(), "no type");
+    assert_eq!(s.counters.matched, 4);
+}
+
+#[test]
 fn attach_pull_ack_within_the_window() {
     let mut s = sub(2);
     for i in 1..=3 {
