@@ -17,7 +17,11 @@ use proto::{
     v1::{self, server_frame::Kind as S, ByeReason, ErrorCode},
 };
 
-use super::{consumer::Consumer, replies::store_failed_message, Connection, Phase};
+use super::{
+    consumer::{Consumer, Frames},
+    replies::store_failed_message,
+    Connection, Phase,
+};
 use crate::eventlog::LoggedEvent;
 
 /// Stop pulling events into the outbound buffer above this many bytes: the
@@ -122,30 +126,30 @@ impl Connection {
                 self.send(S::Gap(gap));
             }
             if let Some(notice) = d.where_notice {
-                if c.form.where_notices {
+                if c.form().where_notices {
                     self.send(S::WhereNotice(notice));
                 }
             }
             let damaged = d.damaged;
             let n = d.events.len();
-            let shared = c
-                .form
-                .line_batches
-                .and_then(|kind| Some((kind, self.rendered.shareable(&d.events, kind)?)));
-            if let Some((kind, delivery)) = shared {
-                match self
-                    .rendered
-                    .pieces(&d.events, delivery, kind, c.form.ring_batches)
-                {
+            match c
+                .form()
+                .frames(|kind| self.rendered.shareable(&d.events, kind))
+            {
+                Frames::Pieces {
+                    kind,
+                    delivery,
+                    ring,
+                } => match self.rendered.pieces(&d.events, delivery, kind, ring) {
                     Ok(pieces) => self.queue_pieces(c, pieces),
                     // Nothing of this pull is sent; the bus stops.
                     Err(e) => return self.session.store_failed(e.to_string()),
-                }
-            } else if c.form.lines {
-                self.send_lines(c, &d.subscription_id, &d.events);
-            } else {
-                for (event, redelivered, delivery) in &d.events {
-                    self.send_event(event, &d.subscription_id, *redelivered, *delivery);
+                },
+                Frames::Lines => self.send_lines(c, &d.subscription_id, &d.events),
+                Frames::Events => {
+                    for (event, redelivered, delivery) in &d.events {
+                        self.send_event(event, &d.subscription_id, *redelivered, *delivery);
+                    }
                 }
             }
             if let Some(why) = damaged {

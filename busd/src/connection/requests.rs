@@ -78,7 +78,7 @@ impl Connection {
                     }
                     if ack.ring_off {
                         // Before its nacks: what they give back comes as bytes.
-                        c.form.ring_batches = false;
+                        c.ring_off();
                     }
                 }
                 self.session.ack(&ack)
@@ -210,7 +210,7 @@ impl Connection {
                 // (attaching again on this connection changes only that).
                 if let Some(form) = Form::of(req) {
                     match self.consumer.as_mut() {
-                        Some(c) => c.form = form,
+                        Some(c) => c.set_form(form),
                         None => self.consumer = Some(Consumer::new(form, self.rendered.clone())),
                     }
                 }

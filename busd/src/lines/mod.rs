@@ -10,6 +10,8 @@
 //! says it read it (`Ack.ring_read`, [`Lines::release`]) or leaves; any
 //! other consumer is sent the bytes (`LineBatch`). A ring that cannot be
 //! made (no memory file) or has no chunk free leaves everything to bytes.
+//! A run is written into the ring only while some consumer reads it
+//! ([`Lines::reading_ring`]): with none, the bus copies nothing there.
 
 pub mod ring;
 mod runs;
@@ -28,6 +30,8 @@ use crate::eventlog::{LineBytes, ReadError};
 struct Renderings {
     runs: LineRuns,
     ring: Option<Ring>,
+    /// Consumers attached that read the ring now.
+    ring_readers: usize,
     stats: Stats,
     /// The log's count of rendered line parts.
     counted: LineBytes,
@@ -76,6 +80,7 @@ impl Lines {
         Lines(Arc::new(Mutex::new(Renderings {
             runs: LineRuns::counted_in(counted.clone()),
             ring,
+            ring_readers: 0,
             stats,
             counted,
         })))
@@ -110,10 +115,12 @@ impl Lines {
         let Renderings {
             runs,
             ring: ring_of,
+            ring_readers,
             stats,
             ..
         } = &mut *r;
-        let pieces = runs.pieces(events, delivery, kind, ring_of.as_mut(), ring)?;
+        let ring_of = ring_of.as_mut().filter(|_| *ring_readers > 0);
+        let pieces = runs.pieces(events, delivery, kind, ring_of, ring)?;
         for p in &pieces {
             match p.ring {
                 Some(_) => stats.ring_batches += 1,
@@ -121,6 +128,17 @@ impl Lines {
             }
         }
         Ok(pieces)
+    }
+
+    /// A consumer starts (`true`) or stops (`false`) reading the ring:
+    /// new runs go into the ring only while one does.
+    pub fn reading_ring(&self, reads: bool) {
+        let mut r = self.lock();
+        r.ring_readers = if reads {
+            r.ring_readers + 1
+        } else {
+            r.ring_readers.saturating_sub(1)
+        };
     }
 
     /// What was served so far.
@@ -141,5 +159,56 @@ impl Lines {
     /// A read-only descriptor of the ring for a consumer, if there is one.
     pub fn ring_reader(&self) -> Option<std::io::Result<OwnedFd>> {
         self.lock().ring.as_ref().map(Ring::reader)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::eventlog::LoggedEvent;
+
+    fn first(seqs: std::ops::Range<u64>) -> Vec<Pulled> {
+        seqs.map(|seq| {
+            let encoded = prost::Message::encode_to_vec(&proto::v1::Event {
+                seq,
+                event_type: "t".into(),
+                ..Default::default()
+            });
+            let e = LoggedEvent {
+                seq,
+                event_type: "t".into(),
+                encoded: Bytes::from(encoded).into(),
+                ..LoggedEvent::default()
+            };
+            (Arc::new(e), false, 1)
+        })
+        .collect()
+    }
+
+    #[test]
+    fn runs_go_into_the_ring_only_while_a_consumer_reads_it() {
+        let lines = Lines::with_a_ring(LineBytes::default());
+        assert!(lines.stats().ring, "the ring's memory file");
+        let (early, late) = (first(1..4), first(4..7));
+        // Rendered while nobody reads the ring: bytes only, even for a
+        // reader that comes later.
+        lines.pieces(&early, 1, LineKind::Ndjson, false).unwrap();
+        lines.reading_ring(true);
+        let held = lines.pieces(&early, 1, LineKind::Ndjson, true).unwrap();
+        assert!(held.iter().all(|p| p.ring.is_none()));
+        // Rendered while one does: in the ring.
+        let held = lines.pieces(&late, 1, LineKind::Ndjson, true).unwrap();
+        assert!(!held.is_empty() && held.iter().all(|p| p.ring.is_some()));
+        lines.release(held.iter().filter_map(|p| p.ring.map(|(s, _)| s.chunk)));
+        lines.reading_ring(false);
+        let later = first(7..9);
+        lines.pieces(&later, 1, LineKind::Ndjson, false).unwrap();
+        lines.reading_ring(true);
+        let held = lines.pieces(&later, 1, LineKind::Ndjson, true).unwrap();
+        assert!(held.iter().all(|p| p.ring.is_none()), "the reader left");
     }
 }
