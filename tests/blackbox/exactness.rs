@@ -477,3 +477,50 @@ fn bad_ack_lines_with_stderr_unread_never_stop_delivery() {
         "[event] stdin line 1 ignored: unknown verb \"nonsense\": use ack SEQ, ack-upto SEQ, nack SEQ [DELAY], progress SEQ or term SEQ [REASON]"
     );
 }
+
+/// A client that acks what it read and closes at once, while the bus is
+/// still writing it events it will not read: the bus's write fails, and the
+/// ack it had not read yet still counts (nothing comes again to the next
+/// client). Twenty rounds, each ack naming its seq by a run.
+#[test]
+fn an_ack_sent_just_before_a_close_counts_though_the_bus_write_failed() {
+    let env = TestEnv::new();
+    dws_tests::common::subscribe_ok(&env, &["big.*", "--id", "s1"], "s1");
+    let data = format!("{{\"pad\":\"{}\"}}", "x".repeat(16 * 1024));
+    let items: Vec<(String, String)> = (1..=200).map(|i| (format!("b{i}"), data.clone())).collect();
+    dws_tests::common::publish_parallel(&env, "big.e", &items, 2);
+    let socket = env.bus_meta_socket().expect("the bus socket");
+    for want in 1..=20u64 {
+        let mut w = greeted(&socket);
+        w.send(&frame(C::Subscribe(Subscribe {
+            request_id: 1,
+            subscription_id: "s1".into(),
+            attach: true,
+            must_exist: true,
+            ..Subscribe::default()
+        })));
+        let seq = loop {
+            match w.read_frame(LONG).kind {
+                Some(S::Event(e)) => break e.seq,
+                Some(S::Subscribed(_)) | Some(S::SourceState(_)) | Some(S::Heartbeat(_)) => {}
+                other => panic!("unexpected frame {other:?}"),
+            }
+        };
+        assert_eq!(
+            seq, want,
+            "round {want} got again what an earlier one acked"
+        );
+        w.send(&frame(C::Ack(Ack {
+            runs: vec![proto::v1::SeqRun {
+                first: seq,
+                last: seq,
+            }],
+            ..Ack::default()
+        })));
+        drop(w);
+        // The next round attaches once the bus let this one go.
+        env.wait_until(LONG, "s1 detached", || {
+            listed(&env.status(), "s1")["consumers"].as_u64() == Some(0)
+        });
+    }
+}

@@ -179,6 +179,7 @@ pub async fn serve(
     let mut held = false;
     let hello_deadline = Instant::now() + HELLO_DEADLINE;
     let mut drain_deadline = conn.closing.then(|| Instant::now() + DRAIN_TIMEOUT);
+    let mut write_failed = false;
 
     loop {
         conn.answer_durable();
@@ -235,6 +236,7 @@ pub async fn serve(
                     Ok(_) => conn.pass_fd = None,
                     Err(e) => {
                         tracing::debug!(conn = id, cause = %e, "write failed");
+                        write_failed = true;
                         break;
                     }
                 }
@@ -304,6 +306,16 @@ pub async fn serve(
                 conn.closing = true;
             }
         }
+    }
+    if write_failed {
+        // Gone while the bus wrote to it: the acks it sent before, read or
+        // still in the socket, count (else what it wrote comes again).
+        let _ = tokio::time::timeout(CLOSE_LINGER, async {
+            while conn.acks_left(&mut codec, &mut input)
+                && matches!(rd.read_buf(&mut input).await, Ok(n) if n > 0)
+            {}
+        })
+        .await;
     }
     conn.session.charge_input(&mut charged, 0);
     if paused {

@@ -9,11 +9,13 @@
 
 use std::time::Duration;
 
+use bytes::BytesMut;
 use proto::{
     limits::MAX_EVENT_ID_LEN,
     v1::{self, client_frame::Kind as C, server_frame::Kind as S, ErrorCode},
-    CodecError,
+    CodecError, ServerCodec,
 };
+use tokio_util::codec::Decoder;
 
 use super::{
     consumer::{Consumer, Form},
@@ -27,6 +29,36 @@ use crate::{
 };
 
 impl Connection {
+    fn ack(&mut self, ack: &v1::Ack) {
+        if let Some(c) = self.consumer.as_mut() {
+            if ack.ring_read > 0 {
+                c.ring_read(ack.ring_read);
+            }
+            if ack.ring_off {
+                // Before its nacks: what they give back comes as bytes.
+                c.ring_off();
+            }
+        }
+        self.session.ack(ack)
+    }
+
+    /// The client went away while the bus wrote to it: of the whole frames
+    /// it had sent (`input`), its acks still count — it wrote those events —
+    /// and nothing else is done, since no reply could reach it. `false`
+    /// once a frame cannot be decoded (nothing after it counts).
+    pub(super) fn acks_left(&mut self, codec: &mut ServerCodec, input: &mut BytesMut) -> bool {
+        loop {
+            match codec.decode(input) {
+                Ok(Some(v1::ClientFrame {
+                    kind: Some(C::Ack(ack)),
+                })) => self.ack(&ack),
+                Ok(Some(_)) => {}
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
     /// Answers a frame that could not be decoded with an `Error` (where the
     /// socket still allows it) and closes the connection.
     pub(super) fn bad_frame(&mut self, e: &CodecError) {
@@ -71,18 +103,7 @@ impl Connection {
                 });
                 self.reply_after(req.request_id, save.map(Until::SubsGen), reply);
             }
-            C::Ack(ack) => {
-                if let Some(c) = self.consumer.as_mut() {
-                    if ack.ring_read > 0 {
-                        c.ring_read(ack.ring_read);
-                    }
-                    if ack.ring_off {
-                        // Before its nacks: what they give back comes as bytes.
-                        c.ring_off();
-                    }
-                }
-                self.session.ack(&ack)
-            }
+            C::Ack(ack) => self.ack(&ack),
             C::RingRequest(req) => self.ring_offer(req.request_id),
             C::SubscriptionControl(req) => match self.session.control(&req) {
                 Ok((doc, save)) => {
