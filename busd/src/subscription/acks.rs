@@ -94,14 +94,42 @@ impl Subscription {
             if seq > last {
                 break;
             }
-            if self.ack_entry(j) {
+            // At the queue's front (the common case: acks follow delivery)
+            // an acked entry leaves at once; further in, it is marked and
+            // leaves when everything before it is settled.
+            let acked_here = if j == 0 {
+                self.pop_acked_front()
+            } else {
+                let a = self.ack_entry(j);
+                j += 1;
+                a
+            };
+            if acked_here {
                 n += 1;
                 if let Some(out) = acked.as_deref_mut() {
                     out.push(seq);
                 }
+            } else if j == 0 {
+                j = 1;
             }
-            j += 1;
         }
         self.settle(n)
+    }
+
+    /// [`Self::ack_entry`] of the front entry, which then leaves the queue
+    /// at once (what [`Self::settle`] would do next). Whether it was in
+    /// flight here.
+    fn pop_acked_front(&mut self) -> bool {
+        if !self.in_flight_here(0) {
+            return false;
+        }
+        self.alive();
+        self.left_flight(0);
+        if let Some(e) = self.pending.pop_front() {
+            self.gaps.read_past(e.sent);
+            self.removed_at(0);
+            self.acked_through = self.acked_through.max(e.event.seq);
+        }
+        true
     }
 }

@@ -26,6 +26,7 @@ enum Op {
     AckAll,
     AckSome(usize),
     AckOne(usize),
+    AckRun(usize),
     NackNow(usize),
     Term(usize),
     Progress(usize),
@@ -42,6 +43,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::AckAll),
         2 => (0usize..4).prop_map(Op::AckSome),
         2 => (1usize..4).prop_map(Op::AckOne),
+        2 => (1usize..6).prop_map(Op::AckRun),
         1 => (1usize..4).prop_map(Op::NackNow),
         1 => (1usize..4).prop_map(Op::Term),
         1 => (1usize..4).prop_map(Op::Progress),
@@ -137,6 +139,27 @@ proptest! {
                     prop_assert!(s.ack_one(seq));
                     acked.insert(seq);
                     read_past(&mut told, n, &mut gap_total);
+                }
+                Op::AckRun(k) if s.consumer().is_some() && k <= in_flight.len() => {
+                    // The seqs from the lowest to the highest of the first
+                    // k in flight: every event in flight in that run.
+                    let seqs = in_flight[..k].iter().map(|&(seq, _)| seq);
+                    let (first, last) = (seqs.clone().min().unwrap_or(0), seqs.max().unwrap_or(0));
+                    let mut got = vec![];
+                    let n = s.ack_run(first, last, Some(&mut got));
+                    let (hit, kept): (Vec<_>, Vec<_>) = in_flight
+                        .iter()
+                        .partition(|&&(seq, _)| (first..=last).contains(&seq));
+                    let mut want: Vec<u64> = hit.iter().map(|&(seq, _)| seq).collect();
+                    got.sort_unstable();
+                    want.sort_unstable();
+                    prop_assert_eq!(n as usize, want.len());
+                    prop_assert_eq!(&got, &want, "a run acks exactly its seqs in flight");
+                    for &(_, d) in &hit {
+                        read_past(&mut told, d, &mut gap_total);
+                    }
+                    acked.extend(want);
+                    in_flight = kept;
                 }
                 Op::Term(k) if s.consumer().is_some() && k <= in_flight.len() => {
                     let (seq, n) = in_flight.remove(k - 1);
