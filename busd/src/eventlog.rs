@@ -117,6 +117,15 @@ impl LineParts {
     pub fn parts(&self) -> &(Bytes, Bytes) {
         &self.parts
     }
+
+    /// Bytes of the line (both parts).
+    pub fn len(&self) -> usize {
+        self.parts.0.len() + self.parts.1.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Drop for LineParts {
@@ -240,6 +249,16 @@ impl LoggedEvent {
             ))
         })?;
         Ok(parts.parts().clone())
+    }
+
+    /// Bytes of [`Self::line_parts`]: read from the cached parts without
+    /// cloning them (every consumer asks it of every event it may share).
+    pub fn line_len(&self, counted: &LineBytes) -> Result<usize, ReadError> {
+        if let Some(n) = self.encoded.line_parts_len() {
+            return Ok(n);
+        }
+        self.line_parts(counted)
+            .map(|(head, tail)| head.len() + tail.len())
     }
 
     /// Whether a subscription bound to `upstream_id` receives this event:

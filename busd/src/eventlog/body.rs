@@ -227,6 +227,14 @@ impl Body {
         }
     }
 
+    /// Bytes of the cached line parts, if any, without cloning them.
+    pub fn line_parts_len(&self) -> Option<usize> {
+        match &*lock(&self.state) {
+            State::Hot(h) => h.line_parts.as_ref().map(|p| p.len()),
+            _ => None,
+        }
+    }
+
     /// The line parts: cached, or made from the bytes (and kept while hot).
     pub fn line_parts(
         &self,

@@ -68,8 +68,8 @@ pub fn shareable(events: &[Pulled], kind: LineKind, counted: &LineBytes) -> Opti
         let size = match kind {
             // A body that cannot be read back is not shared: the
             // per-subscription path meets the same failure, a store failure.
-            LineKind::Ndjson => match e.line_parts(counted) {
-                Ok((head, tail)) => head.len() + tail.len(),
+            LineKind::Ndjson => match e.line_len(counted) {
+                Ok(n) => n,
                 Err(_) => return false,
             },
             LineKind::Raw => e.encoded.len(),
