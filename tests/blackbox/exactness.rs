@@ -43,6 +43,19 @@ fn greeted(socket: &Path) -> Wire {
     }
 }
 
+/// A raw client that attached to the named subscription `s1`.
+fn attached_to_s1(socket: &Path) -> Wire {
+    let mut w = greeted(socket);
+    w.send(&frame(C::Subscribe(Subscribe {
+        request_id: 1,
+        subscription_id: "s1".into(),
+        attach: true,
+        must_exist: true,
+        ..Subscribe::default()
+    })));
+    w
+}
+
 /// Publishes `n` events of `event_type`, ids `<prefix>-<i>`, each with
 /// about `payload` bytes of data, pipelined on one connection; waits for
 /// every answer.
@@ -164,14 +177,7 @@ fn a_cumulative_ack_settles_only_what_was_delivered_up_to_it() {
         );
     }
     let socket = env.bus_meta_socket().expect("the bus socket");
-    let mut w = greeted(&socket);
-    w.send(&frame(C::Subscribe(Subscribe {
-        request_id: 1,
-        subscription_id: "s1".into(),
-        attach: true,
-        must_exist: true,
-        ..Subscribe::default()
-    })));
+    let mut w = attached_to_s1(&socket);
     let mut got = vec![];
     while got.len() < 2 {
         match w.read_frame(LONG).kind {
@@ -491,14 +497,7 @@ fn an_ack_sent_just_before_a_close_counts_though_the_bus_write_failed() {
     dws_tests::common::publish_parallel(&env, "big.e", &items, 2);
     let socket = env.bus_meta_socket().expect("the bus socket");
     for want in 1..=20u64 {
-        let mut w = greeted(&socket);
-        w.send(&frame(C::Subscribe(Subscribe {
-            request_id: 1,
-            subscription_id: "s1".into(),
-            attach: true,
-            must_exist: true,
-            ..Subscribe::default()
-        })));
+        let mut w = attached_to_s1(&socket);
         let seq = loop {
             match w.read_frame(LONG).kind {
                 Some(S::Event(e)) => break e.seq,
