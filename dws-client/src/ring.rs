@@ -109,28 +109,44 @@ impl RingView {
     /// `LineBatch` holds them) and the first seq, copied out of the ring and
     /// checked on the copy against the batch's header and checksum: what
     /// is printed is what was checked, whatever the ring holds meanwhile.
+    #[cfg(test)]
     pub fn batch(&self, b: &v1::RingBatch) -> Result<(Header, Vec<u8>, Vec<u8>), RingError> {
+        let mut copy = Vec::new();
+        let (h, cuts, body) = self.batch_in(b, &mut copy)?;
+        Ok((h, cuts.to_vec(), body.to_vec()))
+    }
+
+    /// [`RingView::batch`], copied once into `copy` (a consumer's buffer,
+    /// reused from batch to batch: no allocation once it is large enough)
+    /// and read in place there.
+    pub fn batch_in<'c>(
+        &self,
+        b: &v1::RingBatch,
+        copy: &'c mut Vec<u8>,
+    ) -> Result<(Header, &'c [u8], &'c [u8]), RingError> {
         // SAFETY: the whole mapping, valid for `self`'s life. Its bytes are
         // only copied out here (the bus may write them meanwhile: a copy
         // that changed under the copying fails its checks below).
         let all = unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len) };
         let rest = ring::chunk_rest(all, b.chunk, b.offset)?;
-        let head: Vec<u8> = rest[..rest.len().min(ring::HEADER_LEN)].to_vec();
-        let len = ring::batch_len(&head).and_then(|n| {
+        copy.clear();
+        copy.extend_from_slice(&rest[..rest.len().min(ring::HEADER_LEN)]);
+        let len = ring::batch_len(copy).and_then(|n| {
             if n <= rest.len() {
                 Ok(n)
             } else {
                 Err(RingError("runs past its chunk"))
             }
         })?;
-        let copy = rest[..len].to_vec();
-        let (h, cuts, body) = ring::parse_batch(&copy, b.batch)?;
+        copy.clear();
+        copy.extend_from_slice(&rest[..len]);
+        let (h, cuts, body) = ring::parse_batch(copy, b.batch)?;
         let (cuts, body) = proto::lines::sub_batch(h.count, cuts, body, b.first_line, b.count)
             .map_err(|_| RingError("names lines it does not hold"))?;
         if h.first_seq.checked_add(u64::from(b.first_line)) != Some(b.first_seq) {
             return Err(RingError("is of other seqs than the frame says"));
         }
-        Ok((h, cuts.to_vec(), body.to_vec()))
+        Ok((h, cuts, body))
     }
 }
 

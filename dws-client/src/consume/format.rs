@@ -44,6 +44,8 @@ pub(super) struct Formatter<'a> {
     pub(super) ring_dropped: Vec<u64>,
     /// A ring batch failed its check this run (told once on stderr).
     ring_off: bool,
+    /// Where a ring batch is copied out and checked, reused.
+    ring_copy: Vec<u8>,
 }
 
 impl<'a> Formatter<'a> {
@@ -57,6 +59,7 @@ impl<'a> Formatter<'a> {
             ring_read: 0,
             ring_dropped: Vec::new(),
             ring_off: false,
+            ring_copy: Vec::new(),
             plan,
             writer: EventWriter::new(plan.format, plan.data),
             chunk: Chunk::default(),
@@ -128,7 +131,8 @@ impl<'a> Formatter<'a> {
             ));
         };
         self.ring_read = b.id;
-        let (h, cuts, body) = match ring.batch(b) {
+        let mut copy = std::mem::take(&mut self.ring_copy);
+        let (h, cuts, body) = match ring.batch_in(b, &mut copy) {
             Ok(c) => c,
             Err(e) => {
                 // Dropped, never printed: its events are asked for again as
@@ -147,17 +151,21 @@ impl<'a> Formatter<'a> {
                 self.ring_dropped
                     .extend((0..u64::from(b.count)).map(|i| b.first_seq + i));
                 self.ring = Some(ring);
+                self.ring_copy = copy;
                 return Ok(None);
             }
         };
-        self.ring = Some(ring);
         let raw = self.plan.format == crate::cli::Format::Raw;
-        if (h.kind == proto::ring::Kind::Raw) != raw {
-            return Err(CliError::runtime(
+        let told = if (h.kind == proto::ring::Kind::Raw) != raw {
+            Err(CliError::runtime(
                 "the bus sent a ring batch of lines of another format",
-            ));
-        }
-        self.expand(b.first_seq, b.count, &cuts, &body)
+            ))
+        } else {
+            self.expand(b.first_seq, b.count, cuts, body)
+        };
+        self.ring = Some(ring);
+        self.ring_copy = copy;
+        told
     }
 
     fn expand(
