@@ -9,11 +9,8 @@ impl Subscription {
     /// Drops acked events from the front; returns how many were acked now.
     pub(super) fn settle(&mut self, newly: u64) -> u64 {
         while self.pending.front().is_some_and(|e| e.slot.is_acked()) {
-            if let Some(e) = self.pending.pop_front() {
-                self.removed_at(0);
-                self.acked_in_queue -= 1;
-                self.acked_through = self.acked_through.max(e.event.seq);
-            }
+            self.acked_in_queue -= 1;
+            self.drop_front();
         }
         self.counters.acked += newly;
         newly
@@ -125,11 +122,18 @@ impl Subscription {
         }
         self.alive();
         self.left_flight(0);
-        if let Some(e) = self.pending.pop_front() {
-            self.gaps.read_past(e.sent);
-            self.removed_at(0);
-            self.acked_through = self.acked_through.max(e.event.seq);
+        if let Some(sent) = self.drop_front() {
+            self.gaps.read_past(sent);
         }
         true
+    }
+
+    /// The front entry, settled, leaves the queue: the cursor may pass it.
+    /// Its delivery number, if there was one.
+    fn drop_front(&mut self) -> Option<u64> {
+        let e = self.pending.pop_front()?;
+        self.removed_at(0);
+        self.acked_through = self.acked_through.max(e.event.seq);
+        Some(e.sent)
     }
 }
