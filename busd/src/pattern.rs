@@ -159,7 +159,7 @@ impl Selector {
     /// unknown: every subscription must stop at it). The `--where`
     /// expressions are judged apart, off the hub lock (`where_filter`).
     pub fn selects_keys(&self, e: &LoggedEvent, upstream_id: Option<&str>) -> bool {
-        e.damaged || (e.routed_to(upstream_id) && self.matches(&e.event_type))
+        selects_by(e, upstream_id, |t| self.matches(t))
     }
 
     /// Whether events it selects by their keys wait for a `--where` verdict.
@@ -207,6 +207,16 @@ impl Selector {
             (w, _) => format!(" and --where {w:?}"),
         }
     }
+}
+
+/// The rule of [`Selector::selects_keys`], the keys' verdict on the event's
+/// type given by `matches` (fan-out passes one it may have cached).
+pub fn selects_by(
+    e: &LoggedEvent,
+    upstream_id: Option<&str>,
+    matches: impl FnOnce(&crate::eventlog::Name) -> bool,
+) -> bool {
+    e.damaged || (e.routed_to(upstream_id) && matches(&e.event_type))
 }
 
 #[cfg(test)]

@@ -312,20 +312,15 @@ impl Subscription {
     /// [`Self::selects`], the keys' verdict on `e`'s type reused while
     /// the events offered share one interned type.
     fn selects_at_fan_out(&mut self, e: &LoggedEvent) -> bool {
-        if e.damaged {
-            return true;
-        }
-        if !e.routed_to(self.upstream_id.as_deref()) {
-            return false;
-        }
-        match &self.last_type {
-            Some((t, verdict)) if t.same(&e.event_type) => *verdict,
+        let (selector, last) = (&self.selector, &mut self.last_type);
+        crate::pattern::selects_by(e, self.upstream_id.as_deref(), |t| match last {
+            Some((seen, verdict)) if seen.same(t) => *verdict,
             _ => {
-                let verdict = self.selector.matches(&e.event_type);
-                self.last_type = Some((e.event_type.clone(), verdict));
+                let verdict = selector.matches(t);
+                *last = Some((t.clone(), verdict));
                 verdict
             }
-        }
+        })
     }
 
     /// Fan-out: takes `e` if it matches. An event this subscription's
